@@ -1,0 +1,385 @@
+//! A real, local Kubernetes control plane (etcd + kube-apiserver on loopback), started the way
+//! controller-runtime's envtest starts one. Used by the tests and by the local demo; never in a
+//! cluster.
+//!
+//! The binaries come from `tests/control-plane/build.sh`, which builds them once per version
+//! from the Go module proxy into a cache outside the repository.
+
+use std::{
+    fs,
+    net::{Ipv4Addr, TcpListener},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
+
+/// How long kube-apiserver may take to answer `/readyz` (its first start migrates etcd).
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("control-plane binaries not found in {0} (run tests/control-plane/build.sh)")]
+    BinariesMissing(PathBuf),
+    #[error("building the control plane failed: {0}")]
+    Build(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("generating certificates: {0}")]
+    Certificates(#[from] rcgen::Error),
+    #[error("{process} exited before the control plane became ready ({status}); its log ends:\n{log_tail}")]
+    Exited {
+        process: &'static str,
+        status: std::process::ExitStatus,
+        log_tail: String,
+    },
+    #[error("kube-apiserver did not answer /readyz within {0:?}; its log ends:\n{1}")]
+    NotReady(Duration, String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+/// Runs `tests/control-plane/build.sh` (a no-op when the cache is warm) and returns the directory
+/// holding `kube-apiserver`, `etcd` and `kubectl`. `BRIQ_CONTROL_PLANE_BIN` overrides it.
+pub fn binaries(repo_root: &Path) -> Result<PathBuf, Error> {
+    if let Some(dir) = std::env::var_os("BRIQ_CONTROL_PLANE_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = repo_root.join("tests/control-plane/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(io(format!("running {}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::Build(format!("{} exited with {}", script.display(), out.status)));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout.lines().last().unwrap_or_default().trim();
+    Ok(PathBuf::from(dir).join("bin"))
+}
+
+/// A running etcd + kube-apiserver. Both processes die with this one (parent-death signal) and
+/// are killed on drop.
+pub struct ControlPlane {
+    processes: Vec<Child>,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    server: String,
+    bin_dir: PathBuf,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver from `bin_dir` on free loopback ports and waits until the
+    /// API server is ready.
+    pub async fn start(bin_dir: &Path) -> Result<Self, Error> {
+        for binary in ["etcd", "kube-apiserver"] {
+            if !bin_dir.join(binary).is_file() {
+                return Err(Error::BinariesMissing(bin_dir.to_owned()));
+            }
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("briq-control-plane-")
+            .tempdir()
+            .map_err(io("creating the control-plane directory"))?;
+        let pki = Pki::generate()?;
+        let files = pki.write(dir.path())?;
+
+        let [etcd_client, etcd_peer, api_port] = free_ports()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let mut etcd = Command::new(bin_dir.join("etcd"));
+        etcd.args(["--name", "default", "--log-level", "warn", "--unsafe-no-fsync"])
+            .arg("--data-dir")
+            .arg(dir.path().join("etcd"))
+            .args(["--listen-client-urls", &etcd_url])
+            .args(["--advertise-client-urls", &etcd_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .args(["--listen-metrics-urls", ""]);
+
+        let mut apiserver = Command::new(bin_dir.join("kube-apiserver"));
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        apiserver
+            .args(["--etcd-servers", &etcd_url])
+            .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+            .args(["--secure-port", &api_port.to_string()])
+            .args(["--cert-dir", &path("pki")])
+            .args(["--tls-cert-file", &files.serving_cert])
+            .args(["--tls-private-key-file", &files.serving_key])
+            .args(["--client-ca-file", &files.ca_cert])
+            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+            .args(["--service-account-key-file", &files.service_account_public_key])
+            .args(["--service-account-signing-key-file", &files.service_account_key])
+            .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+            .args(["--authorization-mode", "RBAC"])
+            .args(["--disable-admission-plugins", "ServiceAccount"])
+            .args(["--allow-privileged=true", "--v=1"]);
+
+        let mut plane = ControlPlane {
+            processes: Vec::new(),
+            kubeconfig: dir.path().join("kubeconfig"),
+            server: format!("https://127.0.0.1:{api_port}"),
+            bin_dir: bin_dir.to_owned(),
+            dir,
+        };
+        fs::write(&plane.kubeconfig, pki.kubeconfig(&plane.server))
+            .map_err(io("writing the kubeconfig"))?;
+        plane.spawn("etcd", etcd)?;
+        plane.spawn("kube-apiserver", apiserver)?;
+        plane.wait_ready(&pki).await?;
+        Ok(plane)
+    }
+
+    /// Path of an admin kubeconfig (O=system:masters) for this control plane.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:PORT` of the API server.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Directory of the control-plane binaries (it holds a matching `kubectl`).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    fn log_path(&self, process: &str) -> PathBuf {
+        self.dir.path().join(format!("{process}.log"))
+    }
+
+    /// The end of a process's log: the directory holding it is removed with the control plane.
+    fn log_tail(&self, process: &str) -> String {
+        let log = fs::read_to_string(self.log_path(process)).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn spawn(&mut self, process: &'static str, mut command: Command) -> Result<(), Error> {
+        let log = fs::File::create(self.log_path(process)).map_err(io("creating a log file"))?;
+        let err = log.try_clone().map_err(io("creating a log file"))?;
+        command.stdin(Stdio::null()).stdout(log).stderr(err);
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the child when
+        // the thread that spawned it exits (see `spawn_from_long_lived_thread`).
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = spawn_from_long_lived_thread(command).map_err(io(format!("starting {process}")))?;
+        self.processes.push(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, pki: &Pki) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("{}/readyz", self.server);
+        // `/readyz` needs no client certificate: `system:public-info-viewer` grants it to all.
+        let ca = reqwest::Certificate::from_pem(pki.ca_pem.as_bytes())
+            .map_err(|e| Error::Build(format!("the generated CA does not parse: {e}")))?;
+        let http = reqwest::Client::builder()
+            .tls_certs_only([ca])
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| Error::Build(format!("building the readiness probe: {e}")))?;
+        while Instant::now() < deadline {
+            for (child, process) in self.processes.iter_mut().zip(["etcd", "kube-apiserver"]) {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(Error::Exited {
+                        process,
+                        status,
+                        log_tail: self.log_tail(process),
+                    });
+                }
+            }
+            if let Ok(response) = http.get(&url).send().await
+                && response.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(Error::NotReady(READY_TIMEOUT, self.log_tail("kube-apiserver")))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for child in self.processes.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The parent-death signal fires when the spawning *thread* ends, and test harnesses run each
+/// test on a thread of its own: spawn from one thread that lives as long as the process.
+fn spawn_from_long_lived_thread(mut command: Command) -> std::io::Result<Child> {
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Request>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("control-plane-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+                // Keep the thread (and so the children) alive until the process exits.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawning the control-plane spawner thread");
+        std::sync::Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let sent = spawner
+        .lock()
+        .map_err(|_| std::io::Error::other("spawner poisoned"))?
+        .send((std::mem::replace(&mut command, Command::new("true")), reply_tx));
+    sent.map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    // Hold every listener until all ports are chosen so that no two are the same.
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<Result<_, _>>()
+        .map_err(io("choosing free ports"))?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr().map_err(io("choosing free ports"))?.port();
+    }
+    Ok(ports)
+}
+
+/// A throwaway CA, the API server's serving certificate, an admin client certificate and the
+/// service-account signing key.
+struct Pki {
+    ca_pem: String,
+    serving_cert: String,
+    serving_key: String,
+    admin_cert: String,
+    admin_key: String,
+    service_account_key: String,
+    service_account_public_key: String,
+}
+
+struct PkiFiles {
+    ca_cert: String,
+    serving_cert: String,
+    serving_key: String,
+    service_account_key: String,
+    service_account_public_key: String,
+}
+
+impl Pki {
+    fn generate() -> Result<Self, Error> {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.distinguished_name.push(DnType::CommonName, "briq-operator local CA");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+
+        let serving_key = KeyPair::generate()?;
+        let mut serving = CertificateParams::new(vec!["localhost".to_owned()])?;
+        serving.subject_alt_names.push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
+        serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let serving_cert = serving.signed_by(&serving_key, &ca)?;
+
+        let admin_key = KeyPair::generate()?;
+        let mut admin = CertificateParams::new(Vec::<String>::new())?;
+        admin.distinguished_name.push(DnType::CommonName, "admin");
+        admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+        admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let admin_cert = admin.signed_by(&admin_key, &ca)?;
+
+        let service_account = KeyPair::generate()?;
+        Ok(Pki {
+            ca_pem: ca.pem(),
+            serving_cert: serving_cert.pem(),
+            serving_key: serving_key.serialize_pem(),
+            admin_cert: admin_cert.pem(),
+            admin_key: admin_key.serialize_pem(),
+            service_account_key: service_account.serialize_pem(),
+            service_account_public_key: service_account.public_key_pem(),
+        })
+    }
+
+    fn write(&self, dir: &Path) -> Result<PkiFiles, Error> {
+        let pki = dir.join("pki");
+        fs::create_dir_all(&pki).map_err(io("creating the pki directory"))?;
+        let put = |name: &str, pem: &str| -> Result<String, Error> {
+            let path = pki.join(name);
+            fs::write(&path, pem).map_err(io(format!("writing {name}")))?;
+            Ok(path.display().to_string())
+        };
+        Ok(PkiFiles {
+            ca_cert: put("ca.crt", &self.ca_pem)?,
+            serving_cert: put("apiserver.crt", &self.serving_cert)?,
+            serving_key: put("apiserver.key", &self.serving_key)?,
+            service_account_key: put("sa.key", &self.service_account_key)?,
+            service_account_public_key: put("sa.pub", &self.service_account_public_key)?,
+        })
+    }
+
+    fn kubeconfig(&self, server: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: local
+  context: {{cluster: local, user: admin, namespace: default}}
+current-context: local
+",
+            ca = BASE64.encode(&self.ca_pem),
+            cert = BASE64.encode(&self.admin_cert),
+            key = BASE64.encode(&self.admin_key),
+        )
+    }
+
+}
+
+impl ControlPlane {
+    /// A `kube::Config` for the admin user.
+    pub async fn client_config(&self) -> Result<kube::Config, kube::config::KubeconfigError> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await
+    }
+}

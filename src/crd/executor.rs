@@ -1,0 +1,192 @@
+//! `BriqExecutor`: one briq sandbox with a live Jupyter kernel, owned by one custom resource.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_IMAGE: &str = "python:3.12-slim";
+pub const DEFAULT_SLEEP: &str = "30m";
+pub const DEFAULT_EXECUTION_TIMEOUT_SECONDS: u32 = 30;
+pub const MAX_EXECUTION_TIMEOUT_SECONDS: u32 = 40;
+pub const DEFAULT_SETUP_TIMEOUT_SECONDS: u32 = 60;
+pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
+
+/// Fields that shape the sandbox cannot change once it exists: the executor owns exactly one
+/// sandbox and never rebuilds it behind the user's back. Make a new executor instead.
+const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.sleep == oldSelf.sleep \
+    && self.setupTimeoutSeconds == oldSelf.setupTimeoutSeconds \
+    && (has(self.size) ? has(oldSelf.size) && self.size == oldSelf.size : !has(oldSelf.size)) \
+    && (has(self.packages) ? has(oldSelf.packages) && self.packages == oldSelf.packages : !has(oldSelf.packages)) \
+    && (has(self.env) ? has(oldSelf.env) && self.env == oldSelf.env : !has(oldSelf.env)) \
+    && (has(self.apiKeySecretRef) ? has(oldSelf.apiKeySecretRef) && self.apiKeySecretRef == oldSelf.apiKeySecretRef : !has(oldSelf.apiKeySecretRef))";
+
+/// A sandboxed Python executor: the operator creates one briq sandbox for it, installs the
+/// bridge and its Python dependencies, starts a Jupyter kernel on loopback inside the sandbox and
+/// reports `Ready`. Python state survives across the `Execution`s that reference it. Deleting the
+/// executor destroys its sandbox.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "briq.cloud",
+    version = "v1alpha1",
+    kind = "BriqExecutor",
+    plural = "briqexecutors",
+    shortname = "bqe",
+    doc = "A sandboxed Python executor backed by one briq sandbox with a live Jupyter kernel.",
+    namespaced,
+    status = "BriqExecutorStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Sandbox","type":"string","jsonPath":".status.sandboxId","priority":1}"#,
+    printcolumn = r#"{"name":"Executions","type":"integer","jsonPath":".status.executionsTotal"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new(SANDBOX_FIELDS_IMMUTABLE).message(
+    "image, size, sleep, setupTimeoutSeconds, packages, env and apiKeySecretRef are immutable: \
+     the sandbox already exists; create a new BriqExecutor instead"
+))]
+#[serde(rename_all = "camelCase")]
+pub struct BriqExecutorSpec {
+    /// Container image of the sandbox. It must provide `python3` and `pip`; the bridge's
+    /// dependencies are pip-installed at setup unless the image already has them.
+    #[serde(default = "default_image")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+
+    /// briq sandbox size (for example `small`, `medium`). Passed to briq as is; when omitted,
+    /// briq chooses its plan default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z0-9][a-z0-9-]*$"))]
+    pub size: Option<String>,
+
+    /// Idle time after which briq puts the sandbox to sleep: a number with `m`, `h` or `d`, or
+    /// `never` (plan-gated). Sleeping loses the kernel, and the executor then becomes unusable.
+    #[serde(default = "default_sleep")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}[mhd]|never)$"))]
+    pub sleep: String,
+
+    /// Default deadline of one Execution, in seconds (1 to 40). An Execution that runs longer is
+    /// interrupted and the executor becomes unusable.
+    #[serde(default = "default_execution_timeout")]
+    #[schemars(range(min = 1, max = 40))]
+    pub execution_timeout_seconds: u32,
+
+    /// Deadline of the cold setup (pip install of the bridge's dependencies), in seconds. briq's
+    /// synchronous commands end after 60 s, hence the maximum. A setup failure destroys the
+    /// sandbox and the executor reports `SetupFailed`.
+    #[serde(default = "default_setup_timeout")]
+    #[schemars(range(min = 5, max = 60))]
+    pub setup_timeout_seconds: u32,
+
+    /// Extra pip requirements installed at setup, for example `pandas==2.2.3`. Options
+    /// (anything starting with `-`) are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 256)))]
+    #[x_kube(validation = Rule::new("self.all(p, !p.startsWith('-'))").message(
+        "pip options are not allowed in packages; give requirement specifiers only"
+    ))]
+    pub packages: Option<Vec<String>>,
+
+    /// Environment variables of the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub env: Option<Vec<SandboxEnvVar>>,
+
+    /// Secret (in this namespace) holding the briq API key. When omitted, the operator's default
+    /// key is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret_ref: Option<ApiKeySecretRef>,
+
+    /// How many finished Executions of this executor to keep; older ones are deleted, oldest
+    /// first. When omitted, nothing is pruned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub execution_history_limit: Option<u32>,
+}
+
+/// An environment variable set in the sandbox.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct SandboxEnvVar {
+    /// Variable name.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"))]
+    pub name: String,
+    /// Variable value.
+    #[serde(default)]
+    #[schemars(length(max = 32768))]
+    pub value: String,
+}
+
+/// Reference to a key of a Secret in the executor's namespace.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeySecretRef {
+    /// Name of the Secret.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// Key within the Secret.
+    #[serde(default = "default_api_key_secret_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+/// Observed state of a `BriqExecutor`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BriqExecutorStatus {
+    /// `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready` is True while the kernel answers and the executor accepts Executions. `Stalled` is
+    /// True when the executor can never become ready (unusable, setup failed, bad credentials):
+    /// create a new executor. `Terminating` is set while the sandbox is being destroyed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// briq id of the sandbox this executor owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+
+    /// True once the executor may never run code again (after a timeout, a transport failure, a
+    /// malformed response, an interrupted Execution or a lost kernel). Final.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unusable: bool,
+
+    /// Why the executor became unusable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unusable_reason: Option<String>,
+
+    /// When the sandbox was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_created_time: Option<Time>,
+
+    /// When the kernel first answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_time: Option<Time>,
+
+    /// Executions run on this executor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executions_total: Option<u64>,
+
+    /// When the last Execution finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_execution_time: Option<Time>,
+}
+
+fn default_image() -> String {
+    DEFAULT_IMAGE.to_owned()
+}
+fn default_sleep() -> String {
+    DEFAULT_SLEEP.to_owned()
+}
+fn default_execution_timeout() -> u32 {
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS
+}
+fn default_setup_timeout() -> u32 {
+    DEFAULT_SETUP_TIMEOUT_SECONDS
+}
+fn default_api_key_secret_key() -> String {
+    DEFAULT_API_KEY_SECRET_KEY.to_owned()
+}

@@ -1,0 +1,4 @@
+//! briq-operator: sandboxed Python executors for AI-agent workloads, as Kubernetes resources.
+
+pub mod control_plane;
+pub mod crd;

@@ -1,0 +1,189 @@
+//! The CRDs against a real kube-apiserver: schema, CEL rules, status subresource, printer
+//! columns and `kubectl explain`.
+
+mod support;
+
+use briq_operator::crd::{BriqExecutor, Execution};
+use kube::{
+    Api, Resource,
+    api::{DynamicObject, Patch, PatchParams, PostParams},
+    core::{ApiResource, Status},
+};
+use serde_json::{Value, json};
+use support::TestEnv;
+
+#[test]
+fn checked_in_crds_match_the_rust_types() {
+    let generated = briq_operator::crd::to_yaml().unwrap();
+    let checked_in = std::fs::read_to_string(support::repo_root().join("crds/briq.cloud.yaml"))
+        .expect("crds/briq.cloud.yaml");
+    assert!(
+        generated == checked_in,
+        "crds/briq.cloud.yaml is stale: run `cargo run -- crd > crds/briq.cloud.yaml`"
+    );
+}
+
+fn dynamic<K: Resource<DynamicType = ()>>(env: &TestEnv) -> Api<DynamicObject> {
+    Api::namespaced_with(env.client.clone(), &env.namespace, &ApiResource::erase::<K>(&()))
+}
+
+fn object<K: Resource<DynamicType = ()>>(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Creates the object and returns the API server's refusal.
+async fn refused<K: Resource<DynamicType = ()>>(env: &TestEnv, spec: Value) -> Status {
+    let result = dynamic::<K>(env).create(&PostParams::default(), &object::<K>("bad", spec)).await;
+    match result {
+        Err(kube::Error::Api(response)) => *response,
+        other => panic!("expected the API server to refuse the object, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn valid_objects_are_accepted_with_defaults() {
+    let env = TestEnv::new("crd-valid").await;
+    dynamic::<BriqExecutor>(&env)
+        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .await
+        .unwrap();
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert_eq!(executor.spec.image, "python:3.12-slim");
+    assert_eq!(executor.spec.sleep, "30m");
+    assert_eq!(executor.spec.execution_timeout_seconds, 30);
+    assert_eq!(executor.spec.setup_timeout_seconds, 60);
+    assert_eq!(executor.spec.size, None);
+
+    let spec = json!({ "executorRef": { "name": "py" }, "code": "1 + 1", "timeoutSeconds": 40 });
+    dynamic::<Execution>(&env)
+        .create(&PostParams::default(), &object::<Execution>("one", spec))
+        .await
+        .unwrap();
+    let execution = env.api::<Execution>().get("one").await.unwrap();
+    assert_eq!(execution.spec.timeout_seconds, Some(40));
+}
+
+#[tokio::test]
+async fn invalid_executors_are_refused_with_clear_messages() {
+    let env = TestEnv::new("crd-bad-executor").await;
+    let cases = [
+        (json!({ "executionTimeoutSeconds": 41 }), "executionTimeoutSeconds"),
+        (json!({ "executionTimeoutSeconds": 0 }), "executionTimeoutSeconds"),
+        (json!({ "sleep": "30" }), "sleep"),
+        (json!({ "apiKeySecretRef": { "key": "k" } }), "apiKeySecretRef.name"),
+        (json!({ "apiKeySecretRef": { "name": "Bad_Name" } }), "apiKeySecretRef.name"),
+        (json!({ "apiKeySecretRef": "briq-key" }), "apiKeySecretRef"),
+        (json!({ "packages": ["--index-url=http://x"] }), "pip options are not allowed"),
+        (json!({ "env": [{ "name": "1BAD", "value": "x" }] }), "env[0].name"),
+        (json!({ "size": "Large!" }), "size"),
+    ];
+    for (spec, expected) in cases {
+        let refusal = refused::<BriqExecutor>(&env, spec.clone()).await;
+        assert_eq!(refusal.code, 422, "{spec}: {refusal:?}");
+        assert!(refusal.message.contains(expected), "{spec}: {}", refusal.message);
+    }
+}
+
+#[tokio::test]
+async fn invalid_executions_are_refused_with_clear_messages() {
+    let env = TestEnv::new("crd-bad-execution").await;
+    let cases = [
+        (json!({ "executorRef": { "name": "py" } }), "spec.code: Required value"),
+        (json!({ "executorRef": { "name": "py" }, "code": "" }), "spec.code"),
+        (json!({ "code": "1" }), "spec.executorRef: Required value"),
+        (json!({ "executorRef": { "name": "py" }, "code": "1", "timeoutSeconds": 41 }), "timeoutSeconds"),
+        (json!({ "executorRef": { "name": "py" }, "code": "x".repeat(262_145) }), "spec.code"),
+    ];
+    for (spec, expected) in cases {
+        let refusal = refused::<Execution>(&env, spec.clone()).await;
+        assert_eq!(refusal.code, 422, "{expected}: {refusal:?}");
+        assert!(refusal.message.contains(expected), "{expected}: {}", refusal.message);
+    }
+}
+
+#[tokio::test]
+async fn execution_spec_and_executor_sandbox_fields_are_immutable() {
+    let env = TestEnv::new("crd-immutable").await;
+    let spec = json!({ "executorRef": { "name": "py" }, "code": "1 + 1" });
+    dynamic::<Execution>(&env)
+        .create(&PostParams::default(), &object::<Execution>("once", spec))
+        .await
+        .unwrap();
+    let edit = json!({ "spec": { "code": "2 + 2" } });
+    let refusal = env
+        .api::<Execution>()
+        .patch("once", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap_err();
+    assert!(refusal.to_string().contains("Execution spec is immutable"), "{refusal}");
+
+    dynamic::<BriqExecutor>(&env)
+        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .await
+        .unwrap();
+    for edit in [json!({ "spec": { "image": "python:3.13" } }), json!({ "spec": { "size": "large" } })] {
+        let refusal = env
+            .api::<BriqExecutor>()
+            .patch("py", &PatchParams::default(), &Patch::Merge(&edit))
+            .await
+            .unwrap_err();
+        assert!(refusal.to_string().contains("immutable"), "{edit}: {refusal}");
+    }
+    // The per-execution deadline may change: it shapes no sandbox.
+    let edit = json!({ "spec": { "executionTimeoutSeconds": 10 } });
+    env.api::<BriqExecutor>()
+        .patch("py", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn status_is_a_subresource_and_printer_columns_show_it() {
+    let env = TestEnv::new("crd-status").await;
+    dynamic::<BriqExecutor>(&env)
+        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .await
+        .unwrap();
+    let status = json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+        "status": { "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KernelReady", "message": "ok",
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1
+        }], "sandboxId": "bq_test" }
+    });
+    let api = env.api::<BriqExecutor>();
+    api.patch_status("py", &PatchParams::apply("test").force(), &Patch::Apply(&status))
+        .await
+        .unwrap();
+    // A status written through the main resource is ignored.
+    let sneaky = json!({ "status": { "sandboxId": "bq_other" } });
+    api.patch("py", &PatchParams::default(), &Patch::Merge(&sneaky)).await.unwrap();
+    assert_eq!(api.get("py").await.unwrap().status.unwrap().sandbox_id.as_deref(), Some("bq_test"));
+
+    let (ok, stdout, stderr) = env.kubectl(&["get", "briqexecutors"]);
+    assert!(ok, "{stderr}");
+    let mut lines = stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "REASON", "EXECUTIONS", "AGE"]);
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["py", "True", "KernelReady"]);
+    let (ok, stdout, _) = env.kubectl(&["get", "bqe", "-o", "wide"]);
+    assert!(ok && stdout.contains("bq_test"), "{stdout}");
+}
+
+#[tokio::test]
+async fn kubectl_explain_shows_the_descriptions() {
+    let env = TestEnv::new("crd-explain").await;
+    let (ok, stdout, stderr) = env.kubectl(&["explain", "briqexecutors.spec.executionTimeoutSeconds"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Default deadline of one Execution"), "{stdout}");
+    let (ok, stdout, stderr) = env.kubectl(&["explain", "executions.status.finalAnswer"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("safe serialization"), "{stdout}");
+}
