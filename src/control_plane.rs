@@ -38,7 +38,9 @@ pub enum Error {
     },
     #[error("generating certificates: {0}")]
     Certificates(#[from] rcgen::Error),
-    #[error("{process} exited before the control plane became ready ({status}); its log ends:\n{log_tail}")]
+    #[error(
+        "{process} exited before the control plane became ready ({status}); its log ends:\n{log_tail}"
+    )]
     Exited {
         process: &'static str,
         status: std::process::ExitStatus,
@@ -66,7 +68,11 @@ pub fn binaries(repo_root: &Path) -> Result<PathBuf, Error> {
         .output()
         .map_err(io(format!("running {}", script.display())))?;
     if !out.status.success() {
-        return Err(Error::Build(format!("{} exited with {}", script.display(), out.status)));
+        return Err(Error::Build(format!(
+            "{} exited with {}",
+            script.display(),
+            out.status
+        )));
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let dir = stdout.lines().last().unwrap_or_default().trim();
@@ -103,29 +109,46 @@ impl ControlPlane {
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer}");
         let mut etcd = Command::new(bin_dir.join("etcd"));
-        etcd.args(["--name", "default", "--log-level", "warn", "--unsafe-no-fsync"])
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .args(["--listen-client-urls", &etcd_url])
-            .args(["--advertise-client-urls", &etcd_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")])
-            .args(["--listen-metrics-urls", ""]);
+        etcd.args([
+            "--name",
+            "default",
+            "--log-level",
+            "warn",
+            "--unsafe-no-fsync",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("etcd"))
+        .args(["--listen-client-urls", &etcd_url])
+        .args(["--advertise-client-urls", &etcd_url])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("default={peer_url}")])
+        .args(["--listen-metrics-urls", ""]);
 
         let mut apiserver = Command::new(bin_dir.join("kube-apiserver"));
         let path = |name: &str| dir.path().join(name).display().to_string();
         apiserver
             .args(["--etcd-servers", &etcd_url])
-            .args(["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"])
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+            ])
             .args(["--secure-port", &api_port.to_string()])
             .args(["--cert-dir", &path("pki")])
             .args(["--tls-cert-file", &files.serving_cert])
             .args(["--tls-private-key-file", &files.serving_key])
             .args(["--client-ca-file", &files.ca_cert])
             .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .args(["--service-account-key-file", &files.service_account_public_key])
-            .args(["--service-account-signing-key-file", &files.service_account_key])
+            .args([
+                "--service-account-key-file",
+                &files.service_account_public_key,
+            ])
+            .args([
+                "--service-account-signing-key-file",
+                &files.service_account_key,
+            ])
             .args(["--service-cluster-ip-range", "10.0.0.0/24"])
             .args(["--authorization-mode", "RBAC"])
             .args(["--disable-admission-plugins", "ServiceAccount"])
@@ -186,7 +209,8 @@ impl ControlPlane {
                 Ok(())
             });
         }
-        let child = spawn_from_long_lived_thread(command).map_err(io(format!("starting {process}")))?;
+        let child =
+            spawn_from_long_lived_thread(command).map_err(io(format!("starting {process}")))?;
         self.processes.push(child);
         Ok(())
     }
@@ -219,7 +243,10 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Err(Error::NotReady(READY_TIMEOUT, self.log_tail("kube-apiserver")))
+        Err(Error::NotReady(
+            READY_TIMEOUT,
+            self.log_tail("kube-apiserver"),
+        ))
     }
 }
 
@@ -258,7 +285,10 @@ fn spawn_from_long_lived_thread(mut command: Command) -> std::io::Result<Child> 
     let sent = spawner
         .lock()
         .map_err(|_| std::io::Error::other("spawner poisoned"))?
-        .send((std::mem::replace(&mut command, Command::new("true")), reply_tx));
+        .send((
+            std::mem::replace(&mut command, Command::new("true")),
+            reply_tx,
+        ));
     sent.map_err(|_| std::io::Error::other("spawner thread is gone"))?;
     reply_rx
         .recv()
@@ -273,7 +303,10 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
         .map_err(io("choosing free ports"))?;
     let mut ports = [0; N];
     for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr().map_err(io("choosing free ports"))?.port();
+        *port = listener
+            .local_addr()
+            .map_err(io("choosing free ports"))?
+            .port();
     }
     Ok(ports)
 }
@@ -301,22 +334,30 @@ struct PkiFiles {
 impl Pki {
     fn generate() -> Result<Self, Error> {
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.distinguished_name.push(DnType::CommonName, "briq-operator local CA");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "briq-operator local CA");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
 
         let serving_key = KeyPair::generate()?;
         let mut serving = CertificateParams::new(vec!["localhost".to_owned()])?;
-        serving.subject_alt_names.push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
-        serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+        serving
+            .subject_alt_names
+            .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
+        serving
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_cert = serving.signed_by(&serving_key, &ca)?;
 
         let admin_key = KeyPair::generate()?;
         let mut admin = CertificateParams::new(Vec::<String>::new())?;
         admin.distinguished_name.push(DnType::CommonName, "admin");
-        admin.distinguished_name.push(DnType::OrganizationName, "system:masters");
+        admin
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
         admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let admin_cert = admin.signed_by(&admin_key, &ca)?;
 
@@ -373,7 +414,6 @@ current-context: local
             key = BASE64.encode(&self.admin_key),
         )
     }
-
 }
 
 impl ControlPlane {

@@ -24,7 +24,11 @@ fn checked_in_crds_match_the_rust_types() {
 }
 
 fn dynamic<K: Resource<DynamicType = ()>>(env: &TestEnv) -> Api<DynamicObject> {
-    Api::namespaced_with(env.client.clone(), &env.namespace, &ApiResource::erase::<K>(&()))
+    Api::namespaced_with(
+        env.client.clone(),
+        &env.namespace,
+        &ApiResource::erase::<K>(&()),
+    )
 }
 
 fn object<K: Resource<DynamicType = ()>>(name: &str, spec: Value) -> DynamicObject {
@@ -39,7 +43,9 @@ fn object<K: Resource<DynamicType = ()>>(name: &str, spec: Value) -> DynamicObje
 
 /// Creates the object and returns the API server's refusal.
 async fn refused<K: Resource<DynamicType = ()>>(env: &TestEnv, spec: Value) -> Status {
-    let result = dynamic::<K>(env).create(&PostParams::default(), &object::<K>("bad", spec)).await;
+    let result = dynamic::<K>(env)
+        .create(&PostParams::default(), &object::<K>("bad", spec))
+        .await;
     match result {
         Err(kube::Error::Api(response)) => *response,
         other => panic!("expected the API server to refuse the object, got {other:?}"),
@@ -50,7 +56,10 @@ async fn refused<K: Resource<DynamicType = ()>>(env: &TestEnv, spec: Value) -> S
 async fn valid_objects_are_accepted_with_defaults() {
     let env = TestEnv::new("crd-valid").await;
     dynamic::<BriqExecutor>(&env)
-        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .create(
+            &PostParams::default(),
+            &object::<BriqExecutor>("py", json!({})),
+        )
         .await
         .unwrap();
     let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
@@ -73,20 +82,42 @@ async fn valid_objects_are_accepted_with_defaults() {
 async fn invalid_executors_are_refused_with_clear_messages() {
     let env = TestEnv::new("crd-bad-executor").await;
     let cases = [
-        (json!({ "executionTimeoutSeconds": 41 }), "executionTimeoutSeconds"),
-        (json!({ "executionTimeoutSeconds": 0 }), "executionTimeoutSeconds"),
+        (
+            json!({ "executionTimeoutSeconds": 41 }),
+            "executionTimeoutSeconds",
+        ),
+        (
+            json!({ "executionTimeoutSeconds": 0 }),
+            "executionTimeoutSeconds",
+        ),
         (json!({ "sleep": "30" }), "sleep"),
-        (json!({ "apiKeySecretRef": { "key": "k" } }), "apiKeySecretRef.name"),
-        (json!({ "apiKeySecretRef": { "name": "Bad_Name" } }), "apiKeySecretRef.name"),
+        (
+            json!({ "apiKeySecretRef": { "key": "k" } }),
+            "apiKeySecretRef.name",
+        ),
+        (
+            json!({ "apiKeySecretRef": { "name": "Bad_Name" } }),
+            "apiKeySecretRef.name",
+        ),
         (json!({ "apiKeySecretRef": "briq-key" }), "apiKeySecretRef"),
-        (json!({ "packages": ["--index-url=http://x"] }), "pip options are not allowed"),
-        (json!({ "env": [{ "name": "1BAD", "value": "x" }] }), "env[0].name"),
+        (
+            json!({ "packages": ["--index-url=http://x"] }),
+            "pip options are not allowed",
+        ),
+        (
+            json!({ "env": [{ "name": "1BAD", "value": "x" }] }),
+            "env[0].name",
+        ),
         (json!({ "size": "Large!" }), "size"),
     ];
     for (spec, expected) in cases {
         let refusal = refused::<BriqExecutor>(&env, spec.clone()).await;
         assert_eq!(refusal.code, 422, "{spec}: {refusal:?}");
-        assert!(refusal.message.contains(expected), "{spec}: {}", refusal.message);
+        assert!(
+            refusal.message.contains(expected),
+            "{spec}: {}",
+            refusal.message
+        );
     }
 }
 
@@ -94,16 +125,32 @@ async fn invalid_executors_are_refused_with_clear_messages() {
 async fn invalid_executions_are_refused_with_clear_messages() {
     let env = TestEnv::new("crd-bad-execution").await;
     let cases = [
-        (json!({ "executorRef": { "name": "py" } }), "spec.code: Required value"),
-        (json!({ "executorRef": { "name": "py" }, "code": "" }), "spec.code"),
+        (
+            json!({ "executorRef": { "name": "py" } }),
+            "spec.code: Required value",
+        ),
+        (
+            json!({ "executorRef": { "name": "py" }, "code": "" }),
+            "spec.code",
+        ),
         (json!({ "code": "1" }), "spec.executorRef: Required value"),
-        (json!({ "executorRef": { "name": "py" }, "code": "1", "timeoutSeconds": 41 }), "timeoutSeconds"),
-        (json!({ "executorRef": { "name": "py" }, "code": "x".repeat(262_145) }), "spec.code"),
+        (
+            json!({ "executorRef": { "name": "py" }, "code": "1", "timeoutSeconds": 41 }),
+            "timeoutSeconds",
+        ),
+        (
+            json!({ "executorRef": { "name": "py" }, "code": "x".repeat(262_145) }),
+            "spec.code",
+        ),
     ];
     for (spec, expected) in cases {
         let refusal = refused::<Execution>(&env, spec.clone()).await;
         assert_eq!(refusal.code, 422, "{expected}: {refusal:?}");
-        assert!(refusal.message.contains(expected), "{expected}: {}", refusal.message);
+        assert!(
+            refusal.message.contains(expected),
+            "{expected}: {}",
+            refusal.message
+        );
     }
 }
 
@@ -121,19 +168,31 @@ async fn execution_spec_and_executor_sandbox_fields_are_immutable() {
         .patch("once", &PatchParams::default(), &Patch::Merge(&edit))
         .await
         .unwrap_err();
-    assert!(refusal.to_string().contains("Execution spec is immutable"), "{refusal}");
+    assert!(
+        refusal.to_string().contains("Execution spec is immutable"),
+        "{refusal}"
+    );
 
     dynamic::<BriqExecutor>(&env)
-        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .create(
+            &PostParams::default(),
+            &object::<BriqExecutor>("py", json!({})),
+        )
         .await
         .unwrap();
-    for edit in [json!({ "spec": { "image": "python:3.13" } }), json!({ "spec": { "size": "large" } })] {
+    for edit in [
+        json!({ "spec": { "image": "python:3.13" } }),
+        json!({ "spec": { "size": "large" } }),
+    ] {
         let refusal = env
             .api::<BriqExecutor>()
             .patch("py", &PatchParams::default(), &Patch::Merge(&edit))
             .await
             .unwrap_err();
-        assert!(refusal.to_string().contains("immutable"), "{edit}: {refusal}");
+        assert!(
+            refusal.to_string().contains("immutable"),
+            "{edit}: {refusal}"
+        );
     }
     // The per-execution deadline may change: it shapes no sandbox.
     let edit = json!({ "spec": { "executionTimeoutSeconds": 10 } });
@@ -147,7 +206,10 @@ async fn execution_spec_and_executor_sandbox_fields_are_immutable() {
 async fn status_is_a_subresource_and_printer_columns_show_it() {
     let env = TestEnv::new("crd-status").await;
     dynamic::<BriqExecutor>(&env)
-        .create(&PostParams::default(), &object::<BriqExecutor>("py", json!({})))
+        .create(
+            &PostParams::default(),
+            &object::<BriqExecutor>("py", json!({})),
+        )
         .await
         .unwrap();
     let status = json!({
@@ -158,13 +220,28 @@ async fn status_is_a_subresource_and_printer_columns_show_it() {
         }], "sandboxId": "bq_test" }
     });
     let api = env.api::<BriqExecutor>();
-    api.patch_status("py", &PatchParams::apply("test").force(), &Patch::Apply(&status))
-        .await
-        .unwrap();
+    api.patch_status(
+        "py",
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&status),
+    )
+    .await
+    .unwrap();
     // A status written through the main resource is ignored.
     let sneaky = json!({ "status": { "sandboxId": "bq_other" } });
-    api.patch("py", &PatchParams::default(), &Patch::Merge(&sneaky)).await.unwrap();
-    assert_eq!(api.get("py").await.unwrap().status.unwrap().sandbox_id.as_deref(), Some("bq_test"));
+    api.patch("py", &PatchParams::default(), &Patch::Merge(&sneaky))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.get("py")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .sandbox_id
+            .as_deref(),
+        Some("bq_test")
+    );
 
     let (ok, stdout, stderr) = env.kubectl(&["get", "briqexecutors"]);
     assert!(ok, "{stderr}");
@@ -180,9 +257,13 @@ async fn status_is_a_subresource_and_printer_columns_show_it() {
 #[tokio::test]
 async fn kubectl_explain_shows_the_descriptions() {
     let env = TestEnv::new("crd-explain").await;
-    let (ok, stdout, stderr) = env.kubectl(&["explain", "briqexecutors.spec.executionTimeoutSeconds"]);
+    let (ok, stdout, stderr) =
+        env.kubectl(&["explain", "briqexecutors.spec.executionTimeoutSeconds"]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("Default deadline of one Execution"), "{stdout}");
+    assert!(
+        stdout.contains("Default deadline of one Execution"),
+        "{stdout}"
+    );
     let (ok, stdout, stderr) = env.kubectl(&["explain", "executions.status.finalAnswer"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("safe serialization"), "{stdout}");

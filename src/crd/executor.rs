@@ -107,7 +107,10 @@ pub struct BriqExecutorSpec {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct SandboxEnvVar {
     /// Variable name.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$"))]
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")
+    )]
     pub name: String,
     /// Variable value.
     #[serde(default)]

@@ -28,7 +28,9 @@ fn unwrap_descriptions(crd: CustomResourceDefinition) -> CustomResourceDefinitio
                         serde_json::Value::String(text) if key == "description" => {
                             *text = text
                                 .split("\n\n")
-                                .map(|paragraph| paragraph.split('\n').collect::<Vec<_>>().join(" "))
+                                .map(|paragraph| {
+                                    paragraph.split('\n').collect::<Vec<_>>().join(" ")
+                                })
                                 .collect::<Vec<_>>()
                                 .join("\n\n");
                         }
