@@ -1,0 +1,893 @@
+#!/usr/bin/env python3
+"""briq bridge: drives a Jupyter kernel inside a briq sandbox on behalf of briq-operator.
+
+This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
+
+    python3 .briq/bridge.py <setup|start-kernel|probe|run> --nonce NONCE [options]
+
+Every command prints exactly one framed JSON envelope on stdout (the contract is
+``bridge/PROTOCOL.md``); one too large for briq's stdout capture is written to
+``.briq/results/<nonce>.out`` and a small ``spilled`` envelope points at it. Only the standard
+library is imported at module level, because ``setup`` has to run before jupyter_client is
+installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+NONCE_PATTERN = re.compile(r"[A-Za-z0-9]{16,64}")
+
+# Logs and output together, per action (PROTOCOL.md "Budgets").
+TEXT_BUDGET = 65_536
+# Serialized final answers, "safe:" prefix included.
+FINAL_ANSWER_LIMIT = 65_536
+PIP_TAIL_LIMIT = 4_000
+# Error messages and tracebacks are outside the shared budget but must not blow up the envelope.
+ERROR_TEXT_LIMIT = 65_536
+
+# briq keeps only the last 64 KB of a command's stdout: a framed envelope over this many bytes
+# goes to .briq/results/<nonce>.out instead, and stdout gets a small `spilled` envelope.
+SPILL_THRESHOLD = 32_768
+RESULTS_DIR = ".briq/results"
+# Spill files the operator did not remove are deleted by the next spill after this long.
+SPILL_MAX_AGE_S = 600.0
+
+# smolagents 1.26 serialization tags that the host would turn back into numpy arrays or PIL
+# images (serialization.py and the patched FinalAnswerTool.forward both emit exactly these).
+REJECTED_TAGS = frozenset({"ndarray", "PIL.Image"})
+REJECTED_HINT = "return arrays as lists and images as bytes"
+
+# How long an interrupted kernel gets to become idle again before we report the timeout.
+INTERRUPT_GRACE_S = 2.0
+# How long an existing kernel gets to answer kernel_info on its control channel.
+ANSWER_WAIT_S = 5.0
+# How often we look at the kernel's pid while waiting, so a dead kernel is noticed quickly.
+PID_CHECK_INTERVAL_S = 0.2
+
+# (import name, distribution, pip requirement, acceptable release tuple); mirrors the
+# requirements that setup installs so that "already importable" means "pip would do nothing".
+BASE_PACKAGES: tuple[tuple[str, str, str, Callable[[tuple[int, ...]], bool]], ...] = (
+    ("smolagents", "smolagents", "smolagents==1.26.0", lambda v: v[:3] == (1, 26, 0)),
+    ("numpy", "numpy", "numpy>=1.26,<3", lambda v: (1, 26) <= v < (3,)),
+    ("PIL", "pillow", "pillow", lambda v: True),
+    ("ipykernel", "ipykernel", "ipykernel>=6,<8", lambda v: (6,) <= v < (8,)),
+    ("jupyter_client", "jupyter-client", "jupyter-client>=8,<9", lambda v: (8,) <= v < (9,)),
+)
+
+# CSI sequences (colours, cursor moves), OSC sequences (titles, links) and two-byte escapes.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+# --------------------------------------------------------------------------------------------
+# Envelopes
+# --------------------------------------------------------------------------------------------
+
+
+def setup_envelope(ok: bool, installed: bool, message: str, pip_tail: str | None = None) -> dict:
+    return {
+        "kind": "setup",
+        "ok": ok,
+        "installed": installed,
+        "message": message,
+        "pip_tail": pip_tail,
+    }
+
+
+def kernel_envelope(alive: bool, started: bool, pid: int | None, message: str) -> dict:
+    return {"kind": "kernel", "alive": alive, "started": started, "pid": pid, "message": message}
+
+
+def result_envelope(
+    status: str,
+    *,
+    logs: str = "",
+    output: str | None = None,
+    truncated: bool = False,
+    final_answer: str | None = None,
+    error: dict | None = None,
+    display_dropped: int = 0,
+    duration_ms: int = 0,
+) -> dict:
+    return {
+        "kind": "result",
+        "status": status,
+        "logs": logs,
+        "output": output,
+        "truncated": truncated,
+        "final_answer": final_answer,
+        "error": error,
+        "display_dropped": display_dropped,
+        "duration_ms": duration_ms,
+    }
+
+
+def error_info(name: str, message: str, traceback: str = "") -> dict:
+    return {
+        "name": clip(strip_ansi(name), 200),
+        "message": clip(strip_ansi(message), ERROR_TEXT_LIMIT),
+        "traceback": clip(strip_ansi(traceback), ERROR_TEXT_LIMIT),
+    }
+
+
+def _valid_unicode(value: Any) -> Any:
+    """Replace lone surrogates: JSON parsers (serde_json among them) reject them as escapes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _valid_unicode(item) for key, item in value.items()}
+    return value
+
+
+def frame(nonce: str, envelope: dict) -> str:
+    """The envelope as printed: markers around one JSON line."""
+    # ensure_ascii keeps the payload one pure-ASCII line whatever the user printed (newlines,
+    # NULs, U+2028 are all escaped), so text inside it can never look like a marker line.
+    payload = json.dumps(_valid_unicode(envelope), ensure_ascii=True, separators=(",", ":"))
+    # The leading newline puts the marker at a line start even after unterminated chatter.
+    return f"\n<<<BRIQ-ENVELOPE {nonce}>>>\n{payload}\n<<<END-BRIQ-ENVELOPE {nonce}>>>\n"
+
+
+def spilled_envelope(size: int, sha256: str) -> dict:
+    return {"kind": "spilled", "bytes": size, "sha256": sha256}
+
+
+def remove_stale_results(results_dir: Path, keep: Path, now: float) -> None:
+    """Delete files in `results_dir` older than SPILL_MAX_AGE_S, except `keep`."""
+    try:
+        entries = list(os.scandir(results_dir))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == keep.name:
+            continue
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if entry.is_file(follow_symlinks=False) and (
+                now - entry.stat(follow_symlinks=False).st_mtime > SPILL_MAX_AGE_S
+            ):
+                os.unlink(entry.path)
+
+
+def spill(results_dir: Path, nonce: str, data: bytes) -> dict:
+    """Write `data` to `<results_dir>/<nonce>.out` atomically; the `spilled` envelope for it."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    target = results_dir / f"{nonce}.out"
+    remove_stale_results(results_dir, target, time.time())
+    # Same directory, then rename: the operator sees either no file or the whole file.
+    fd, tmp_name = tempfile.mkstemp(dir=results_dir, prefix=f".{nonce}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it 0600; readable like any other upload
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    return spilled_envelope(len(data), hashlib.sha256(data).hexdigest())
+
+
+def envelope_text(nonce: str, envelope: dict, results_dir: str | os.PathLike = RESULTS_DIR) -> str:
+    """What goes on stdout: the framed envelope, or, when that is over SPILL_THRESHOLD bytes, a
+    framed `spilled` envelope pointing at the file that holds it (PROTOCOL.md "Large envelopes").
+    Raises OSError when the file cannot be written."""
+    text = frame(nonce, envelope)
+    data = text.encode("ascii")
+    if len(data) <= SPILL_THRESHOLD:
+        return text
+    return frame(nonce, spill(Path(results_dir), nonce, data))
+
+
+def write_envelope(
+    stream: Any, nonce: str, envelope: dict, results_dir: str | os.PathLike = RESULTS_DIR
+) -> None:
+    stream.write(envelope_text(nonce, envelope, results_dir))
+    stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# Text helpers
+# --------------------------------------------------------------------------------------------
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)
+
+
+def truncation_marker(dropped: int) -> str:
+    return f"\n… [truncated {dropped} characters] …\n"
+
+
+class ClippedText:
+    """Append-only text that only remembers its first and last `keep` characters.
+
+    User code can print gigabytes; the envelope never needs more than a head and a tail, so the
+    middle is counted and forgotten as it arrives.
+    """
+
+    def __init__(self, keep: int = TEXT_BUDGET) -> None:
+        self.keep = keep
+        self.head = ""
+        self.tail = ""
+        self.dropped = 0
+
+    def add(self, text: str) -> None:
+        if len(self.head) < self.keep:
+            room = self.keep - len(self.head)
+            self.head += text[:room]
+            text = text[room:]
+        if text:
+            self.tail += text
+            excess = len(self.tail) - self.keep
+            if excess > 0:
+                self.tail = self.tail[excess:]
+                self.dropped += excess
+
+    def __len__(self) -> int:
+        return len(self.head) + self.dropped + len(self.tail)
+
+    def render(self, limit: int) -> tuple[str, bool]:
+        """The text in at most `limit` characters (marker included) and whether it was cut."""
+        total = len(self)
+        if total <= limit:
+            return self.head + self.tail, False
+        # Size the marker for the worst case first, so the final text never exceeds `limit`.
+        kept = max(0, limit - len(truncation_marker(total)))
+        head_n = kept // 2
+        tail_n = kept - head_n
+        whole = self.head + self.tail if self.dropped == 0 else None
+        head = self.head[:head_n]
+        source = whole if whole is not None else self.tail
+        tail = source[len(source) - tail_n :] if tail_n else ""
+        return head + truncation_marker(total - head_n - tail_n) + tail, True
+
+
+def clip(text: str, limit: int) -> str:
+    clipped = ClippedText(limit)
+    clipped.add(text)
+    return clipped.render(limit)[0]
+
+
+def share_budget(logs_len: int, output_len: int, budget: int = TEXT_BUDGET) -> tuple[int, int]:
+    """Split the shared budget: whichever side is small stays whole, the other gets the rest."""
+    if logs_len + output_len <= budget:
+        return logs_len, output_len
+    half = budget // 2
+    if output_len <= half:
+        return budget - output_len, output_len
+    if logs_len <= half:
+        return logs_len, budget - logs_len
+    return budget - half, half
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel state and process liveness
+# --------------------------------------------------------------------------------------------
+
+
+class KernelState:
+    """Files in the state dir: connection file, pid and the kernel's own stdout/stderr log."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.dir = Path(state_dir).resolve()
+        self.connection_file = self.dir / "kernel.json"
+        self.pid_file = self.dir / "kernel.pid"
+        self.log_file = self.dir / "kernel.log"
+
+    def read_pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def write_pid(self, pid: int) -> None:
+        # Write-then-rename: a reader never sees a half-written pid.
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(f"{pid}\n")
+        os.replace(tmp, self.pid_file)
+
+    def live_pid(self) -> int | None:
+        """The kernel's pid if its process is running and the connection file exists."""
+        pid = self.read_pid()
+        if pid is None or not self.connection_file.exists():
+            return None
+        return pid if process_is_kernel(pid) else None
+
+    def forget(self) -> None:
+        for path in (self.pid_file, self.connection_file):
+            path.unlink(missing_ok=True)
+
+    def log_tail(self, limit: int = 2_000) -> str:
+        try:
+            with open(self.log_file, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 4 * limit))
+                return log.read().decode("utf-8", "replace")[-limit:]
+        except OSError:
+            return ""
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialize start-kernel calls so two of them never launch two kernels."""
+        import fcntl
+
+        with open(self.dir / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def process_is_kernel(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) ipykernel process.
+
+    The kernel outlives the bridge that started it and is re-parented to PID 1, which in a
+    sandbox may never reap it: a SIGKILLed kernel can linger as a zombie that still accepts
+    signal 0. After a sandbox restart the pid may also belong to some unrelated process.
+    """
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not Path("/proc/self").exists():
+        return True  # no procfs: signal 0 is all we can know
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rpartition(")")[2].split()[0]
+    return state not in ("Z", "X", "x") and b"ipykernel" in cmdline
+
+
+def kill_kernel_group(pid: int) -> None:
+    # The kernel leads its own session (start_new_session), so its group holds its children too.
+    if not process_is_kernel(pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------
+# Talking to the kernel
+# --------------------------------------------------------------------------------------------
+
+
+def connect(state: KernelState, **channels: bool) -> Any:
+    from jupyter_client.blocking.client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=str(state.connection_file))
+    client.load_connection_file()
+    wanted = {"shell": False, "iopub": False, "stdin": False, "hb": False, "control": False}
+    wanted.update(channels)
+    client.start_channels(**wanted)
+    return client
+
+
+def receive(channel: Any, timeout: float) -> dict | None:
+    """One message from `channel` within `timeout` seconds, or None."""
+    from queue import Empty
+
+    try:
+        return channel.get_msg(timeout=max(0.0, timeout))
+    except Empty:
+        return None
+    except ValueError:
+        return None  # bad signature or garbled frames: not a message from our kernel
+
+
+def kernel_answers(state: KernelState, pid: int, until: float, channel_name: str) -> bool:
+    """Ask kernel_info on `channel_name` until the kernel replies, its pid dies, or `until`.
+
+    The control channel is served by its own thread in ipykernel >= 6, so it answers even while
+    user code runs; the shell channel proves that a fresh kernel is ready to execute.
+    """
+    client = connect(state, **{channel_name: True})
+    channel = getattr(client, f"{channel_name}_channel")
+    sent: set[str] = set()
+    next_send = 0.0
+    try:
+        while (now := time.monotonic()) < until:
+            if not process_is_kernel(pid):
+                return False
+            if now >= next_send:
+                # Re-ask now and then: a request sent before the kernel bound may be lost.
+                request = client.session.msg("kernel_info_request")
+                channel.send(request)
+                sent.add(request["header"]["msg_id"])
+                next_send = now + 1.0
+            reply = receive(channel, min(PID_CHECK_INTERVAL_S, until - now))
+            if reply is not None and reply["parent_header"].get("msg_id") in sent:
+                return True
+        return False
+    finally:
+        client.stop_channels()
+
+
+def await_iopub(client: Any, pid: int, until: float) -> bool:
+    """Wait until our fresh iopub subscription receives messages.
+
+    ZeroMQ drops PUB messages until a new SUB connection is established ("slow joiner"), and
+    every `run` is a new process with a new subscription: executing before that would lose the
+    start of the output. Each kernel_info request makes the kernel publish busy/idle, so the
+    first iopub message we see proves the subscription is live.
+    """
+    wait = 0.01
+    while time.monotonic() < until:
+        if not process_is_kernel(pid):
+            return False
+        client.kernel_info()
+        if receive(client.iopub_channel, min(wait, until - time.monotonic())) is not None:
+            return True
+        wait = min(wait * 2, 0.5)
+    return False
+
+
+class Execution:
+    """Everything the kernel reports about one execute_request, gathered as it arrives."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self.logs = ClippedText()
+        self.output: ClippedText | None = None
+        self.error: dict | None = None
+        self.display_dropped = 0
+        self.idle = False
+        self.reply: dict | None = None
+
+    @property
+    def done(self) -> bool:
+        # Both are needed: idle ends the output, the reply carries the status (e.g. aborted).
+        return self.idle and self.reply is not None
+
+    def ours(self, msg: dict) -> bool:
+        return msg.get("parent_header", {}).get("msg_id") == self.msg_id
+
+    def on_iopub(self, msg: dict) -> None:
+        if not self.ours(msg):
+            return
+        kind = msg["header"]["msg_type"]
+        content = msg["content"]
+        if kind == "stream":
+            self.logs.add(str(content.get("text", "")))
+        elif kind == "execute_result":
+            text = content.get("data", {}).get("text/plain")
+            if text is not None:
+                self.output = ClippedText()
+                self.output.add(text if isinstance(text, str) else "".join(text))
+        elif kind in ("display_data", "update_display_data"):
+            self.display_dropped += 1
+        elif kind == "error" and self.error is None:
+            self.error = content
+        elif kind == "status" and content.get("execution_state") == "idle":
+            self.idle = True
+
+    def on_shell(self, msg: dict) -> None:
+        if self.ours(msg) and msg["header"]["msg_type"] == "execute_reply":
+            self.reply = msg["content"]
+
+
+def collect(client: Any, execution: Execution, pid: int, until: float) -> str:
+    """Feed kernel messages into `execution` until done ("done"), `until` ("deadline") or the
+    kernel process disappears ("lost")."""
+    import zmq
+
+    iopub, shell = client.iopub_channel, client.shell_channel
+    poller = zmq.Poller()
+    poller.register(iopub.socket, zmq.POLLIN)
+    poller.register(shell.socket, zmq.POLLIN)
+    next_pid_check = 0.0
+    while not execution.done:
+        now = time.monotonic()
+        if now >= until:
+            return "deadline"
+        if now >= next_pid_check:
+            if not process_is_kernel(pid):
+                return "lost"
+            next_pid_check = now + PID_CHECK_INTERVAL_S
+        ready = dict(poller.poll(int(min(until - now, PID_CHECK_INTERVAL_S) * 1000) + 1))
+        if iopub.socket in ready and (msg := receive(iopub, 0)) is not None:
+            execution.on_iopub(msg)
+        if shell.socket in ready and (msg := receive(shell, 0)) is not None:
+            execution.on_shell(msg)
+    return "done"
+
+
+# --------------------------------------------------------------------------------------------
+# Final answers
+# --------------------------------------------------------------------------------------------
+
+
+def find_rejected_tag(payload: Any) -> str | None:
+    """The first ndarray / PIL.Image tag anywhere in parsed JSON (iterative: no depth limit)."""
+    pending = [payload]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            tag = item.get("__type__")
+            if isinstance(tag, str) and tag in REJECTED_TAGS:
+                return tag
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+def final_answer_problem(value: str) -> str | None:
+    """Why a FinalAnswerException value must not go to the host, or None when it may."""
+    if value.startswith("pickle:"):
+        return "pickle-serialized final answers are refused; only 'safe:' JSON is accepted"
+    if not value.startswith("safe:"):
+        return "final answer lacks the 'safe:' prefix of smolagents safe serialization"
+    if len(value) > FINAL_ANSWER_LIMIT:
+        return (
+            f"final answer is {len(value)} characters serialized; the limit is {FINAL_ANSWER_LIMIT}"
+        )
+    try:
+        payload = json.loads(value[len("safe:") :])
+    except (ValueError, RecursionError):
+        return "final answer is not valid JSON after the 'safe:' prefix"
+    tag = find_rejected_tag(payload)
+    if tag is not None:
+        return f"final answer contains a {tag!r} value; {REJECTED_HINT}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release of a version string ("2.1.3rc1" -> (2, 1, 3))."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def missing_base_packages() -> list[str]:
+    """Descriptions of base packages that are absent, at a wrong version or not importable."""
+    missing = []
+    for module, distribution, requirement, acceptable in BASE_PACKAGES:
+        version = installed_version(distribution)
+        if version is None or not acceptable(release_tuple(version)):
+            missing.append(f"{requirement} (found {version or 'nothing'})")
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a broken install: let pip repair it
+            missing.append(f"{requirement} (import failed: {type(exc).__name__})")
+    return missing
+
+
+PLAIN_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+
+
+def extra_is_satisfied(spec: str) -> bool:
+    """Whether an extra requirement is surely installed already; when unsure, say no (pip runs).
+
+    Only a plain name or an exact `name==version` pin is judged here; ranges, extras, markers
+    and URLs need pip's resolver.
+    """
+    spec = spec.strip()
+    if re.fullmatch(PLAIN_NAME, spec):
+        return installed_version(spec) is not None
+    pinned = re.fullmatch(rf"({PLAIN_NAME})\s*==\s*([A-Za-z0-9.+!_-]+)", spec)
+    if pinned:
+        return installed_version(pinned.group(1)) == pinned.group(2)
+    return False
+
+
+def run_pip(requirements: list[str], deadline: float) -> tuple[int | None, str]:
+    """Run pip until it exits or `deadline`; returns (exit code or None on timeout, output tail)."""
+    command = [
+        sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+        "--progress-bar", "off", *requirements,
+    ]  # fmt: skip
+    env = dict(os.environ)
+    # The sandbox is disposable: install into its Python even where the distribution marks it
+    # externally managed (PEP 668). Older pips ignore unknown PIP_* variables.
+    env.setdefault("PIP_BREAK_SYSTEM_PACKAGES", "1")
+    env.setdefault("PIP_ROOT_USER_ACTION", "ignore")
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group, so the deadline kill takes its children too
+        )
+        try:
+            returncode: int | None = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = None
+        output.seek(0, os.SEEK_END)
+        output.seek(max(0, output.tell() - 4 * PIP_TAIL_LIMIT))
+        tail = output.read().decode("utf-8", "replace")[-PIP_TAIL_LIMIT:]
+    return returncode, tail
+
+
+def cmd_setup(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.deadline
+    extras = [spec for spec in args.requirement if spec.strip()]
+    missing = missing_base_packages() + [s for s in extras if not extra_is_satisfied(s)]
+    if not missing:
+        return setup_envelope(True, False, "all requirements already importable; pip skipped"), 0
+
+    requirements = [requirement for _, _, requirement, _ in BASE_PACKAGES] + extras
+    returncode, tail = run_pip(requirements, deadline)
+    if returncode is None:
+        message = f"pip timed out after {args.deadline:g} s; its process group was killed"
+        return setup_envelope(False, True, message, tail), 1
+    if returncode != 0:
+        return setup_envelope(False, True, f"pip exited with code {returncode}", tail), 1
+    message = "pip installed requirements; missing before: " + "; ".join(missing)
+    return setup_envelope(True, True, message, tail), 0
+
+
+def launch_kernel(state: KernelState) -> int:
+    from jupyter_client.connect import write_connection_file
+
+    state.connection_file.unlink(missing_ok=True)
+    # Loopback only: nothing outside the sandbox may reach the kernel. Messages are signed.
+    write_connection_file(
+        str(state.connection_file), ip="127.0.0.1", key=secrets.token_hex(32).encode("ascii")
+    )
+    with open(state.log_file, "ab") as log:
+        # Detached: the kernel must outlive this bridge process, and its stdout must never
+        # reach the bridge's stdout (where the envelope goes).
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ipykernel_launcher", "-f", str(state.connection_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    state.write_pid(process.pid)
+    return process.pid
+
+
+def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.deadline
+    state = KernelState(args.state_dir)
+    state.dir.mkdir(parents=True, exist_ok=True)
+    with state.lock():
+        note = ""
+        old = state.read_pid()
+        if old is not None and process_is_kernel(old):
+            until = min(deadline, time.monotonic() + ANSWER_WAIT_S)
+            if state.connection_file.exists() and kernel_answers(state, old, until, "control"):
+                return kernel_envelope(True, False, old, "kernel already running"), 0
+            kill_kernel_group(old)  # never leave an unreachable kernel behind
+            note = f"; replaced kernel {old}, which was not answering"
+        elif old is not None:
+            note = f"; previous kernel {old} was gone"
+        state.forget()
+
+        # Two attempts: a randomly chosen port can be taken before the kernel binds it, and
+        # then the kernel exits at once.
+        for _attempt in range(2):
+            pid = launch_kernel(state)
+            if kernel_answers(state, pid, deadline, "shell"):
+                return kernel_envelope(True, True, pid, "kernel started" + note), 0
+            if process_is_kernel(pid) or time.monotonic() >= deadline:
+                break
+        kill_kernel_group(pid)
+        state.forget()
+        message = f"kernel did not answer within {args.deadline:g} s; kernel log tail:\n"
+        return kernel_envelope(False, False, None, message + state.log_tail()), 1
+
+
+def cmd_probe(args: argparse.Namespace) -> tuple[dict, int]:
+    state = KernelState(args.state_dir)
+    recorded = state.read_pid()
+    if recorded is None or not state.connection_file.exists():
+        return kernel_envelope(False, False, None, f"no kernel state in {state.dir}"), 0
+    if not process_is_kernel(recorded):
+        return kernel_envelope(False, False, None, f"kernel process {recorded} is gone"), 0
+    if kernel_answers(state, recorded, time.monotonic() + ANSWER_WAIT_S, "control"):
+        return kernel_envelope(True, False, recorded, "kernel is answering"), 0
+    message = f"kernel process {recorded} exists but did not answer within {ANSWER_WAIT_S:g} s"
+    return kernel_envelope(False, False, recorded, message), 0
+
+
+def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.timeout
+    code = Path(args.code).read_text(encoding="utf-8")
+    state = KernelState(args.state_dir)
+    pid = state.live_pid()
+    if pid is None:
+        lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
+        return result_envelope("kernel_lost", error=lost), 0
+
+    client = connect(state, shell=True, iopub=True)
+    try:
+        if not await_iopub(client, pid, deadline):
+            lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
+            return result_envelope("kernel_lost", error=lost), 0
+        started = time.monotonic()
+        msg_id = client.execute(
+            code,
+            silent=False,
+            store_history=True,
+            user_expressions={},
+            allow_stdin=False,
+            # With the default (True) a request after an error may come back aborted.
+            stop_on_error=False,
+        )
+        execution = Execution(msg_id)
+        outcome = collect(client, execution, pid, deadline)
+        recovered = None
+        if outcome == "deadline":
+            # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+            grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
+            recovered = execution.idle and grace_outcome != "lost"
+        duration_ms = round((time.monotonic() - started) * 1000)
+    finally:
+        client.stop_channels()
+    return summarize(execution, outcome, recovered, args.timeout, pid, duration_ms), 0
+
+
+def summarize(
+    execution: Execution, outcome: str, recovered: bool | None, timeout: float, pid: int, ms: int
+) -> dict:
+    """Turn what the kernel said into a result envelope."""
+    logs_limit, output_limit = share_budget(
+        len(execution.logs), len(execution.output) if execution.output is not None else 0
+    )
+    logs, logs_cut = execution.logs.render(logs_limit)
+    output, output_cut = (None, False)
+    if execution.output is not None:
+        output, output_cut = execution.output.render(output_limit)
+    common = {
+        "logs": logs,
+        "truncated": logs_cut or output_cut,
+        "display_dropped": execution.display_dropped,
+        "duration_ms": ms,
+    }
+
+    if outcome == "lost":
+        lost = error_info("KernelLost", f"kernel process {pid} died during execution")
+        return result_envelope("kernel_lost", error=lost, **common)
+    if outcome == "deadline":
+        after = "it is idle again" if recovered else "it did not become idle"
+        message = f"execution exceeded {timeout:g} s; kernel interrupted (SIGINT), {after}"
+        return result_envelope("timeout", error=error_info("Timeout", message), **common)
+
+    error = execution.error
+    if error is not None and error.get("ename") == "FinalAnswerException":
+        value = str(error.get("evalue", ""))
+        problem = final_answer_problem(value)
+        if problem is None:
+            return result_envelope("final_answer", final_answer=value, **common)
+        rejected = error_info("FinalAnswerRejected", problem)
+        return result_envelope("final_answer_rejected", error=rejected, **common)
+
+    reply = execution.reply or {}
+    if error is None and reply.get("status") == "error":
+        error = reply  # the reply repeats ename/evalue/traceback
+    if error is not None:
+        info = error_info(
+            str(error.get("ename", "Error")),
+            str(error.get("evalue", "")),
+            "\n".join(str(line) for line in error.get("traceback", [])),
+        )
+        return result_envelope("error", error=info, **common)
+    if reply.get("status") == "aborted":
+        aborted = error_info("ExecutionAborted", "the kernel aborted the execute_request")
+        return result_envelope("error", error=aborted, **common)
+    return result_envelope("ok", output=output, **common)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def nonce_type(value: str) -> str:
+    if not NONCE_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError("nonce must match [A-Za-z0-9]{16,64}")
+    return value
+
+
+def seconds_type(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < 86_400:
+        raise argparse.ArgumentTypeError("seconds must be > 0")
+    return seconds
+
+
+def bridge_failure(kind: str, message: str) -> dict:
+    """An envelope of the expected kind for when the bridge itself broke."""
+    if kind == "setup":
+        return setup_envelope(False, False, message)
+    if kind == "kernel":
+        return kernel_envelope(False, False, None, message)
+    return result_envelope("error", error=error_info("BridgeError", message))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridge.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Callable, kind: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name)
+        sub.add_argument("--nonce", required=True, type=nonce_type)
+        sub.set_defaults(handler=handler, kind=kind)
+        return sub
+
+    setup = command("setup", cmd_setup, "setup")
+    setup.add_argument("--deadline", type=seconds_type, default=60.0)
+    setup.add_argument("--requirement", action="append", default=[])
+
+    start = command("start-kernel", cmd_start_kernel, "kernel")
+    start.add_argument("--state-dir", default=".briq/state")
+    start.add_argument("--deadline", type=seconds_type, default=30.0)
+
+    probe = command("probe", cmd_probe, "kernel")
+    probe.add_argument("--state-dir", default=".briq/state")
+
+    run = command("run", cmd_run, "result")
+    run.add_argument("--state-dir", default=".briq/state")
+    run.add_argument("--code", required=True)
+    run.add_argument("--timeout", type=seconds_type, default=30.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    envelope_stream = sys.stdout
+    # Anything else that writes to sys.stdout (imported libraries, warnings) goes to stderr, so
+    # the envelope is the only thing this process puts on stdout.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            envelope, exit_code = args.handler(args)
+        except Exception as exc:
+            envelope = bridge_failure(args.kind, f"bridge error: {type(exc).__name__}: {exc}")
+            exit_code = 1
+    try:
+        text = envelope_text(args.nonce, envelope)
+    except OSError as exc:
+        problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
+        message = f"bridge error: could not write the large envelope to {RESULTS_DIR}: {problem}"
+        text = frame(args.nonce, bridge_failure(args.kind, message))
+        exit_code = 1
+    envelope_stream.write(text)
+    envelope_stream.flush()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Fixtures that run the bridge exactly like the operator does.
+
+Each sandbox is a temporary directory playing `/work`: `sandbox.py` is copied to
+`.briq/bridge.py`, actions are written to `.briq/actions/`, and every command is a subprocess
+`python .briq/bridge.py <command> --nonce N ...` with that directory as cwd. The envelope is
+parsed as strictly as the Rust side parses it, following a `spilled` envelope to its file in
+`.briq/results/` like the operator does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_bridge" / "sandbox.py"
+
+ENVELOPE_FIELDS = {
+    "spilled": {"kind", "bytes", "sha256"},
+    "setup": {"kind", "ok", "installed", "message", "pip_tail"},
+    "kernel": {"kind", "alive", "started", "pid", "message"},
+    "result": {
+        "kind",
+        "status",
+        "logs",
+        "output",
+        "truncated",
+        "final_answer",
+        "error",
+        "display_dropped",
+        "duration_ms",
+    },
+}
+# Framed envelopes over this many bytes are spilled to .briq/results/<nonce>.out.
+SPILL_THRESHOLD = 32_768
+ERROR_FIELDS = {"name", "message", "traceback"}
+RESULT_STATUSES = {"ok", "final_answer", "final_answer_rejected", "error", "timeout", "kernel_lost"}
+
+
+def process_gone(pid: int, wait: float = 5.0) -> bool:
+    """Whether `pid` exits (or becomes a zombie) within `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True
+        if stat.rpartition(")")[2].split()[0] in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def new_nonce() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(32))
+
+
+def spill_path(root: Path, nonce: str) -> Path:
+    return root / ".briq" / "results" / f"{nonce}.out"
+
+
+def parse_envelope(stdout: str, nonce: str, root: Path | None = None) -> dict:
+    """The one envelope in `stdout`; fails the test on anything the operator calls malformed.
+
+    A `spilled` envelope is followed to `<root>/.briq/results/<nonce>.out`, whose size and
+    sha256 must match before its text is parsed (just as strictly) in its place.
+    """
+    # Whatever is on stdout fits well inside the 64 KB briq keeps.
+    envelope = parse_framed(stdout, nonce, max_bytes=SPILL_THRESHOLD)
+    if envelope["kind"] != "spilled":
+        return envelope
+    assert root is not None, "a spilled envelope needs the sandbox root to follow it"
+    assert isinstance(envelope["bytes"], int) and envelope["bytes"] > SPILL_THRESHOLD
+    assert re.fullmatch(r"[0-9a-f]{64}", envelope["sha256"])
+    data = spill_path(root, nonce).read_bytes()
+    assert len(data) == envelope["bytes"]
+    assert hashlib.sha256(data).hexdigest() == envelope["sha256"]
+    assert data.isascii()
+    spilled = parse_framed(data.decode("ascii"), nonce)
+    assert spilled["kind"] != "spilled", "a spill file must hold the real envelope"
+    return spilled
+
+
+def parse_framed(stdout: str, nonce: str, max_bytes: int | None = None) -> dict:
+    """The one framed envelope in `stdout`, as strictly as the operator parses it."""
+    lines = stdout.split("\n")  # like Rust's lines(): only "\n" ends a line
+    begins = [i for i, line in enumerate(lines) if line.startswith("<<<BRIQ-ENVELOPE")]
+    ends = [i for i, line in enumerate(lines) if line.startswith("<<<END-BRIQ-ENVELOPE")]
+    assert len(begins) == 1 and len(ends) == 1, f"expected exactly one envelope in {stdout!r}"
+    start = begins[0]
+    assert lines[start] == f"<<<BRIQ-ENVELOPE {nonce}>>>"
+    assert ends[0] == start + 2, "envelope payload must be exactly one line"
+    assert lines[start + 2] == f"<<<END-BRIQ-ENVELOPE {nonce}>>>"
+    payload = lines[start + 1]
+    assert payload.isascii()
+    if max_bytes is not None:
+        framed = "\n".join(lines[start : start + 3]) + "\n"
+        assert len(framed) + 1 <= max_bytes, "an envelope this large must be spilled"
+    envelope = json.loads(payload)
+    assert set(envelope) == ENVELOPE_FIELDS[envelope["kind"]]
+    if envelope["kind"] == "result":
+        assert envelope["status"] in RESULT_STATUSES
+        assert envelope["error"] is None or set(envelope["error"]) == ERROR_FIELDS
+        assert isinstance(envelope["logs"], str)
+        assert isinstance(envelope["duration_ms"], int)
+    return envelope
+
+
+@dataclass
+class Call:
+    envelope: dict
+    returncode: int
+    stdout: str
+    stderr: str
+    # The `spilled` envelope stdout held, or None; `envelope` is then the one from its file.
+    spilled: dict | None = None
+
+
+class Sandbox:
+    """A directory playing `/work` with the bridge uploaded into it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / ".briq" / "actions").mkdir(parents=True)
+        shutil.copy(SANDBOX_SCRIPT, root / ".briq" / "bridge.py")
+        self.env = dict(os.environ)
+        # Keep IPython's profile and history out of the real home directory.
+        self.env["IPYTHONDIR"] = str(root / ".ipython")
+        self.env["JUPYTER_PLATFORM_DIRS"] = "1"
+        self._actions = 0
+
+    def bridge(
+        self, command: str, *options: str, nonce: str | None = None, env: dict | None = None
+    ) -> Call:
+        nonce = nonce or new_nonce()
+        process = subprocess.run(
+            [sys.executable, ".briq/bridge.py", command, "--nonce", nonce, *options],
+            cwd=self.root,
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        envelope = parse_envelope(process.stdout, nonce, self.root)
+        outer = parse_framed(process.stdout, nonce)
+        spilled = outer if outer["kind"] == "spilled" else None
+        return Call(envelope, process.returncode, process.stdout, process.stderr, spilled)
+
+    def run_call(self, code: str, timeout: float = 30, nonce: str | None = None) -> Call:
+        """Upload `code` as an action and run it."""
+        self._actions += 1
+        name = f".briq/actions/action_{self._actions}.py"
+        (self.root / name).write_text(code, encoding="utf-8")
+        call = self.bridge("run", "--code", name, "--timeout", str(timeout), nonce=nonce)
+        assert call.returncode == 0, call.stderr
+        assert call.envelope["kind"] == "result"
+        return call
+
+    def run(self, code: str, timeout: float = 30, nonce: str | None = None) -> dict:
+        """Upload `code` as an action and run it; returns the result envelope."""
+        return self.run_call(code, timeout, nonce).envelope
+
+    def start_kernel(self) -> dict:
+        call = self.bridge("start-kernel", "--deadline", "60")
+        assert call.returncode == 0, (call.envelope, call.stderr)
+        return call.envelope
+
+    def probe(self) -> dict:
+        call = self.bridge("probe")
+        assert call.returncode == 0
+        return call.envelope
+
+    def kernel_pid(self) -> int | None:
+        try:
+            return int((self.root / ".briq" / "state" / "kernel.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def stop_kernel(self) -> None:
+        pid = self.kernel_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def shared_sandbox(tmp_path_factory: pytest.TempPathFactory):
+    """One kernel for all tests that neither kill nor interrupt it."""
+    sandbox = Sandbox(tmp_path_factory.mktemp("work"))
+    envelope = sandbox.start_kernel()
+    assert envelope["alive"] and envelope["started"]
+    yield sandbox
+    sandbox.stop_kernel()
+
+
+@pytest.fixture
+def fresh_sandbox(tmp_path: Path):
+    """A sandbox with its own kernel, for tests that kill or interrupt it."""
+    sandbox = Sandbox(tmp_path / "work")
+    assert sandbox.start_kernel()["started"]
+    yield sandbox
+    sandbox.stop_kernel()
+
+
+@pytest.fixture
+def empty_sandbox(tmp_path: Path):
+    """A sandbox where no kernel was ever started."""
+    return Sandbox(tmp_path / "work")
