@@ -1,5 +1,7 @@
 //! briq-operator: sandboxed Python executors for AI-agent workloads, as Kubernetes resources.
 
 pub mod bridge;
+pub mod briq;
 pub mod control_plane;
 pub mod crd;
+pub mod local_server;

@@ -1,0 +1,302 @@
+//! Errors of the briq client, classified by what the caller should do next.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+use super::api::{ErrorBody, ErrorCode, SandboxState};
+use super::key::ApiKey;
+
+/// What a caller can conclude from an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The sandbox (or file) does not exist.
+    NotFound,
+    /// Repeating the same call cannot succeed: bad key, invalid request, plan or policy refusal.
+    Terminal,
+    /// The call did not take effect and may be repeated after a pause.
+    Retryable,
+    /// The call may or may not have taken effect: look before repeating anything not idempotent.
+    Uncertain,
+    /// briq answered something this client cannot understand; the call may have taken effect.
+    Malformed,
+}
+
+/// An error from the briq client. Never contains the API key.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("briq: not found: {message}{}", by(request_id))]
+    NotFound {
+        message: String,
+        request_id: Option<String>,
+    },
+    #[error(
+        "briq refused the API key (HTTP {status}): {message}; check the API key Secret{}",
+        by(request_id)
+    )]
+    Unauthorized {
+        status: u16,
+        message: String,
+        request_id: Option<String>,
+    },
+    #[error(
+        "briq refused the request (HTTP {status}, {code}): {message}{}",
+        by(request_id)
+    )]
+    Rejected {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+        request_id: Option<String>,
+    },
+    #[error(
+        "briq is unavailable (HTTP {status}, {code}): {message}{}",
+        by(request_id)
+    )]
+    Unavailable {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+        retry_after: Option<Duration>,
+        request_id: Option<String>,
+    },
+    /// The request never left: nothing happened at briq.
+    #[error("cannot reach briq")]
+    Unreachable {
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request may have reached briq; its answer was lost or late.
+    #[error(
+        "briq call outcome unknown (connection lost or timed out){}",
+        by(request_id)
+    )]
+    Uncertain {
+        #[source]
+        source: reqwest::Error,
+        request_id: Option<String>,
+    },
+    #[error("malformed answer from briq: {detail}{}", by(request_id))]
+    Malformed {
+        detail: String,
+        request_id: Option<String>,
+    },
+    #[error(
+        "briq stored {path} with SHA-256 {answered}, expected {expected}{}",
+        by(request_id)
+    )]
+    Integrity {
+        path: String,
+        expected: String,
+        answered: String,
+        request_id: Option<String>,
+    },
+    /// Created, but not running within the ready timeout; it can be found again by name.
+    #[error("sandbox {id} is not running after {waited:?} (state {state})")]
+    NotReady {
+        id: String,
+        state: SandboxState,
+        waited: Duration,
+    },
+    #[error("cannot build the briq HTTP client or request")]
+    Build {
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+fn by(request_id: &Option<String>) -> String {
+    request_id
+        .as_deref()
+        .map(|id| format!(" (request id {id})"))
+        .unwrap_or_default()
+}
+
+impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::NotFound { .. } => ErrorClass::NotFound,
+            Self::Unauthorized { .. } | Self::Rejected { .. } | Self::Build { .. } => {
+                ErrorClass::Terminal
+            }
+            Self::Unavailable { .. }
+            | Self::Unreachable { .. }
+            | Self::Integrity { .. }
+            | Self::NotReady { .. } => ErrorClass::Retryable,
+            Self::Uncertain { .. } => ErrorClass::Uncertain,
+            Self::Malformed { .. } => ErrorClass::Malformed,
+        }
+    }
+
+    /// briq's id for the failed request, worth logging: it is not secret.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Self::NotFound { request_id, .. }
+            | Self::Unauthorized { request_id, .. }
+            | Self::Rejected { request_id, .. }
+            | Self::Unavailable { request_id, .. }
+            | Self::Uncertain { request_id, .. }
+            | Self::Malformed { request_id, .. }
+            | Self::Integrity { request_id, .. } => request_id.as_deref(),
+            Self::Unreachable { .. } | Self::NotReady { .. } | Self::Build { .. } => None,
+        }
+    }
+
+    /// The pause briq asked for before trying again.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Unavailable { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Turns a non-success answer into an error. The status decides the class; the body only
+    /// adds detail, since proxies in front of briq answer 502s and 503s with HTML. A body that
+    /// echoes the request (some proxies do) would echo the key, so it is scrubbed.
+    pub(crate) fn from_answer(
+        status: StatusCode,
+        body: &[u8],
+        retry_after: Option<Duration>,
+        request_id: Option<String>,
+        key: &ApiKey,
+    ) -> Self {
+        let detail = serde_json::from_slice::<ErrorBody>(body)
+            .ok()
+            .map(|b| b.error);
+        let code = detail.as_ref().map_or(ErrorCode::Other, |d| d.code);
+        let message = detail
+            .map_or_else(
+                || {
+                    let text = String::from_utf8_lossy(body);
+                    let text = text.trim();
+                    if text.is_empty() {
+                        status.canonical_reason().unwrap_or("no message").to_owned()
+                    } else {
+                        text.chars().take(200).collect()
+                    }
+                },
+                |d| d.message,
+            )
+            .replace(key.expose(), "<redacted>");
+        let status_code = status.as_u16();
+        if code.is_account_refusal() {
+            return Self::Rejected {
+                status: status_code,
+                code,
+                message,
+                request_id,
+            };
+        }
+        match status {
+            StatusCode::NOT_FOUND => Self::NotFound {
+                message,
+                request_id,
+            },
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Self::Unauthorized {
+                status: status_code,
+                message,
+                request_id,
+            },
+            s if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => Self::Unavailable {
+                status: status_code,
+                code,
+                message,
+                retry_after,
+                request_id,
+            },
+            _ => Self::Rejected {
+                status: status_code,
+                code,
+                message,
+                request_id,
+            },
+        }
+    }
+
+    /// Classifies a transport failure by whether the request can have reached briq.
+    pub(crate) fn from_transport(source: reqwest::Error, request_id: Option<String>) -> Self {
+        if source.is_builder() {
+            Self::Build { source }
+        } else if source.is_connect() {
+            Self::Unreachable { source }
+        } else {
+            Self::Uncertain { source, request_id }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ApiKey {
+        ApiKey::new("k3y-s3cret").unwrap()
+    }
+
+    fn class_of(status: u16, body: &str) -> ErrorClass {
+        Error::from_answer(
+            StatusCode::from_u16(status).unwrap(),
+            body.as_bytes(),
+            None,
+            None,
+            &key(),
+        )
+        .class()
+    }
+
+    #[test]
+    fn statuses_classify() {
+        assert_eq!(class_of(404, ""), ErrorClass::NotFound);
+        assert_eq!(class_of(401, ""), ErrorClass::Terminal);
+        assert_eq!(class_of(403, ""), ErrorClass::Terminal);
+        assert_eq!(class_of(400, ""), ErrorClass::Terminal);
+        assert_eq!(class_of(422, ""), ErrorClass::Terminal);
+        assert_eq!(class_of(429, ""), ErrorClass::Retryable);
+        assert_eq!(class_of(500, ""), ErrorClass::Retryable);
+        assert_eq!(
+            class_of(502, "<html>bad gateway</html>"),
+            ErrorClass::Retryable
+        );
+    }
+
+    #[test]
+    fn account_refusals_are_terminal_whatever_the_status() {
+        let body = r#"{"error":{"code":"quota_exceeded","message":"10 sandboxes max"}}"#;
+        assert_eq!(class_of(429, body), ErrorClass::Terminal);
+        let error = Error::from_answer(
+            StatusCode::PAYMENT_REQUIRED,
+            body.as_bytes(),
+            None,
+            None,
+            &key(),
+        );
+        assert!(error.to_string().contains("10 sandboxes max"));
+    }
+
+    #[test]
+    fn unauthorized_points_at_the_secret_and_carries_the_request_id() {
+        let error = Error::from_answer(
+            StatusCode::UNAUTHORIZED,
+            br#"{"error":{"code":"unauthorized","message":"bad key"}}"#,
+            None,
+            Some("req_1".into()),
+            &key(),
+        );
+        let text = error.to_string();
+        assert!(text.contains("check the API key Secret"), "{text}");
+        assert!(text.contains("req_1"), "{text}");
+        assert_eq!(error.request_id(), Some("req_1"));
+    }
+
+    #[test]
+    fn echoed_keys_are_scrubbed() {
+        let error = Error::from_answer(
+            StatusCode::BAD_GATEWAY,
+            b"upstream said: Authorization: Bearer k3y-s3cret",
+            None,
+            None,
+            &key(),
+        );
+        assert!(!format!("{error} {error:?}").contains("k3y-s3cret"));
+    }
+}

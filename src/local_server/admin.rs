@@ -1,0 +1,183 @@
+//! The admin API (`/_admin/…`, same bearer key) and a typed client for it: faults, call counts,
+//! live sandboxes, and simulated sleep and restart.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use super::faults::{FaultRule, Operation};
+use super::http::{ApiError, RequestId};
+use super::state::Shared;
+use crate::briq::ApiKey;
+use crate::briq::api::{Sandbox, SandboxState};
+
+const FAULTS: &str = "/_admin/faults";
+const STATS: &str = "/_admin/stats";
+const SLEEP: &str = "/_admin/sandboxes/{id}/sleep";
+const RESTART: &str = "/_admin/sandboxes/{id}/restart";
+
+/// Answer of `GET /_admin/stats`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Every authenticated call per operation, including those a fault answered.
+    pub calls: BTreeMap<Operation, u64>,
+    pub sandboxes: Vec<LiveSandbox>,
+}
+
+impl Stats {
+    pub fn calls(&self, operation: Operation) -> u64 {
+        self.calls.get(&operation).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveSandbox {
+    pub id: String,
+    pub name: String,
+    pub state: SandboxState,
+    /// Live processes carrying the sandbox's marker, detached ones included.
+    pub processes: usize,
+}
+
+pub(crate) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route(FAULTS, post(add_fault).delete(clear_faults))
+        .route(STATS, get(stats))
+        .route(SLEEP, post(sleep))
+        .route(RESTART, post(restart))
+}
+
+async fn add_fault(
+    State(shared): State<Arc<Shared>>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Json<FaultRule>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(rule)) => {
+            shared.faults.add(rule);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => ApiError::invalid(e.body_text()).respond(Some(&rid)),
+    }
+}
+
+async fn clear_faults(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.faults.clear();
+    StatusCode::NO_CONTENT
+}
+
+async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
+    Json(Stats {
+        calls: shared.faults.calls(),
+        sandboxes: shared.live().await,
+    })
+}
+
+async fn sleep(
+    State(shared): State<Arc<Shared>>,
+    Extension(rid): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Response {
+    match shared.kill_processes(&id, SandboxState::Sleeping).await {
+        Ok(sandbox) => Json(sandbox).into_response(),
+        Err(e) => e.respond(Some(&rid)),
+    }
+}
+
+async fn restart(
+    State(shared): State<Arc<Shared>>,
+    Extension(rid): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Response {
+    match shared.kill_processes(&id, SandboxState::Running).await {
+        Ok(sandbox) => Json(sandbox).into_response(),
+        Err(e) => e.respond(Some(&rid)),
+    }
+}
+
+/// Typed client for the admin API, for tests and scripts.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    http: reqwest::Client,
+    base_url: Url,
+    key: ApiKey,
+}
+
+impl AdminClient {
+    pub fn new(base_url: Url, key: ApiKey) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base_url,
+            key,
+        }
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        template: &str,
+        id: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let path = id.map_or_else(|| template.to_owned(), |id| template.replace("{id}", id));
+        let mut url = self.base_url.clone();
+        url.set_path(&path);
+        self.http
+            .request(method, url)
+            .bearer_auth(self.key.expose())
+    }
+
+    /// The next `rule.count` matching calls get `rule.fault`.
+    pub async fn add_fault(&self, rule: &FaultRule) -> reqwest::Result<()> {
+        self.request(reqwest::Method::POST, FAULTS, None)
+            .json(rule)
+            .send()
+            .await?
+            .error_for_status()
+            .map(drop)
+    }
+
+    pub async fn clear_faults(&self) -> reqwest::Result<()> {
+        self.request(reqwest::Method::DELETE, FAULTS, None)
+            .send()
+            .await?
+            .error_for_status()
+            .map(drop)
+    }
+
+    pub async fn stats(&self) -> reqwest::Result<Stats> {
+        self.request(reqwest::Method::GET, STATS, None)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+
+    /// Kills the sandbox's processes and marks it sleeping until its next use.
+    pub async fn sleep(&self, id: &str) -> reqwest::Result<Sandbox> {
+        self.request(reqwest::Method::POST, SLEEP, Some(id))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+
+    /// Kills the sandbox's processes; it keeps running, as after a briq resize.
+    pub async fn restart(&self, id: &str) -> reqwest::Result<Sandbox> {
+        self.request(reqwest::Method::POST, RESTART, Some(id))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+}

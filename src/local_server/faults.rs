@@ -1,0 +1,218 @@
+//! Fault injection and call counting.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::briq::api::ErrorCode;
+
+/// The API operations, as counted in stats and matched by faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    Create,
+    Get,
+    List,
+    Destroy,
+    Exec,
+    WriteFile,
+    ReadFile,
+    Preview,
+}
+
+/// Which operations a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationMatch {
+    Any,
+    #[serde(untagged)]
+    Only(Operation),
+}
+
+/// What happens to a call a fault fires on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The connection drops mid-answer; the operation is not performed.
+    DropConnection,
+    /// The operation is performed, then the connection drops: the client cannot know it happened.
+    DropAfterEffect,
+    /// The operation is performed and answered with a body that is not JSON.
+    MalformedJson,
+    /// An error answer; the operation is not performed. `code` defaults from the status.
+    #[serde(untagged)]
+    Status {
+        status: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<ErrorCode>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_seconds: Option<u64>,
+    },
+    /// The operation is performed after this delay, even if the client gave up meanwhile.
+    #[serde(untagged)]
+    Delay { delay_ms: u64 },
+}
+
+impl Fault {
+    pub fn status(status: u16) -> Self {
+        Self::Status {
+            status,
+            code: None,
+            retry_after_seconds: None,
+        }
+    }
+
+    pub fn delay(delay: Duration) -> Self {
+        Self::Delay {
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// Body of `POST /_admin/faults`: the next `count` matching calls get `fault`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultRule {
+    pub operation: OperationMatch,
+    /// Only calls on this sandbox; such a rule never matches create or list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    pub count: u32,
+    pub fault: Fault,
+}
+
+impl FaultRule {
+    /// Fires on the next call of `operation`.
+    pub fn on(operation: Operation, fault: Fault) -> Self {
+        Self {
+            operation: OperationMatch::Only(operation),
+            sandbox_id: None,
+            count: 1,
+            fault,
+        }
+    }
+
+    pub fn times(mut self, count: u32) -> Self {
+        self.count = count;
+        self
+    }
+
+    pub fn for_sandbox(mut self, id: impl Into<String>) -> Self {
+        self.sandbox_id = Some(id.into());
+        self
+    }
+
+    fn matches(&self, operation: Operation, sandbox_id: Option<&str>) -> bool {
+        let operation_matches = match self.operation {
+            OperationMatch::Any => true,
+            OperationMatch::Only(only) => only == operation,
+        };
+        let sandbox_matches = match &self.sandbox_id {
+            None => true,
+            Some(wanted) => sandbox_id == Some(wanted.as_str()),
+        };
+        operation_matches && sandbox_matches
+    }
+}
+
+/// Pending faults, first added first used, and how often each operation was called.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rules: Vec<FaultRule>,
+    calls: BTreeMap<Operation, u64>,
+}
+
+impl Faults {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic elsewhere must not turn every later call into a second panic.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn add(&self, rule: FaultRule) {
+        if rule.count > 0 {
+            self.lock().rules.push(rule);
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        self.lock().rules.clear();
+    }
+
+    /// Counts the call and takes the fault to apply to it, if any.
+    pub(crate) fn record(&self, operation: Operation, sandbox_id: Option<&str>) -> Option<Fault> {
+        let mut inner = self.lock();
+        *inner.calls.entry(operation).or_default() += 1;
+        let index = inner
+            .rules
+            .iter()
+            .position(|rule| rule.matches(operation, sandbox_id))?;
+        let rule = &mut inner.rules[index];
+        rule.count -= 1;
+        let fault = rule.fault.clone();
+        if rule.count == 0 {
+            inner.rules.remove(index);
+        }
+        Some(fault)
+    }
+
+    pub(crate) fn calls(&self) -> BTreeMap<Operation, u64> {
+        self.lock().calls.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_shapes() {
+        let parse = |json: &str| serde_json::from_str::<FaultRule>(json).unwrap();
+        let rule =
+            parse(r#"{"operation":"any","count":2,"fault":{"status":503,"code":"unavailable"}}"#);
+        assert_eq!(rule.operation, OperationMatch::Any);
+        assert!(matches!(
+            rule.fault,
+            Fault::Status {
+                status: 503,
+                code: Some(ErrorCode::Unavailable),
+                ..
+            }
+        ));
+        let rule = parse(
+            r#"{"operation":"exec","sandbox_id":"bq_1","count":1,"fault":"drop_after_effect"}"#,
+        );
+        assert_eq!(rule.operation, OperationMatch::Only(Operation::Exec));
+        assert_eq!(rule.fault, Fault::DropAfterEffect);
+        let rule = parse(r#"{"operation":"write_file","count":1,"fault":{"delay_ms":5}}"#);
+        assert_eq!(rule.fault, Fault::Delay { delay_ms: 5 });
+        let json =
+            serde_json::to_string(&FaultRule::on(Operation::Get, Fault::MalformedJson)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"operation":"get","count":1,"fault":"malformed_json"}"#
+        );
+    }
+
+    #[test]
+    fn rules_fire_count_times_and_calls_are_always_counted() {
+        let faults = Faults::default();
+        faults.add(
+            FaultRule::on(Operation::Get, Fault::status(503))
+                .times(2)
+                .for_sandbox("bq_a"),
+        );
+        assert_eq!(faults.record(Operation::Get, Some("bq_b")), None);
+        assert!(faults.record(Operation::Get, Some("bq_a")).is_some());
+        assert!(faults.record(Operation::Get, Some("bq_a")).is_some());
+        assert_eq!(faults.record(Operation::Get, Some("bq_a")), None);
+        assert_eq!(faults.calls()[&Operation::Get], 4);
+    }
+}

@@ -1,0 +1,161 @@
+//! HTTP plumbing shared by the API and admin routes: request ids, auth, error answers and the
+//! broken answers faults produce.
+
+use std::io;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use rand::Rng as _;
+use rand::distr::Alphanumeric;
+
+use super::state::Shared;
+use crate::briq::api::{ErrorBody, ErrorCode, ErrorDetail, REQUEST_ID_HEADER};
+
+/// Lowercase letters and digits, for ids.
+pub(crate) fn random_token(len: usize) -> String {
+    rand::rng()
+        .sample_iter(Alphanumeric)
+        .take(len)
+        .map(|b| char::from(b).to_ascii_lowercase())
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RequestId(pub String);
+
+/// Gives every request an id, available to handlers as an extension and sent back as a header.
+pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
+    let id = format!("req_{}", random_token(20));
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+pub(crate) async fn require_key(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if presented == Some(shared.api_key.expose()) {
+        return next.run(request).await;
+    }
+    let id = request.extensions().get::<RequestId>().cloned();
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        "missing or wrong API key",
+    )
+    .respond(id.as_ref())
+}
+
+/// An error answer in briq's shape.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+    retry_after_seconds: Option<u64>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after_seconds: None,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidRequest, message)
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, message)
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            message,
+        )
+    }
+
+    /// The answer of an injected status fault; the code follows the status unless given.
+    pub(crate) fn injected(status: u16, code: Option<ErrorCode>, retry_after: Option<u64>) -> Self {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let code = code.unwrap_or(match status {
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+            StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+            StatusCode::PAYMENT_REQUIRED => ErrorCode::PaymentRequired,
+            StatusCode::TOO_MANY_REQUESTS => ErrorCode::RateLimited,
+            StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
+            s if s.is_server_error() => ErrorCode::Unavailable,
+            _ => ErrorCode::InvalidRequest,
+        });
+        Self {
+            retry_after_seconds: retry_after,
+            ..Self::new(status, code, "injected fault")
+        }
+    }
+
+    pub(crate) fn respond(self, request_id: Option<&RequestId>) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                request_id: request_id.map(|id| id.0.clone()),
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_seconds {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// Starts a success answer, then breaks the connection: hyper aborts it when the body fails.
+pub(crate) fn dropped_connection() -> Response {
+    let chunks: [Result<Bytes, io::Error>; 2] = [
+        Ok(Bytes::from_static(b"{\"partial\":")),
+        Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "injected fault",
+        )),
+    ];
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+pub(crate) fn malformed_json() -> Response {
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, "application/json")],
+        "{\"this is\": not json",
+    )
+        .into_response()
+}

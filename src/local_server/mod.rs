@@ -1,0 +1,317 @@
+//! A local briq-compatible sandbox server, for development and tests.
+//!
+//! **Not an isolation boundary.** Every sandbox is a directory on this host and its commands are
+//! ordinary host processes running as the server's user, with the server's file system and
+//! network. Use it for development and tests only, never for untrusted code.
+//!
+//! It serves the routes and wire types of [`crate::briq::api`] with bearer-key auth. A sandbox is
+//! `<root>/<id>/fs`, which is sandbox `/`; absolute paths in requests map inside it (commands
+//! themselves see the host's `/`, so they should use paths relative to their cwd). Exec runs argv
+//! in its own process group and kills the group at the timeout; processes that detach keep
+//! running and are found through a marker variable (see `process`). Sleep and restart are
+//! simulated by killing the sandbox's processes, keeping its files. The admin API under
+//! `/_admin/` injects faults, counts calls and lists live sandboxes; [`AdminClient`] speaks it.
+
+mod admin;
+mod faults;
+mod http;
+mod paths;
+mod process;
+mod routes;
+mod state;
+
+pub use admin::{AdminClient, LiveSandbox, Stats};
+pub use faults::{Fault, FaultRule, Operation, OperationMatch};
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use url::Url;
+
+use crate::briq::ApiKey;
+use state::Shared;
+
+/// How long shutdown waits for in-flight requests after the sandboxes are gone.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Run a local briq-compatible sandbox server.
+///
+/// NOT an isolation boundary: sandboxes are plain host processes running as this server's user,
+/// with its files and network. For development and tests only; never run untrusted code with it.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "NOT an isolation boundary: sandboxes are host processes running as this user. Development and tests only."
+)]
+pub struct Args {
+    /// Address to listen on. Only loopback addresses unless --allow-non-loopback is given.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+
+    /// Accept a non-loopback --listen address: whoever reaches it with the key runs commands as
+    /// this user.
+    #[arg(long)]
+    pub allow_non_loopback: bool,
+
+    /// Directory for sandbox files [default: a temporary directory, removed on exit].
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+
+    /// API key clients must send as `Authorization: Bearer <key>`.
+    #[arg(long, env = "BRIQ_API_KEY", hide_env_values = true)]
+    pub api_key: ApiKey,
+
+    /// Python virtual environment whose bin/ goes first on the PATH of sandbox commands, so
+    /// `python3` is that venv's (e.g. one with the bridge's dependencies installed).
+    #[arg(long, value_name = "PATH")]
+    pub python_venv: Option<PathBuf>,
+
+    /// Write the bound port to this file once listening (useful with port 0).
+    #[arg(long, value_name = "FILE")]
+    pub port_file: Option<PathBuf>,
+}
+
+/// Settings of an in-process server (see [`spawn`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub allow_non_loopback: bool,
+    /// `None`: a temporary directory, removed with the server.
+    pub root: Option<PathBuf>,
+    pub api_key: ApiKey,
+    pub python_venv: Option<PathBuf>,
+}
+
+impl Config {
+    /// Loopback on a free port, temporary root, host Python.
+    pub fn new(api_key: ApiKey) -> Self {
+        Self {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            allow_non_loopback: false,
+            root: None,
+            api_key,
+            python_venv: None,
+        }
+    }
+}
+
+/// A running server. Dropping it kills every sandbox process (SIGKILL) and removes the
+/// sandboxes, so a panicking test leaks nothing; [`LocalServer::shutdown`] also stops serving.
+pub struct LocalServer {
+    url: Url,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    // Dropped after `Drop::drop` has killed the processes using it.
+    _temp_root: Option<tempfile::TempDir>,
+}
+
+impl LocalServer {
+    /// Base URL for [`crate::briq::ClientOptions::base_url`].
+    pub fn url(&self) -> Url {
+        self.url.clone()
+    }
+
+    pub fn api_key(&self) -> &ApiKey {
+        &self.shared.api_key
+    }
+
+    pub fn admin(&self) -> AdminClient {
+        AdminClient::new(self.url(), self.shared.api_key.clone())
+    }
+
+    /// Destroys every sandbox, then stops serving.
+    pub async fn shutdown(mut self) {
+        let shared = Arc::clone(&self.shared);
+        let _ = tokio::task::spawn_blocking(move || shared.destroy_all_blocking()).await;
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.shared.destroy_all_blocking();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Starts a server inside this process.
+pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
+    if !config.listen.ip().is_loopback() && !config.allow_non_loopback {
+        bail!(
+            "refusing to listen on non-loopback address {} (sandboxes run as this user); \
+             pass --allow-non-loopback to insist",
+            config.listen
+        );
+    }
+    if let Some(venv) = &config.python_venv {
+        let python = venv.join("bin").join("python3");
+        if !python.exists() {
+            bail!("--python-venv {}: no {}", venv.display(), python.display());
+        }
+    }
+    let (root, temp_root) = match config.root {
+        Some(root) => {
+            std::fs::create_dir_all(&root)
+                .with_context(|| format!("creating sandbox root {}", root.display()))?;
+            (root, None)
+        }
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("briq-local-")
+                .tempdir()
+                .context("creating a temporary sandbox root")?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    let preview_host = if address.ip().is_unspecified() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        address.ip()
+    };
+    let shared = Arc::new(Shared::new(
+        config.api_key,
+        root,
+        config.python_venv.as_deref(),
+        preview_host,
+    ));
+    let app = Router::new()
+        .merge(routes::router())
+        .merge(admin::router())
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            http::require_key,
+        ))
+        .layer(axum::middleware::from_fn(http::request_id))
+        .with_state(Arc::clone(&shared));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .into_future(),
+    );
+    let url = Url::parse(&format!("http://{address}/")).context("server URL")?;
+    Ok(LocalServer {
+        url,
+        shared,
+        stop: Some(stop),
+        task: Some(task),
+        _temp_root: temp_root,
+    })
+}
+
+/// `briq-operator local-sandbox-server`: serves until SIGINT or SIGTERM, then destroys every
+/// sandbox.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let server = spawn(Config {
+        listen: args.listen,
+        allow_non_loopback: args.allow_non_loopback,
+        root: args.root,
+        api_key: args.api_key,
+        python_venv: args.python_venv,
+    })
+    .await?;
+    if let Some(port_file) = &args.port_file {
+        write_port_file(
+            port_file,
+            server.url.port_or_known_default().unwrap_or_default(),
+        )?;
+    }
+    tracing::warn!(
+        url = %server.url,
+        "local sandbox server listening; it is NOT an isolation boundary (host processes, this user)"
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping: destroying all sandboxes");
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Written whole through a rename, so a script polling for the file never reads it half done.
+fn write_port_file(path: &std::path::Path, port: u16) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a file in {}", dir.display()))?;
+    std::io::Write::write_all(&mut file, format!("{port}\n").as_bytes())?;
+    file.persist(path)
+        .with_context(|| format!("writing port file {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory as _, Parser};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(Debug, clap::Subcommand)]
+    enum Sub {
+        LocalSandboxServer(Args),
+    }
+
+    #[test]
+    fn help_warns_and_key_is_required_and_redacted() {
+        let mut cli = Cli::command();
+        let help = cli
+            .find_subcommand_mut("local-sandbox-server")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("NOT an isolation boundary"), "{help}");
+        assert!(help.contains("127.0.0.1:8787"), "{help}");
+        let parsed =
+            Cli::try_parse_from(["x", "local-sandbox-server", "--api-key", "s3cret"]).unwrap();
+        assert!(!format!("{parsed:?}").contains("s3cret"));
+    }
+
+    #[tokio::test]
+    async fn refuses_non_loopback_by_default() {
+        let mut config = Config::new(ApiKey::new("k").unwrap());
+        config.listen = "0.0.0.0:0".parse().unwrap();
+        let error = spawn(config).await.err().unwrap();
+        assert!(error.to_string().contains("non-loopback"), "{error}");
+    }
+
+    #[test]
+    fn port_file_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("port");
+        write_port_file(&path, 4321).unwrap();
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "4321\n");
+    }
+}

@@ -1,0 +1,284 @@
+//! The briq API routes, served from the same paths and wire types the client uses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use sha2::{Digest as _, Sha256};
+
+use super::faults::{Fault, Operation};
+use super::http::{ApiError, RequestId, dropped_connection, malformed_json};
+use super::paths::resolve;
+use super::process::{self, CommandSpec};
+use super::state::Shared;
+use crate::briq::api::{
+    CreateSandbox, ExecBody, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES, PreviewAnswer,
+    ReadFileAnswer, SandboxList, WriteFileAnswer, WriteFileBody, paths,
+};
+
+type Ctx = (State<Arc<Shared>>, Extension<RequestId>);
+
+pub(crate) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route(paths::SANDBOXES, post(create).get(list))
+        .route(paths::SANDBOX, get(get_one).delete(destroy))
+        .route(paths::EXEC, post(exec))
+        .route(paths::FILES, get(read_file).put(write_file))
+        .route(paths::PREVIEW, get(preview))
+}
+
+/// Counts the call, applies a pending fault, and runs `effect` in its own task so that it
+/// completes even when the client hangs up, as it would on a real server.
+async fn perform<F>(
+    shared: &Shared,
+    request_id: &RequestId,
+    operation: Operation,
+    sandbox_id: Option<String>,
+    effect: F,
+) -> Response
+where
+    F: Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
+    let fault = shared.faults.record(operation, sandbox_id.as_deref());
+    let delay = match &fault {
+        Some(Fault::Status {
+            status,
+            code,
+            retry_after_seconds,
+        }) => {
+            return ApiError::injected(*status, *code, *retry_after_seconds)
+                .respond(Some(request_id));
+        }
+        Some(Fault::DropConnection) => return dropped_connection(),
+        Some(Fault::Delay { delay_ms }) => Duration::from_millis(*delay_ms),
+        _ => Duration::ZERO,
+    };
+    let outcome = tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        effect.await
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(format!("operation failed: {e}"))));
+    match (fault, outcome) {
+        (Some(Fault::DropAfterEffect), _) => dropped_connection(),
+        (Some(Fault::MalformedJson), Ok(_)) => malformed_json(),
+        (_, Ok(response)) => response,
+        (_, Err(error)) => error.respond(Some(request_id)),
+    }
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(body)| body)
+        .map_err(|e| ApiError::invalid(e.body_text()))
+}
+
+async fn create(
+    (State(shared), Extension(rid)): Ctx,
+    body: Result<Json<CreateSandbox>, JsonRejection>,
+) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(&shared, &rid, Operation::Create, None, async move {
+        let sandbox = inner.create(json_body(body)?).await?;
+        Ok((StatusCode::CREATED, Json(sandbox)).into_response())
+    })
+    .await
+}
+
+async fn list(
+    (State(shared), Extension(rid)): Ctx,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(&shared, &rid, Operation::List, None, async move {
+        let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+        let sandboxes = inner.list(query.name.as_deref());
+        Ok(Json(SandboxList { sandboxes }).into_response())
+    })
+    .await
+}
+
+async fn get_one((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Get,
+        Some(id.clone()),
+        async move { Ok(Json(inner.entry(&id)?.snapshot()).into_response()) },
+    )
+    .await
+}
+
+async fn destroy((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Destroy,
+        Some(id.clone()),
+        async move {
+            inner.destroy(&id).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        },
+    )
+    .await
+}
+
+async fn exec(
+    (State(shared), Extension(rid)): Ctx,
+    Path(id): Path<String>,
+    body: Result<Json<ExecBody>, JsonRejection>,
+) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Exec,
+        Some(id.clone()),
+        async move {
+            let body = json_body(body)?;
+            let timeout = Duration::from_secs(body.timeout_seconds);
+            if body.argv.is_empty() {
+                return Err(ApiError::invalid("argv is empty"));
+            }
+            if timeout.is_zero() || timeout > MAX_EXEC_TIMEOUT {
+                return Err(ApiError::invalid(format!(
+                    "timeout_seconds must be 1 to {}",
+                    MAX_EXEC_TIMEOUT.as_secs()
+                )));
+            }
+            let entry = inner.entry(&id)?;
+            entry.wake();
+            let cwd = resolve(&entry.fs, body.cwd.as_deref().unwrap_or("/"))
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+            tokio::fs::create_dir_all(&cwd)
+                .await
+                .map_err(|e| ApiError::invalid(format!("cannot create cwd: {e}")))?;
+            let command = CommandSpec {
+                argv: body.argv,
+                cwd,
+                env: entry.command_env(&inner, &body.env),
+                stdin: body.stdin,
+                timeout,
+            };
+            let output = process::run(command, || !entry.is_destroyed()).await;
+            Ok(Json(output).into_response())
+        },
+    )
+    .await
+}
+
+async fn write_file(
+    (State(shared), Extension(rid)): Ctx,
+    Path(id): Path<String>,
+    body: Result<Json<WriteFileBody>, JsonRejection>,
+) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::WriteFile,
+        Some(id.clone()),
+        async move {
+            let body = json_body(body)?;
+            let content = body
+                .content()
+                .map_err(|e| ApiError::invalid(format!("content_base64: {e}")))?;
+            if content.len() > MAX_FILE_BYTES {
+                return Err(ApiError::invalid(format!(
+                    "file is {} bytes, the limit is {MAX_FILE_BYTES}",
+                    content.len()
+                )));
+            }
+            let entry = inner.entry(&id)?;
+            entry.wake();
+            let host =
+                resolve(&entry.fs, &body.path).map_err(|e| ApiError::invalid(e.to_string()))?;
+            if let Some(parent) = host.parent() {
+                tokio::fs::create_dir_all(parent).await.map_err(|e| {
+                    ApiError::invalid(format!("cannot create parent directory: {e}"))
+                })?;
+            }
+            tokio::fs::write(&host, &content)
+                .await
+                .map_err(|e| ApiError::invalid(format!("cannot write {}: {e}", body.path)))?;
+            Ok(Json(WriteFileAnswer {
+                path: body.path,
+                size: content.len() as u64,
+                sha256: format!("{:x}", Sha256::digest(&content)),
+            })
+            .into_response())
+        },
+    )
+    .await
+}
+
+async fn read_file(
+    (State(shared), Extension(rid)): Ctx,
+    Path(id): Path<String>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::ReadFile,
+        Some(id.clone()),
+        async move {
+            let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+            let entry = inner.entry(&id)?;
+            entry.wake();
+            let host =
+                resolve(&entry.fs, &query.path).map_err(|e| ApiError::invalid(e.to_string()))?;
+            let metadata = tokio::fs::metadata(&host)
+                .await
+                .map_err(|_| ApiError::not_found(format!("no file {}", query.path)))?;
+            if !metadata.is_file() {
+                return Err(ApiError::invalid(format!("{} is not a file", query.path)));
+            }
+            if metadata.len() > MAX_FILE_BYTES as u64 {
+                return Err(ApiError::invalid(format!(
+                    "{} is {} bytes, the limit is {MAX_FILE_BYTES}",
+                    query.path,
+                    metadata.len()
+                )));
+            }
+            let content = tokio::fs::read(&host)
+                .await
+                .map_err(|e| ApiError::invalid(format!("cannot read {}: {e}", query.path)))?;
+            Ok(Json(ReadFileAnswer::new(&query.path, &content)).into_response())
+        },
+    )
+    .await
+}
+
+async fn preview(
+    (State(shared), Extension(rid)): Ctx,
+    path: Result<Path<(String, u16)>, PathRejection>,
+) -> Response {
+    let (id, port) = match path {
+        Ok(Path(values)) => values,
+        Err(e) => return ApiError::invalid(e.body_text()).respond(Some(&rid)),
+    };
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Preview,
+        Some(id.clone()),
+        async move {
+            let entry = inner.entry(&id)?;
+            entry.wake();
+            // Sandbox processes are host processes: their ports are the host's.
+            let url = format!("http://{}/", SocketAddr::new(inner.preview_host, port));
+            Ok(Json(PreviewAnswer { url }).into_response())
+        },
+    )
+    .await
+}

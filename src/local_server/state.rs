@@ -1,0 +1,270 @@
+//! The server's sandboxes: records, directories and lifecycle.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::briq::ApiKey;
+use crate::briq::api::{CreateSandbox, Sandbox, SandboxState};
+use k8s_openapi::jiff::Timestamp;
+
+use super::admin::LiveSandbox;
+use super::faults::Faults;
+use super::http::{ApiError, random_token};
+use super::process::{self, MARKER};
+
+/// Used when the server itself has no PATH.
+const FALLBACK_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+pub(crate) struct Shared {
+    pub(crate) api_key: ApiKey,
+    pub(crate) faults: Faults,
+    /// Host for preview URLs: where the server listens, so where sandbox ports are too.
+    pub(crate) preview_host: IpAddr,
+    root: PathBuf,
+    /// PATH of sandbox processes: the venv's bin first, then the server's PATH.
+    path: OsString,
+    sandboxes: Mutex<BTreeMap<String, Arc<Entry>>>,
+}
+
+pub(crate) struct Entry {
+    sandbox: Mutex<Sandbox>,
+    env: BTreeMap<String, String>,
+    dir: PathBuf,
+    /// Canonical `<root>/<id>/fs`: sandbox `/`.
+    pub(crate) fs: PathBuf,
+    destroyed: AtomicBool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking handler must not take every later call down with it.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Entry {
+    pub(crate) fn snapshot(&self) -> Sandbox {
+        lock(&self.sandbox).clone()
+    }
+
+    /// Any use of a sleeping sandbox wakes it, as on briq.
+    pub(crate) fn wake(&self) {
+        let mut sandbox = lock(&self.sandbox);
+        if sandbox.state == SandboxState::Sleeping {
+            sandbox.state = SandboxState::Running;
+        }
+    }
+
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::SeqCst)
+    }
+
+    /// The complete environment of a command: nothing leaks in from the server (its own
+    /// BRIQ_API_KEY least of all), and the marker cannot be overridden.
+    pub(crate) fn command_env(
+        &self,
+        shared: &Shared,
+        request: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let id = lock(&self.sandbox).id.clone();
+        let mut env = BTreeMap::from([
+            (
+                "PATH".to_owned(),
+                shared.path.to_string_lossy().into_owned(),
+            ),
+            (
+                "HOME".to_owned(),
+                self.fs.join("root").display().to_string(),
+            ),
+            (
+                "TMPDIR".to_owned(),
+                self.fs.join("tmp").display().to_string(),
+            ),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ]);
+        env.extend(self.env.clone());
+        env.extend(request.clone());
+        env.insert(MARKER.to_owned(), id);
+        env
+    }
+}
+
+/// briq's sleep values: `<n>m`, `<n>h`, `<n>d` or `never`.
+fn valid_sleep(sleep: &str) -> bool {
+    sleep == "never"
+        || sleep
+            .strip_suffix(['m', 'h', 'd'])
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+impl Shared {
+    pub(crate) fn new(
+        api_key: ApiKey,
+        root: PathBuf,
+        python_venv: Option<&Path>,
+        preview_host: IpAddr,
+    ) -> Self {
+        let host_path = std::env::var_os("PATH").unwrap_or_else(|| FALLBACK_PATH.into());
+        let mut dirs: Vec<PathBuf> = python_venv.map(|v| v.join("bin")).into_iter().collect();
+        dirs.extend(std::env::split_paths(&host_path));
+        Self {
+            api_key,
+            faults: Faults::default(),
+            preview_host,
+            root,
+            path: std::env::join_paths(dirs).unwrap_or(host_path),
+            sandboxes: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Creates the sandbox; the answer says `creating`, every later look says `running`.
+    pub(crate) async fn create(&self, request: CreateSandbox) -> Result<Sandbox, ApiError> {
+        if request.name.is_empty() || request.image.is_empty() {
+            return Err(ApiError::invalid("name and image are required"));
+        }
+        if !valid_sleep(&request.sleep) {
+            return Err(ApiError::invalid(format!(
+                "sleep {:?} is not <n>m, <n>h, <n>d or never",
+                request.sleep
+            )));
+        }
+        let id = format!("bq_{}", random_token(16));
+        let dir = self.root.join(&id);
+        let fs = dir.join("fs");
+        for sub in ["root", "tmp"] {
+            tokio::fs::create_dir_all(fs.join(sub))
+                .await
+                .map_err(|e| ApiError::internal(format!("cannot create sandbox directory: {e}")))?;
+        }
+        let fs = tokio::fs::canonicalize(&fs)
+            .await
+            .map_err(|e| ApiError::internal(format!("cannot resolve sandbox directory: {e}")))?;
+        let sandbox = Sandbox {
+            id: id.clone(),
+            name: request.name,
+            state: SandboxState::Running,
+            image: request.image,
+            size: request.size,
+            sleep: request.sleep,
+            created_at: Timestamp::now(),
+        };
+        let answer = Sandbox {
+            state: SandboxState::Creating,
+            ..sandbox.clone()
+        };
+        let entry = Entry {
+            sandbox: Mutex::new(sandbox),
+            env: request.env,
+            dir,
+            fs,
+            destroyed: AtomicBool::new(false),
+        };
+        lock(&self.sandboxes).insert(id, Arc::new(entry));
+        Ok(answer)
+    }
+
+    pub(crate) fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
+        lock(&self.sandboxes)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))
+    }
+
+    pub(crate) fn list(&self, name: Option<&str>) -> Vec<Sandbox> {
+        let mut sandboxes: Vec<Sandbox> = lock(&self.sandboxes)
+            .values()
+            .map(|entry| entry.snapshot())
+            .filter(|s| name.is_none_or(|name| s.name == name))
+            .collect();
+        sandboxes.sort_by_key(|s| s.created_at);
+        sandboxes
+    }
+
+    /// Kills everything the sandbox runs and removes its directory; then it answers 404.
+    pub(crate) async fn destroy(&self, id: &str) -> Result<(), ApiError> {
+        let entry = lock(&self.sandboxes)
+            .remove(id)
+            .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
+        // Set before the scan: an exec starting concurrently either sees it or is scanned.
+        entry.destroyed.store(true, Ordering::SeqCst);
+        kill(HashSet::from([id.to_owned()])).await;
+        match tokio::fs::remove_dir_all(&entry.dir).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ApiError::internal(format!(
+                "cannot remove sandbox directory: {e}"
+            ))),
+        }
+    }
+
+    /// Sleep and restart: processes die, files stay.
+    pub(crate) async fn kill_processes(
+        &self,
+        id: &str,
+        state: SandboxState,
+    ) -> Result<Sandbox, ApiError> {
+        let entry = self.entry(id)?;
+        kill(HashSet::from([id.to_owned()])).await;
+        let mut sandbox = lock(&entry.sandbox);
+        sandbox.state = state;
+        Ok(sandbox.clone())
+    }
+
+    pub(crate) async fn live(&self) -> Vec<LiveSandbox> {
+        let processes = tokio::task::spawn_blocking(process::marked_processes)
+            .await
+            .unwrap_or_default();
+        self.list(None)
+            .into_iter()
+            .map(|sandbox| LiveSandbox {
+                processes: processes.iter().filter(|(_, id)| *id == sandbox.id).count(),
+                id: sandbox.id,
+                name: sandbox.name,
+                state: sandbox.state,
+            })
+            .collect()
+    }
+
+    /// Destroys every sandbox: processes killed, directories removed. Blocking, so it can run
+    /// from `Drop`.
+    pub(crate) fn destroy_all_blocking(&self) {
+        let entries: Vec<Arc<Entry>> = std::mem::take(&mut *lock(&self.sandboxes))
+            .into_values()
+            .collect();
+        for entry in &entries {
+            entry.destroyed.store(true, Ordering::SeqCst);
+        }
+        let ids = entries
+            .iter()
+            .map(|e| lock(&e.sandbox).id.clone())
+            .collect();
+        process::kill_sandboxes(&ids);
+        for entry in entries {
+            let _ = std::fs::remove_dir_all(&entry.dir);
+        }
+    }
+}
+
+async fn kill(ids: HashSet<String>) {
+    let _ = tokio::task::spawn_blocking(move || process::kill_sandboxes(&ids)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleep_values() {
+        for ok in ["30m", "3h", "7d", "never"] {
+            assert!(valid_sleep(ok), "{ok}");
+        }
+        for bad in ["", "0m", "30", "m", "30s", "-1h", "1.5h"] {
+            assert!(!valid_sleep(bad), "{bad}");
+        }
+    }
+}

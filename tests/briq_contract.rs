@@ -1,0 +1,754 @@
+//! Contract tests: the real briq client against the in-process local sandbox server, for every
+//! operation and every fault class. No network beyond loopback.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use briq_operator::briq::api::ErrorCode;
+use briq_operator::briq::{
+    ApiKey, BriqClient, ClientOptions, CreateSandbox, DestroyOutcome, Error, ErrorClass,
+    ExecOutput, ExecRequest, Sandbox, SandboxApi as _, SandboxState,
+};
+use briq_operator::local_server::{
+    self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation,
+};
+
+const KEY: &str = "local-test-key-Zq81xK";
+
+struct Harness {
+    client: BriqClient,
+    admin: AdminClient,
+    key: ApiKey,
+    server: LocalServer,
+}
+
+async fn harness() -> Harness {
+    harness_with(|_| {}).await
+}
+
+async fn harness_with(adjust: impl FnOnce(&mut ClientOptions)) -> Harness {
+    let server = local_server::spawn(Config::new(ApiKey::new(KEY).unwrap()))
+        .await
+        .unwrap();
+    let mut options = ClientOptions::new(server.url());
+    options.request_timeout = Duration::from_secs(10);
+    options.ready_timeout = Duration::from_secs(10);
+    adjust(&mut options);
+    Harness {
+        client: BriqClient::new(options).unwrap(),
+        admin: server.admin(),
+        key: server.api_key().clone(),
+        server,
+    }
+}
+
+fn create_request(name: &str) -> CreateSandbox {
+    CreateSandbox {
+        name: name.to_owned(),
+        image: "python".to_owned(),
+        size: None,
+        sleep: "30m".to_owned(),
+        env: BTreeMap::from([("FROM_SANDBOX".to_owned(), "sandbox-value".to_owned())]),
+    }
+}
+
+fn command(argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: Some("/work".to_owned()),
+        env: BTreeMap::new(),
+        timeout: Duration::from_secs(10),
+        stdin: None,
+    }
+}
+
+fn sh(script: &str) -> ExecRequest {
+    command(&["sh", "-c", script])
+}
+
+/// The key must not show in any rendering of any error.
+fn assert_no_key(error: &Error) {
+    for text in [
+        format!("{error}"),
+        format!("{error:?}"),
+        with_sources(error),
+    ] {
+        assert!(!text.contains(KEY), "key leaked into {text}");
+    }
+}
+
+fn with_sources(error: &Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause} / {cause:?}"));
+        source = cause.source();
+    }
+    text
+}
+
+fn expect_class<T: std::fmt::Debug>(result: Result<T, Error>, class: ErrorClass) -> Error {
+    let error = result.expect_err("expected an error");
+    assert_no_key(&error);
+    assert_eq!(error.class(), class, "{error:?}");
+    error
+}
+
+impl Harness {
+    async fn sandbox(&self, name: &str) -> Sandbox {
+        self.client
+            .create_sandbox(&self.key, &create_request(name))
+            .await
+            .unwrap()
+    }
+
+    async fn exec(&self, id: &str, request: &ExecRequest) -> ExecOutput {
+        self.client.exec(&self.key, id, request).await.unwrap()
+    }
+
+    async fn calls(&self, operation: Operation) -> u64 {
+        self.admin.stats().await.unwrap().calls(operation)
+    }
+
+    async fn processes(&self, id: &str) -> usize {
+        let stats = self.admin.stats().await.unwrap();
+        stats
+            .sandboxes
+            .iter()
+            .find(|s| s.id == id)
+            .map_or(0, |s| s.processes)
+    }
+
+    async fn destroy(&self, id: &str) {
+        let outcome = self.client.destroy_sandbox(&self.key, id).await.unwrap();
+        assert_eq!(outcome, DestroyOutcome::Destroyed);
+    }
+
+    /// Every test ends here: nothing may be left running.
+    async fn finish(self) {
+        let stats = self.admin.stats().await.unwrap();
+        assert!(stats.sandboxes.is_empty(), "leaked {:?}", stats.sandboxes);
+        self.server.shutdown().await;
+    }
+}
+
+/// Alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit(')').next().map(|rest| rest.trim().to_owned()))
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn create_exec_and_file_round_trip() {
+    let h = harness().await;
+    let sandbox = h.sandbox("round-trip").await;
+    assert!(sandbox.id.starts_with("bq_"), "{}", sandbox.id);
+    assert_eq!(sandbox.state, SandboxState::Running);
+    assert_eq!(sandbox.name, "round-trip");
+
+    let content: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    h.client
+        .write_file(&h.key, &sandbox.id, "/work/deep/dir/blob.bin", &content)
+        .await
+        .unwrap();
+    let back = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/deep/dir/blob.bin")
+        .await
+        .unwrap();
+    assert_eq!(back, content);
+
+    h.client
+        .write_file(&h.key, &sandbox.id, "/work/hello.py", b"print('hi')\n")
+        .await
+        .unwrap();
+    let out = h.exec(&sandbox.id, &command(&["cat", "hello.py"])).await;
+    assert_eq!(out.exit_code, Some(0));
+    assert_eq!(out.stdout, "print('hi')\n");
+    assert!(!out.timed_out);
+
+    let made = h.exec(&sandbox.id, &sh("echo made > made.txt")).await;
+    assert_eq!(made.exit_code, Some(0));
+    let made = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/made.txt")
+        .await
+        .unwrap();
+    assert_eq!(made, b"made\n");
+
+    let missing = h.client.read_file(&h.key, &sandbox.id, "/work/nope").await;
+    expect_class(missing, ErrorClass::NotFound);
+
+    let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(got.id, sandbox.id);
+    let preview = h
+        .client
+        .preview_url(&h.key, &sandbox.id, 8888)
+        .await
+        .unwrap();
+    assert_eq!(preview.port(), Some(8888));
+    assert_eq!(h.calls(Operation::Create).await, 1);
+
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn exec_cwd_env_stdin_and_exit_codes() {
+    let h = harness().await;
+    let sandbox = h.sandbox("env").await;
+    let mut request = sh(
+        r#"pwd; echo "$FROM_SANDBOX $FROM_REQUEST"; echo "$BRIQ_LOCAL_SANDBOX"; echo oops >&2; exit 3"#,
+    );
+    request.cwd = Some("/work/sub".to_owned());
+    request.env = BTreeMap::from([("FROM_REQUEST".to_owned(), "request-value".to_owned())]);
+    let out = h.exec(&sandbox.id, &request).await;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].ends_with("/fs/work/sub"), "{lines:?}");
+    assert_eq!(lines[1], "sandbox-value request-value");
+    assert_eq!(lines[2], sandbox.id);
+    assert_eq!(out.stderr, "oops\n");
+    assert_eq!(out.exit_code, Some(3));
+
+    let mut piped = command(&["cat"]);
+    piped.stdin = Some("from stdin".to_owned());
+    assert_eq!(h.exec(&sandbox.id, &piped).await.stdout, "from stdin");
+
+    // The server's own environment (and its BRIQ_API_KEY) never reaches a sandbox.
+    let env = h.exec(&sandbox.id, &command(&["env"])).await.stdout;
+    assert!(!env.contains(KEY), "{env}");
+
+    let missing = h
+        .exec(&sandbox.id, &command(&["no-such-program-xyz"]))
+        .await;
+    assert_eq!(missing.exit_code, Some(127));
+
+    let big = h
+        .exec(&sandbox.id, &sh("head -c 200000 /dev/zero | tr '\\0' a"))
+        .await;
+    assert_eq!(big.stdout.len(), 64 * 1024, "the last 64 KiB are kept");
+
+    let too_long = Duration::from_secs(61);
+    let mut request = command(&["true"]);
+    request.timeout = too_long;
+    expect_class(
+        h.client.exec(&h.key, &sandbox.id, &request).await,
+        ErrorClass::Terminal,
+    );
+
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn exec_timeout_kills_the_process_group() {
+    let h = harness().await;
+    let sandbox = h.sandbox("timeout").await;
+    let mut request = sh("sleep 30 & echo started; sleep 30");
+    request.timeout = Duration::from_secs(1);
+    let started = Instant::now();
+    let out = h.exec(&sandbox.id, &request).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(out.timed_out);
+    assert_eq!(out.exit_code, None);
+    assert_eq!(out.stdout, "started\n");
+    // SIGKILL is certain; only its delivery takes a moment.
+    eventually("the background sleep is gone too", async || {
+        h.processes(&sandbox.id).await == 0
+    })
+    .await;
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn detached_processes_survive_exec_until_sleep_restart_or_destroy() {
+    let h = harness().await;
+    let sandbox = h.sandbox("detached").await;
+    let start =
+        sh("setsid sh -c 'echo $$ > kernel.pid; exec sleep 300' >/dev/null 2>&1 </dev/null &");
+    let pid_of = async |h: &Harness| -> u32 {
+        let read = async || {
+            h.client
+                .read_file(&h.key, &sandbox.id, "/work/kernel.pid")
+                .await
+        };
+        eventually("the pid file is written", async || {
+            read().await.is_ok_and(|b| !b.is_empty())
+        })
+        .await;
+        String::from_utf8(read().await.unwrap())
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+
+    let out = h.exec(&sandbox.id, &start).await;
+    assert_eq!(out.exit_code, Some(0));
+    let pid = pid_of(&h).await;
+    assert!(alive(pid));
+    assert_eq!(h.processes(&sandbox.id).await, 1);
+
+    let slept = h.admin.sleep(&sandbox.id).await.unwrap();
+    assert_eq!(slept.state, SandboxState::Sleeping);
+    assert!(!alive(pid), "sleep kills detached processes");
+    let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Sleeping);
+    // Files survive sleep, and the next use wakes the sandbox.
+    h.exec(&sandbox.id, &command(&["rm", "kernel.pid"])).await;
+    let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Running);
+
+    h.exec(&sandbox.id, &start).await;
+    let pid = pid_of(&h).await;
+    let restarted = h.admin.restart(&sandbox.id).await.unwrap();
+    assert_eq!(restarted.state, SandboxState::Running);
+    assert!(!alive(pid), "restart kills detached processes");
+
+    h.exec(&sandbox.id, &command(&["rm", "kernel.pid"])).await;
+    h.exec(&sandbox.id, &start).await;
+    let pid = pid_of(&h).await;
+    h.destroy(&sandbox.id).await;
+    assert!(!alive(pid), "destroy kills detached processes");
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn wrong_key_is_unauthorized_and_never_printed() {
+    let h = harness().await;
+    let sandbox = h.sandbox("auth").await;
+    let wrong = ApiKey::new("wrong-key-Pq77").unwrap();
+    let error = expect_class(
+        h.client.get_sandbox(&wrong, &sandbox.id).await,
+        ErrorClass::Terminal,
+    );
+    assert!(
+        matches!(error, Error::Unauthorized { status: 401, .. }),
+        "{error:?}"
+    );
+    let text = format!("{error} {error:?}");
+    assert!(!text.contains("wrong-key-Pq77"), "{text}");
+    assert!(text.contains("check the API key Secret"), "{text}");
+    assert!(error.request_id().is_some_and(|id| id.starts_with("req_")));
+    expect_class(
+        h.client.create_sandbox(&wrong, &create_request("x")).await,
+        ErrorClass::Terminal,
+    );
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn destroyed_sandboxes_are_not_found_and_destroy_is_idempotent() {
+    let h = harness().await;
+    let sandbox = h.sandbox("gone").await;
+    h.destroy(&sandbox.id).await;
+    expect_class(
+        h.client.get_sandbox(&h.key, &sandbox.id).await,
+        ErrorClass::NotFound,
+    );
+    expect_class(
+        h.client
+            .exec(&h.key, &sandbox.id, &command(&["true"]))
+            .await,
+        ErrorClass::NotFound,
+    );
+    let again = h.client.destroy_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(again, DestroyOutcome::AlreadyGone);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn paths_cannot_escape_the_sandbox() {
+    let h = harness().await;
+    let sandbox = h.sandbox("escape").await;
+    let id = &sandbox.id;
+    for path in ["/work/../../escaped.txt", "relative.txt"] {
+        let error = expect_class(
+            h.client.write_file(&h.key, id, path, b"x").await,
+            ErrorClass::Terminal,
+        );
+        assert!(matches!(
+            error,
+            Error::Rejected {
+                status: 400,
+                code: ErrorCode::InvalidRequest,
+                ..
+            }
+        ));
+    }
+    expect_class(
+        h.client.read_file(&h.key, id, "/../../etc/passwd").await,
+        ErrorClass::Terminal,
+    );
+    h.exec(id, &command(&["ln", "-s", "/etc", "etc-link"]))
+        .await;
+    expect_class(
+        h.client
+            .read_file(&h.key, id, "/work/etc-link/passwd")
+            .await,
+        ErrorClass::Terminal,
+    );
+    let mut outside = command(&["true"]);
+    outside.cwd = Some("/../..".to_owned());
+    expect_class(
+        h.client.exec(&h.key, id, &outside).await,
+        ErrorClass::Terminal,
+    );
+    h.destroy(id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn find_sandboxes_by_name_matches_exactly() {
+    let h = harness().await;
+    let first = h.sandbox("twin").await;
+    let second = h.sandbox("twin").await;
+    let other = h.sandbox("twin-other").await;
+    let mut found: Vec<String> = h
+        .client
+        .find_sandboxes_by_name(&h.key, "twin")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    found.sort();
+    let mut expected = vec![first.id.clone(), second.id.clone()];
+    expected.sort();
+    assert_eq!(found, expected);
+    assert!(
+        h.client
+            .find_sandboxes_by_name(&h.key, "nobody")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for sandbox in [first, second, other] {
+        h.destroy(&sandbox.id).await;
+    }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn unavailable_get_is_retried_until_it_succeeds() {
+    let h = harness().await;
+    let sandbox = h.sandbox("retry").await;
+    let before = h.calls(Operation::Get).await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Get, Fault::status(503)).times(2))
+        .await
+        .unwrap();
+    let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(got.id, sandbox.id);
+    assert_eq!(
+        h.calls(Operation::Get).await - before,
+        3,
+        "two failures, one success"
+    );
+
+    // Writes and destroys are idempotent, so retried as well.
+    h.admin
+        .add_fault(
+            &FaultRule::on(Operation::WriteFile, Fault::status(502)).for_sandbox(&sandbox.id),
+        )
+        .await
+        .unwrap();
+    h.client
+        .write_file(&h.key, &sandbox.id, "/f", b"1")
+        .await
+        .unwrap();
+    assert_eq!(h.calls(Operation::WriteFile).await, 2);
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Destroy, Fault::status(503)))
+        .await
+        .unwrap();
+    h.destroy(&sandbox.id).await;
+    assert_eq!(h.calls(Operation::Destroy).await, 2);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let h = harness().await;
+    let sandbox = h.sandbox("retry-after").await;
+    let fault = Fault::Status {
+        status: 429,
+        code: None,
+        retry_after_seconds: Some(1),
+    };
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Get, fault))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn create_is_never_retried() {
+    let h = harness().await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Create, Fault::status(503)))
+        .await
+        .unwrap();
+    let error = expect_class(
+        h.client
+            .create_sandbox(&h.key, &create_request("once"))
+            .await,
+        ErrorClass::Retryable,
+    );
+    assert!(matches!(
+        error,
+        Error::Unavailable {
+            status: 503,
+            code: ErrorCode::Unavailable,
+            ..
+        }
+    ));
+    assert_eq!(h.calls(Operation::Create).await, 1);
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_surface_as_retryable() {
+    let h = harness().await;
+    let sandbox = h.sandbox("exhausted").await;
+    for status in [429, 500] {
+        let before = h.calls(Operation::Get).await;
+        h.admin
+            .add_fault(&FaultRule::on(Operation::Get, Fault::status(status)).times(3))
+            .await
+            .unwrap();
+        let error = expect_class(
+            h.client.get_sandbox(&h.key, &sandbox.id).await,
+            ErrorClass::Retryable,
+        );
+        assert!(matches!(error, Error::Unavailable { status: s, .. } if s == status));
+        assert!(error.request_id().is_some());
+        assert_eq!(
+            h.calls(Operation::Get).await - before,
+            3,
+            "three attempts in all"
+        );
+    }
+    // Exec is never retried, whatever the class.
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Exec, Fault::status(503)))
+        .await
+        .unwrap();
+    expect_class(
+        h.client
+            .exec(&h.key, &sandbox.id, &command(&["true"]))
+            .await,
+        ErrorClass::Retryable,
+    );
+    assert_eq!(h.calls(Operation::Exec).await, 1);
+    // Plan refusals are terminal.
+    let refusal = Fault::Status {
+        status: 402,
+        code: Some(ErrorCode::PaymentRequired),
+        retry_after_seconds: None,
+    };
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Create, refusal))
+        .await
+        .unwrap();
+    expect_class(
+        h.client
+            .create_sandbox(&h.key, &create_request("poor"))
+            .await,
+        ErrorClass::Terminal,
+    );
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn dropped_connection_is_uncertain_and_not_retried() {
+    let h = harness().await;
+    let sandbox = h.sandbox("drop").await;
+    let before = h.calls(Operation::Get).await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Get, Fault::DropConnection))
+        .await
+        .unwrap();
+    expect_class(
+        h.client.get_sandbox(&h.key, &sandbox.id).await,
+        ErrorClass::Uncertain,
+    );
+    assert_eq!(h.calls(Operation::Get).await - before, 1);
+    // The client recovers on a fresh connection.
+    h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn exec_dropped_after_running_is_uncertain_and_ran_once() {
+    let h = harness().await;
+    let sandbox = h.sandbox("drop-after").await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Exec, Fault::DropAfterEffect).for_sandbox(&sandbox.id))
+        .await
+        .unwrap();
+    expect_class(
+        h.client
+            .exec(&h.key, &sandbox.id, &sh("echo ran >> ran.txt"))
+            .await,
+        ErrorClass::Uncertain,
+    );
+    assert_eq!(h.calls(Operation::Exec).await, 1);
+    let ran = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+        .await
+        .unwrap();
+    assert_eq!(ran, b"ran\n");
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn malformed_answers_are_malformed() {
+    let h = harness().await;
+    let sandbox = h.sandbox("garbled").await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Get, Fault::MalformedJson))
+        .await
+        .unwrap();
+    expect_class(
+        h.client.get_sandbox(&h.key, &sandbox.id).await,
+        ErrorClass::Malformed,
+    );
+
+    // A garbled create still created: the deterministic name finds it again.
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Create, Fault::MalformedJson))
+        .await
+        .unwrap();
+    expect_class(
+        h.client
+            .create_sandbox(&h.key, &create_request("garbled-create"))
+            .await,
+        ErrorClass::Malformed,
+    );
+    let found = h
+        .client
+        .find_sandboxes_by_name(&h.key, "garbled-create")
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    h.destroy(&found[0].id).await;
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn oversized_answers_are_malformed() {
+    let h = harness_with(|options| options.max_response_bytes = 4096).await;
+    let sandbox = h.sandbox("big").await;
+    expect_class(
+        h.client
+            .exec(
+                &h.key,
+                &sandbox.id,
+                &sh("head -c 10000 /dev/zero | tr '\\0' a"),
+            )
+            .await,
+        ErrorClass::Malformed,
+    );
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn answers_later_than_the_request_timeout_are_uncertain() {
+    let h = harness_with(|options| options.request_timeout = Duration::from_millis(500)).await;
+    let sandbox = h.sandbox("slow").await;
+    h.admin
+        .add_fault(&FaultRule::on(
+            Operation::Get,
+            Fault::delay(Duration::from_millis(1500)),
+        ))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    expect_class(
+        h.client.get_sandbox(&h.key, &sandbox.id).await,
+        ErrorClass::Uncertain,
+    );
+    assert!(started.elapsed() < Duration::from_millis(1400));
+    // An exec may take its own timeout on top of the request timeout.
+    let out = h.exec(&sandbox.id, &command(&["sleep", "1"])).await;
+    assert_eq!(out.exit_code, Some(0));
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn unreachable_briq_is_retryable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = url::Url::parse(&format!("http://127.0.0.1:{port}/")).unwrap();
+    let client = BriqClient::new(ClientOptions::new(url)).unwrap();
+    let key = ApiKey::new(KEY).unwrap();
+    expect_class(
+        client.get_sandbox(&key, "bq_x").await,
+        ErrorClass::Retryable,
+    );
+    // Nothing left the machine, so even create is safe to repeat.
+    expect_class(
+        client.create_sandbox(&key, &create_request("x")).await,
+        ErrorClass::Retryable,
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_server_kills_its_processes() {
+    let h = harness().await;
+    let sandbox = h.sandbox("dropped").await;
+    h.exec(
+        &sandbox.id,
+        &sh("setsid sh -c 'echo $$ > pid; exec sleep 300' >/dev/null 2>&1 </dev/null &"),
+    )
+    .await;
+    let read = async || h.client.read_file(&h.key, &sandbox.id, "/work/pid").await;
+    eventually("the pid file is written", async || {
+        read().await.is_ok_and(|b| !b.is_empty())
+    })
+    .await;
+    let pid: u32 = String::from_utf8(read().await.unwrap())
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(pid));
+    drop(h);
+    assert!(!alive(pid));
+}
