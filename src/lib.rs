@@ -3,5 +3,9 @@
 pub mod bridge;
 pub mod briq;
 pub mod control_plane;
+pub mod controller;
 pub mod crd;
+pub mod demo;
 pub mod local_server;
+pub mod operator;
+pub mod telemetry;

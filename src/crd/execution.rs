@@ -22,6 +22,7 @@ pub const MAX_CODE_CHARS: usize = 262_144;
     doc = "One action: Python code run once in the kernel of a BriqExecutor.",
     namespaced,
     status = "ExecutionStatus",
+    selectable = ".spec.executorRef.name",
     printcolumn = r#"{"name":"Executor","type":"string","jsonPath":".spec.executorRef.name"}"#,
     printcolumn = r#"{"name":"Succeeded","type":"string","jsonPath":".status.conditions[?(@.type==\"Succeeded\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Succeeded\")].reason"}"#,

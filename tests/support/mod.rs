@@ -45,13 +45,21 @@ async fn start_cluster() -> Cluster {
     let (kubeconfig, plane) = match std::env::var_os("BRIQ_TEST_KUBECONFIG") {
         Some(path) => (PathBuf::from(path), None),
         None => {
-            let plane = ControlPlane::start(&bin_dir).await.expect("starting the control plane");
+            let plane = ControlPlane::start(&bin_dir)
+                .await
+                .expect("starting the control plane");
             (plane.kubeconfig().to_owned(), Some(plane))
         }
     };
     let client = client_for(&kubeconfig).await;
-    briq_operator::crd::install(&client).await.expect("installing the CRDs");
-    Cluster { kubeconfig, kubectl, _plane: plane }
+    briq_operator::crd::install(&client)
+        .await
+        .expect("installing the CRDs");
+    Cluster {
+        kubeconfig,
+        kubectl,
+        _plane: plane,
+    }
 }
 
 async fn client_for(kubeconfig: &Path) -> Client {
@@ -114,5 +122,181 @@ impl TestEnv {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+}
+
+/// The venv whose Python runs the local sandboxes (it has the bridge's dependencies, so setup
+/// skips pip and no test reaches a package index).
+pub fn sandbox_venv() -> PathBuf {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        if let Some(venv) = std::env::var_os("BRIQ_SANDBOX_VENV") {
+            return PathBuf::from(venv);
+        }
+        let out = std::process::Command::new("bash")
+            .arg(repo_root().join(".ci/python-env.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("running .ci/python-env.sh");
+        assert!(out.status.success(), ".ci/python-env.sh failed");
+        PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        )
+    })
+    .clone()
+}
+
+/// A local sandbox server and the operator's controllers, both in this test's process and
+/// scoped to the test's namespace, so tests running at once never see each other's objects.
+pub struct Operator {
+    pub server: briq_operator::local_server::LocalServer,
+    pub settings: briq_operator::controller::Settings,
+    client: Client,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Operator {
+    pub async fn start(env: &TestEnv) -> Operator {
+        Operator::start_with(env, |_| {}).await
+    }
+
+    pub async fn start_with(
+        env: &TestEnv,
+        adjust: impl FnOnce(&mut briq_operator::controller::Settings),
+    ) -> Operator {
+        use briq_operator::{briq::ApiKey, controller::Settings, local_server};
+        briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+        let key = ApiKey::new(format!("test-key-{:016x}", rand::random::<u64>())).unwrap();
+        let mut config = local_server::Config::new(key.clone());
+        config.python_venv = Some(sandbox_venv());
+        let server = local_server::spawn(config)
+            .await
+            .expect("starting the local sandbox server");
+        let mut settings = Settings {
+            default_api_key: Some(key),
+            namespace: Some(env.namespace.clone()),
+            backoff_base: std::time::Duration::from_millis(200),
+            backoff_max: std::time::Duration::from_secs(5),
+            ..Settings::default()
+        };
+        adjust(&mut settings);
+        let mut operator = Operator {
+            server,
+            settings,
+            client: env.client.clone(),
+            task: None,
+        };
+        operator.resume();
+        operator
+    }
+
+    /// Starts the controllers (again).
+    pub fn resume(&mut self) {
+        assert!(self.task.is_none(), "the operator is already running");
+        let sandboxes = briq_operator::briq::BriqClient::new(
+            briq_operator::briq::ClientOptions::new(self.server.url()),
+        )
+        .expect("briq client");
+        let run = briq_operator::controller::run(
+            self.client.clone(),
+            sandboxes,
+            self.settings.clone(),
+            std::future::pending(),
+        );
+        self.task = Some(tokio::spawn(run));
+    }
+
+    /// Stops the controllers abruptly, like a crashed or killed operator process.
+    pub async fn kill(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    pub fn admin(&self) -> briq_operator::local_server::AdminClient {
+        self.server.admin()
+    }
+
+    pub async fn live_sandboxes(&self) -> usize {
+        self.admin()
+            .stats()
+            .await
+            .expect("local server stats")
+            .sandboxes
+            .len()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Waits until `condition` holds for the named object, or panics after `seconds`.
+pub async fn wait_for<K>(
+    api: &Api<K>,
+    name: &str,
+    seconds: u64,
+    condition: impl Fn(&K) -> bool,
+) -> K
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let wait =
+        kube::runtime::wait::await_condition(api.clone(), name, move |object: Option<&K>| {
+            object.is_some_and(&condition)
+        });
+    match tokio::time::timeout(std::time::Duration::from_secs(seconds), wait).await {
+        Ok(Ok(Some(object))) => object,
+        Ok(other) => panic!("waiting for {name}: {other:?}"),
+        Err(_) => panic!(
+            "{name} did not reach the expected state within {seconds}s: {:#?}",
+            api.get_opt(name).await
+        ),
+    }
+}
+
+/// Waits until the named object is gone.
+pub async fn wait_deleted<K>(api: &Api<K>, name: &str, seconds: u64)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let uid = match api.get_opt(name).await.expect("get") {
+        Some(object) => object.meta().uid.clone().unwrap_or_default(),
+        None => return,
+    };
+    let wait = kube::runtime::wait::await_condition(
+        api.clone(),
+        name,
+        kube::runtime::wait::conditions::is_deleted(&uid),
+    );
+    if tokio::time::timeout(std::time::Duration::from_secs(seconds), wait)
+        .await
+        .is_err()
+    {
+        panic!(
+            "{name} still exists after {seconds}s: {:#?}",
+            api.get_opt(name).await
+        );
     }
 }

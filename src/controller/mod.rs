@@ -1,0 +1,322 @@
+//! The two controllers: `BriqExecutor` (sandbox lifecycle) and `Execution` (one action each,
+//! in order, at most once).
+//!
+//! Status ownership (server-side apply): the executor controller owns the executor's
+//! conditions, sandbox id and timestamps ([`EXECUTOR_MANAGER`]); `unusable` is written once, by
+//! whichever controller finds the executor unusable ([`UNUSABLE_MANAGER`]); the execution
+//! controller owns the executor's execution counters ([`EXECUTIONS_MANAGER`]) and the whole
+//! status of every Execution ([`EXECUTOR_MANAGER`]). Each applies its complete set every time,
+//! so no manager ever drops another's fields.
+
+mod conditions;
+mod execution;
+mod executor;
+mod session;
+
+pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        Controller,
+        events::{Recorder, Reporter},
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::{
+    briq::{ApiKey, SandboxApi},
+    crd::{BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution},
+};
+
+pub const EXECUTOR_MANAGER: &str = "briq-operator";
+pub const UNUSABLE_MANAGER: &str = "briq-operator-unusable";
+pub const EXECUTIONS_MANAGER: &str = "briq-operator-executions";
+
+/// Errors that end a reconcile early; it is retried with per-object exponential backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("briq: {0}")]
+    Briq(#[from] crate::briq::Error),
+    #[error(transparent)]
+    Bridge(#[from] session::CallError),
+    #[error("{0}")]
+    ApiKey(String),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("{0}")]
+    Invariant(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Settings of a controller run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Key used by executors without `apiKeySecretRef`.
+    pub default_api_key: Option<ApiKey>,
+    /// How often a ready executor checks that its sandbox still runs (a cheap GET, which does
+    /// not count as use, so idle sandboxes still go to sleep as configured).
+    pub probe_interval: Duration,
+    /// First retry delay after a failed reconcile; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Watch only this namespace; all namespaces when `None`.
+    pub namespace: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            default_api_key: None,
+            probe_interval: Duration::from_secs(30),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            namespace: None,
+        }
+    }
+}
+
+/// What both controllers share.
+pub struct Context<S> {
+    pub client: Client,
+    pub sandboxes: S,
+    pub settings: Settings,
+    recorder: Recorder,
+    /// Consecutive reconcile failures per object, for exponential backoff; reset on success.
+    failures: Mutex<HashMap<String, u32>>,
+    executions: execution::Runner,
+}
+
+impl<S> Context<S> {
+    fn backoff(&self, key: String) -> Duration {
+        let mut failures = self.failures.lock().expect("failure counts poisoned");
+        let count = failures.entry(key).or_default();
+        *count = count.saturating_add(1);
+        let factor = 2u32.saturating_pow(count.saturating_sub(1).min(16));
+        let delay = self
+            .settings
+            .backoff_base
+            .saturating_mul(factor)
+            .min(self.settings.backoff_max);
+        // Jitter keeps many failing objects from retrying in lockstep.
+        delay.mul_f64(0.8 + rand::random::<f64>() * 0.4)
+    }
+
+    fn succeeded(&self, key: &str) {
+        self.failures
+            .lock()
+            .expect("failure counts poisoned")
+            .remove(key);
+    }
+}
+
+fn failure_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// The API key of `executor`: from its Secret, or the operator's default.
+async fn api_key<S>(ctx: &Context<S>, executor: &BriqExecutor) -> Result<ApiKey> {
+    let Some(reference) = &executor.spec.api_key_secret_ref else {
+        return ctx.settings.default_api_key.clone().ok_or_else(|| {
+            Error::ApiKey(
+                "no apiKeySecretRef is set and the operator has no default briq API key".into(),
+            )
+        });
+    };
+    let namespace = executor.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = secrets.get_opt(&reference.name).await?.ok_or_else(|| {
+        Error::ApiKey(format!(
+            "Secret {namespace}/{} does not exist",
+            reference.name
+        ))
+    })?;
+    let key = if reference.key.is_empty() {
+        DEFAULT_API_KEY_SECRET_KEY
+    } else {
+        &reference.key
+    };
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(key))
+        .ok_or_else(|| {
+            Error::ApiKey(format!(
+                "Secret {namespace}/{} has no key {key}",
+                reference.name
+            ))
+        })?;
+    let text = String::from_utf8(bytes.0.clone()).map_err(|_| {
+        Error::ApiKey(format!(
+            "key {key} of Secret {namespace}/{} is not UTF-8",
+            reference.name
+        ))
+    })?;
+    ApiKey::new(text.trim()).map_err(|e| {
+        Error::ApiKey(format!(
+            "key {key} of Secret {namespace}/{}: {e}",
+            reference.name
+        ))
+    })
+}
+
+/// Server-side applies `status` (a JSON object of the fields `manager` owns) to `object`.
+async fn apply_status<K>(
+    api: &Api<K>,
+    object: &K,
+    manager: &str,
+    status: serde_json::Value,
+) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &object.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Marks `executor` unusable, for good: it never runs code again.
+async fn mark_unusable<S>(ctx: &Context<S>, executor: &BriqExecutor, reason: &str) -> Result<()> {
+    ctx.executions.forget_usable(executor);
+    if executor.status.as_ref().is_some_and(|s| s.unusable) {
+        return Ok(());
+    }
+    warn!(executor = %executor.name_any(), reason, "executor is now unusable");
+    let api: Api<BriqExecutor> = Api::namespaced(
+        ctx.client.clone(),
+        &executor.namespace().unwrap_or_default(),
+    );
+    let status = json!({ "unusable": true, "unusableReason": conditions::clip(reason.to_owned()) });
+    apply_status(&api, executor, UNUSABLE_MANAGER, status).await
+}
+
+/// Publishes an event about `object`; a failure to publish is logged, never fatal.
+async fn publish<S, K: Resource<DynamicType = ()>>(
+    ctx: &Context<S>,
+    object: &K,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = kube::runtime::events::Event {
+        type_,
+        reason: reason.to_owned(),
+        // Event notes are limited to 1 KiB.
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
+        warn!(%error, reason, "could not publish an event");
+    }
+}
+
+/// Runs both controllers until `shutdown` resolves.
+pub async fn run<S>(
+    client: Client,
+    sandboxes: S,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) where
+    S: SandboxApi + 'static,
+{
+    let (executors, executions): (Api<BriqExecutor>, Api<Execution>) = match &settings.namespace {
+        Some(namespace) => (
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client.clone(), namespace),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Both controllers stop on the same signal, each finishing the reconciles it has started.
+    let (shutdown_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let stop_signal = || {
+        let mut rx = shutdown_tx.subscribe();
+        async move {
+            let _ = rx.recv().await;
+        }
+    };
+    let (execution_stop, executor_stop) = (stop_signal(), stop_signal());
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = shutdown_tx.send(());
+    });
+
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Execution>>();
+    let execution_controller =
+        Controller::new(executions, watcher::Config::default().any_semantic());
+    let execution_store: Store<Execution> = execution_controller.store();
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "briq-operator".into(),
+                instance: None,
+            },
+        ),
+        client: client.clone(),
+        sandboxes,
+        settings,
+        failures: Mutex::default(),
+        executions: execution::Runner::new(execution_store.clone(), wake_tx),
+    });
+
+    let waiting_on = execution_store.clone();
+    let execution_loop = execution_controller
+        .watches(
+            executors.clone(),
+            watcher::Config::default().any_semantic(),
+            move |executor| execution::waiting_on(&waiting_on, &executor),
+        )
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            wake_rx,
+        ))
+        .graceful_shutdown_on(execution_stop)
+        .run(execution::reconcile, execution::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "execution reconcile failed");
+            }
+        });
+    let executor_loop = Controller::new(executors, watcher::Config::default().any_semantic())
+        .graceful_shutdown_on(executor_stop)
+        .run(executor::reconcile, executor::error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "executor reconcile failed");
+            }
+        });
+    info!("controllers started");
+    futures::future::join(execution_loop, executor_loop).await;
+    info!("controllers stopped");
+}

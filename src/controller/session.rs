@@ -1,0 +1,188 @@
+//! One executor's sandbox as the controllers use it: bridge commands over the briq API.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use crate::{
+    bridge::{self, Command, Envelope, KernelReport, Malformed, Nonce, RunResult, SetupReport},
+    briq::{self, ApiKey, ExecRequest, SandboxApi},
+};
+
+/// Room for the bridge's own start-up and the kernel interrupt grace beyond a command's deadline.
+const BRIDGE_MARGIN: Duration = Duration::from_secs(5);
+const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Why a bridge call gave no trustworthy answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Briq(#[from] briq::Error),
+    /// Uploading an action failed: its code never ran.
+    #[error("uploading the code: {0}")]
+    Upload(#[source] briq::Error),
+    #[error("the bridge command did not finish within {0:?}")]
+    TimedOut(Duration),
+    #[error("{0}")]
+    Malformed(#[from] Malformed),
+    #[error("the bridge answered with a {0} envelope where another kind was expected")]
+    UnexpectedKind(&'static str),
+}
+
+impl CallError {
+    /// The call may have had an effect nobody saw (code ran, state changed).
+    pub fn is_uncertain(&self) -> bool {
+        match self {
+            CallError::Briq(error) => !matches!(
+                error.class(),
+                briq::ErrorClass::NotFound
+                    | briq::ErrorClass::Terminal
+                    | briq::ErrorClass::Retryable
+            ),
+            CallError::Upload(_) => false,
+            CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => true,
+        }
+    }
+}
+
+/// Why provisioning a sandbox failed for good.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("setup failed: {message}")]
+    Failed {
+        message: String,
+        pip_tail: Option<String>,
+    },
+    #[error("the kernel did not start: {0}")]
+    Kernel(String),
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+pub struct Session<'a, S> {
+    pub api: &'a S,
+    pub key: &'a ApiKey,
+    pub sandbox_id: &'a str,
+}
+
+impl<S: SandboxApi> Session<'_, S> {
+    /// Uploads the bridge, installs its dependencies and `requirements` within `deadline`, and
+    /// starts the kernel. Every step is idempotent, so a failed attempt may simply be repeated.
+    /// `deadline` is cut to what fits in one synchronous briq command with the bridge's margin.
+    pub async fn provision(
+        &self,
+        deadline: Duration,
+        requirements: &[String],
+    ) -> Result<(), SetupError> {
+        self.api
+            .write_file(
+                self.key,
+                self.sandbox_id,
+                bridge::BRIDGE_FILE,
+                bridge::SOURCE.as_bytes(),
+            )
+            .await
+            .map_err(CallError::from)?;
+        let deadline = deadline.min(briq::api::MAX_EXEC_TIMEOUT - BRIDGE_MARGIN);
+        let setup: SetupReport = match self
+            .call(
+                &Command::Setup {
+                    deadline,
+                    requirements,
+                },
+                deadline,
+            )
+            .await
+        {
+            Ok(Envelope::Setup(report)) => report,
+            Ok(other) => return Err(unexpected(&other).into()),
+            Err(CallError::TimedOut(_)) => {
+                return Err(SetupError::Failed {
+                    message: format!("setup did not finish within {}s", deadline.as_secs()),
+                    pip_tail: None,
+                });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if !setup.ok {
+            return Err(SetupError::Failed {
+                message: setup.message,
+                pip_tail: setup.pip_tail,
+            });
+        }
+        let kernel = self
+            .kernel(&Command::StartKernel {
+                deadline: KERNEL_START_DEADLINE,
+            })
+            .await?;
+        if !kernel.alive {
+            return Err(SetupError::Kernel(kernel.message));
+        }
+        Ok(())
+    }
+
+    async fn kernel(&self, command: &Command<'_>) -> Result<KernelReport, CallError> {
+        match self.call(command, KERNEL_START_DEADLINE).await? {
+            Envelope::Kernel(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Uploads `code` as the action file `name` and runs it in the kernel. Never repeated: an
+    /// error after the upload leaves it unknown whether the code ran.
+    pub async fn run(
+        &self,
+        name: &str,
+        code: &str,
+        timeout: Duration,
+    ) -> Result<RunResult, CallError> {
+        let (upload, argument) = bridge::action_file(name);
+        self.api
+            .write_file(self.key, self.sandbox_id, &upload, code.as_bytes())
+            .await
+            .map_err(CallError::Upload)?;
+        match self
+            .call(
+                &Command::Run {
+                    code_file: &argument,
+                    timeout,
+                },
+                timeout,
+            )
+            .await?
+        {
+            Envelope::Result(result) => Ok(result),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn call(&self, command: &Command<'_>, deadline: Duration) -> Result<Envelope, CallError> {
+        let nonce = Nonce::random();
+        let request = ExecRequest {
+            argv: command.argv(&nonce),
+            cwd: Some(bridge::WORKDIR.to_owned()),
+            env: BTreeMap::new(),
+            timeout: (deadline + BRIDGE_MARGIN).min(briq::api::MAX_EXEC_TIMEOUT),
+            stdin: None,
+        };
+        let output = self.api.exec(self.key, self.sandbox_id, &request).await?;
+        if output.timed_out {
+            return Err(CallError::TimedOut(request.timeout));
+        }
+        match bridge::parse(&output.stdout, &nonce)? {
+            Envelope::Spilled(spill) => {
+                let path = bridge::spill_file(&nonce);
+                let content = self.api.read_file(self.key, self.sandbox_id, &path).await?;
+                Ok(bridge::parse_spilled(&content, &spill, &nonce)?)
+            }
+            envelope => Ok(envelope),
+        }
+    }
+}
+
+fn unexpected(envelope: &Envelope) -> CallError {
+    CallError::UnexpectedKind(match envelope {
+        Envelope::Setup(_) => "setup",
+        Envelope::Kernel(_) => "kernel",
+        Envelope::Result(_) => "result",
+        Envelope::Spilled(_) => "spilled",
+    })
+}

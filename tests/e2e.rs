@@ -1,0 +1,661 @@
+//! The controllers end to end: real kube-apiserver, the real briq client against the local
+//! sandbox server, real Jupyter kernels. Each test has its own namespace, operator and server.
+
+mod support;
+
+use std::time::Duration;
+
+use briq_operator::{
+    controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
+    crd::{BriqExecutor, Execution},
+    local_server::{Fault, FaultRule, Operation},
+};
+use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::{Value, json};
+use support::{Operator, TestEnv, wait_deleted, wait_for};
+
+/// Cold setup of a local sandbox (bridge upload, import check, kernel start) on a busy machine.
+const READY_SECONDS: u64 = 90;
+const RUN_SECONDS: u64 = 60;
+
+/// Mirrors the `final_answer` tool smolagents sends to remote executors: it raises
+/// `FinalAnswerException` carrying the value in smolagents' safe serialization.
+const FINAL_ANSWER_TOOL: &str = r#"
+from smolagents.serialization import SafeSerializer
+
+class FinalAnswerException(BaseException):
+    pass
+
+def final_answer(value):
+    raise FinalAnswerException(SafeSerializer.dumps(value))
+"#;
+
+async fn create_executor(env: &TestEnv, name: &str, spec: Value) -> BriqExecutor {
+    let executor: BriqExecutor =
+        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
+    env.api::<BriqExecutor>()
+        .create(&PostParams::default(), &executor)
+        .await
+        .unwrap()
+}
+
+async fn ready_executor(env: &TestEnv, name: &str) -> BriqExecutor {
+    create_executor(env, name, json!({})).await;
+    wait_ready(env, name).await
+}
+
+async fn wait_ready(env: &TestEnv, name: &str) -> BriqExecutor {
+    wait_for(
+        &env.api::<BriqExecutor>(),
+        name,
+        READY_SECONDS,
+        |executor| condition(executor, "Ready").0 == "True",
+    )
+    .await
+}
+
+async fn create_execution(
+    env: &TestEnv,
+    name: &str,
+    executor: &str,
+    code: &str,
+    timeout: Option<u32>,
+) {
+    let mut spec = json!({ "executorRef": { "name": executor }, "code": code });
+    if let Some(timeout) = timeout {
+        spec["timeoutSeconds"] = json!(timeout);
+    }
+    let execution: Execution =
+        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
+    env.api::<Execution>()
+        .create(&PostParams::default(), &execution)
+        .await
+        .unwrap();
+}
+
+async fn finished(env: &TestEnv, name: &str) -> Execution {
+    wait_for(&env.api::<Execution>(), name, RUN_SECONDS, |execution| {
+        ["True", "False"].contains(&condition(execution, "Succeeded").0.as_str())
+    })
+    .await
+}
+
+async fn run(env: &TestEnv, name: &str, executor: &str, code: &str) -> Execution {
+    create_execution(env, name, executor, code, None).await;
+    finished(env, name).await
+}
+
+/// (status, reason, message) of a condition, or empty strings.
+fn condition<K: serde::Serialize>(object: &K, type_: &str) -> (String, String, String) {
+    let value = serde_json::to_value(object).unwrap();
+    let found = value["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or_default();
+    let text = |key: &str| found[key].as_str().unwrap_or_default().to_owned();
+    (text("status"), text("reason"), text("message"))
+}
+
+fn reason(execution: &Execution) -> String {
+    condition(execution, "Succeeded").1
+}
+
+#[tokio::test]
+async fn executor_becomes_ready_and_python_state_survives_across_executions() {
+    let env = TestEnv::new("e2e-state").await;
+    let operator = Operator::start(&env).await;
+    let executor = ready_executor(&env, "py").await;
+    let status = executor.status.clone().unwrap();
+    assert_eq!(status.observed_generation, executor.metadata.generation);
+    assert!(
+        status
+            .sandbox_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("bq_"))
+    );
+    assert_eq!(condition(&executor, "Stalled").0, "False");
+    assert!(executor.finalizers().contains(&FINALIZER.to_owned()));
+    assert_eq!(
+        executor.annotations().get("briq.cloud/sandbox-id"),
+        status.sandbox_id.as_ref(),
+        "the sandbox id is kept in metadata too"
+    );
+
+    let first = run(&env, "first", "py", "x = 41\nprint('set x')").await;
+    assert_eq!(reason(&first), "Completed");
+    assert_eq!(
+        first.status.as_ref().unwrap().logs.as_deref(),
+        Some("set x\n")
+    );
+    let second = run(&env, "second", "py", "x + 1").await;
+    let second_status = second.status.clone().unwrap();
+    assert_eq!(reason(&second), "Completed");
+    assert_eq!(second_status.output.as_deref(), Some("42"));
+    assert!(second_status.start_time.is_some() && second_status.completion_time.is_some());
+    assert_eq!(
+        second_status.observed_generation,
+        second.metadata.generation
+    );
+    assert_eq!(
+        second.owner_references()[0].name,
+        "py",
+        "Executions are owned by their executor"
+    );
+
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert_eq!(executor.status.unwrap().executions_total, Some(2));
+    assert_eq!(operator.live_sandboxes().await, 1);
+}
+
+#[tokio::test]
+async fn final_answers_round_trip_and_arrays_are_rejected() {
+    let env = TestEnv::new("e2e-final").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    assert_eq!(
+        reason(&run(&env, "tool", "py", FINAL_ANSWER_TOOL).await),
+        "Completed"
+    );
+
+    let code =
+        "fib = [0, 1]\nwhile len(fib) < 20:\n    fib.append(fib[-1] + fib[-2])\nfinal_answer(fib)";
+    let answer = run(&env, "fibonacci", "py", code).await;
+    let status = answer.status.clone().unwrap();
+    assert_eq!(reason(&answer), "FinalAnswer");
+    assert_eq!(condition(&answer, "Succeeded").0, "True");
+    assert!(status.is_final_answer);
+    let value = status.final_answer.unwrap();
+    let numbers: Vec<u64> = serde_json::from_str(value.strip_prefix("safe:").unwrap()).unwrap();
+    assert_eq!(
+        numbers,
+        [
+            0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597, 2584, 4181
+        ]
+    );
+
+    let array = run(
+        &env,
+        "array",
+        "py",
+        "import numpy as np\nfinal_answer({'nested': np.arange(3)})",
+    )
+    .await;
+    assert_eq!(reason(&array), "FinalAnswerRejected");
+    let (_, _, message) = condition(&array, "Succeeded");
+    assert!(
+        message.contains("return arrays as lists and images as bytes"),
+        "{message}"
+    );
+    // A rejected answer is the code's fault, not the executor's.
+    assert_eq!(
+        reason(&run(&env, "after", "py", "len(fib)").await),
+        "Completed"
+    );
+}
+
+#[tokio::test]
+async fn code_errors_keep_the_executor_usable() {
+    let env = TestEnv::new("e2e-errors").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+
+    let raised = run(&env, "raise", "py", "print('before')\n1 / 0").await;
+    let status = raised.status.clone().unwrap();
+    assert_eq!(reason(&raised), "CodeError");
+    assert_eq!(condition(&raised, "Succeeded").0, "False");
+    assert_eq!(
+        status.logs.as_deref(),
+        Some("before\n"),
+        "logs printed before the error are kept"
+    );
+    let error = status.error.unwrap();
+    assert_eq!(error.name, "ZeroDivisionError");
+    let traceback = error.traceback.unwrap();
+    assert!(
+        traceback.contains("ZeroDivisionError") && !traceback.contains('\u{1b}'),
+        "{traceback}"
+    );
+
+    let syntax = run(&env, "syntax", "py", "def broken(:\n    pass").await;
+    assert_eq!(reason(&syntax), "CodeError");
+    assert_eq!(syntax.status.unwrap().error.unwrap().name, "SyntaxError");
+
+    let fine = run(&env, "fine", "py", "2 + 2").await;
+    assert_eq!(fine.status.unwrap().output.as_deref(), Some("4"));
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert!(!executor.status.unwrap().unusable);
+}
+
+#[tokio::test]
+async fn a_timeout_makes_the_executor_unusable_for_good() {
+    let env = TestEnv::new("e2e-timeout").await;
+    let operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+
+    create_execution(&env, "spin", "py", "while True:\n    pass", Some(2)).await;
+    let spin = finished(&env, "spin").await;
+    assert_eq!(reason(&spin), "Timeout");
+
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
+        condition(executor, "Stalled").0 == "True"
+    })
+    .await;
+    let status = executor.status.clone().unwrap();
+    assert!(status.unusable);
+    assert!(status.unusable_reason.unwrap().contains("deadline"));
+    assert_eq!(condition(&executor, "Ready").0, "False");
+    assert_eq!(condition(&executor, "Ready").1, "Unusable");
+    assert_eq!(status.observed_generation, executor.metadata.generation);
+
+    let execs_before = operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Exec);
+    let later = run(&env, "later", "py", "1 + 1").await;
+    assert_eq!(reason(&later), "ExecutorUnusable");
+    assert!(
+        condition(&later, "Succeeded")
+            .2
+            .contains("create a new BriqExecutor")
+    );
+    let execs_after = operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Exec);
+    assert_eq!(
+        execs_before, execs_after,
+        "an unusable executor never runs code again"
+    );
+}
+
+#[tokio::test]
+async fn executions_run_one_at_a_time_in_creation_order() {
+    let env = TestEnv::new("e2e-order").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    let setup = "import time\nspans = []";
+    assert_eq!(reason(&run(&env, "setup", "py", setup).await), "Completed");
+
+    // Created at once, so all share one creationTimestamp second: the name breaks the tie.
+    let names: Vec<String> = (0..10).map(|i| format!("step-{i:02}")).collect();
+    let creates = names.iter().enumerate().map(|(i, name)| {
+        let code = format!(
+            "t0 = time.monotonic()\ntime.sleep(0.1)\nspans.append(({i}, t0, time.monotonic()))"
+        );
+        let env = &env;
+        async move { create_execution(env, name, "py", &code, None).await }
+    });
+    futures::future::join_all(creates).await;
+    for name in &names {
+        assert_eq!(reason(&finished(&env, name).await), "Completed", "{name}");
+    }
+    let check = "order = [i for i, _, _ in spans]\n\
+                 overlaps = sum(1 for a, b in zip(spans, spans[1:]) if b[1] < a[2])\n\
+                 (order, overlaps)";
+    let result = run(&env, "check", "py", check).await;
+    assert_eq!(
+        result.status.unwrap().output.as_deref(),
+        Some("([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 0)")
+    );
+}
+
+#[tokio::test]
+async fn an_execution_interrupted_by_an_operator_crash_is_never_run_again() {
+    let env = TestEnv::new("e2e-interrupted").await;
+    let mut operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    let execs_before = operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Exec);
+
+    // The exec is held back at the server long enough to kill the operator while it waits.
+    operator
+        .admin()
+        .add_fault(&FaultRule::on(
+            Operation::Exec,
+            Fault::delay(Duration::from_secs(3)),
+        ))
+        .await
+        .unwrap();
+    create_execution(&env, "victim", "py", "print('ran')", None).await;
+    wait_for(&env.api::<Execution>(), "victim", RUN_SECONDS, |e| {
+        reason(e) == "Running"
+    })
+    .await;
+    // Kill only once the code has reached the sandbox (the server holds it for 3 s).
+    while operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Exec)
+        == execs_before
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    operator.kill().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    operator.resume();
+
+    let victim = finished(&env, "victim").await;
+    assert_eq!(reason(&victim), "Interrupted");
+    let stats = operator.admin().stats().await.unwrap();
+    assert_eq!(
+        stats.calls(Operation::Exec),
+        execs_before + 1,
+        "the code was sent exactly once"
+    );
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
+        condition(executor, "Stalled").0 == "True"
+    })
+    .await;
+    assert!(
+        executor
+            .status
+            .unwrap()
+            .unusable_reason
+            .unwrap()
+            .contains("interrupted")
+    );
+}
+
+#[tokio::test]
+async fn an_uncertain_create_and_a_crash_still_make_exactly_one_sandbox() {
+    let env = TestEnv::new("e2e-create").await;
+    let mut operator = Operator::start_with(&env, |settings| {
+        settings.backoff_base = Duration::from_secs(2)
+    })
+    .await;
+    // The sandbox is created, but the answer is lost: the operator cannot know.
+    operator
+        .admin()
+        .add_fault(&FaultRule::on(Operation::Create, Fault::DropAfterEffect))
+        .await
+        .unwrap();
+    create_executor(&env, "py", json!({})).await;
+    let pending = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
+        executor
+            .annotations()
+            .contains_key(CREATE_PENDING_ANNOTATION)
+    })
+    .await;
+    assert!(
+        pending
+            .annotations()
+            .contains_key(CREATE_PENDING_ANNOTATION)
+    );
+    while operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Create)
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    operator.kill().await;
+    operator.resume();
+
+    let executor = wait_ready(&env, "py").await;
+    let stats = operator.admin().stats().await.unwrap();
+    assert_eq!(
+        stats.calls(Operation::Create),
+        1,
+        "the sandbox was adopted, not created again"
+    );
+    assert_eq!(stats.sandboxes.len(), 1);
+    assert_eq!(
+        executor.status.as_ref().unwrap().sandbox_id.as_deref(),
+        Some(stats.sandboxes[0].id.as_str())
+    );
+    assert!(
+        !executor
+            .annotations()
+            .contains_key(CREATE_PENDING_ANNOTATION)
+    );
+}
+
+#[tokio::test]
+async fn deleting_an_executor_destroys_its_sandbox_even_when_destroy_fails_at_first() {
+    let env = TestEnv::new("e2e-delete").await;
+    let operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    ready_executor(&env, "flaky").await;
+    assert_eq!(operator.live_sandboxes().await, 2);
+
+    env.api::<BriqExecutor>()
+        .delete("py", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&env.api::<BriqExecutor>(), "py", 30).await;
+    assert_eq!(operator.live_sandboxes().await, 1);
+
+    // Each failed attempt is an Event; the finalizer stays until the destroy is confirmed.
+    let mut rule = FaultRule::on(Operation::Destroy, Fault::status(503));
+    rule.count = 6;
+    operator.admin().add_fault(&rule).await.unwrap();
+    env.api::<BriqExecutor>()
+        .delete("flaky", &DeleteParams::default())
+        .await
+        .unwrap();
+    let events: Api<Event> = env.api();
+    let destroy_failed = || async {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("DestroyFailed"))
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while destroy_failed().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no DestroyFailed event"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_deleted(&env.api::<BriqExecutor>(), "flaky", 60).await;
+    let stats = operator.admin().stats().await.unwrap();
+    assert!(
+        stats.calls(Operation::Destroy) > 6,
+        "destroy was retried past the failures"
+    );
+    assert_eq!(stats.sandboxes.len(), 0, "no sandbox is leaked");
+}
+
+#[tokio::test]
+async fn queued_executions_of_a_deleted_executor_fail_clearly() {
+    let env = TestEnv::new("e2e-deleted").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    create_execution(&env, "busy", "py", "import time\ntime.sleep(3)", None).await;
+    wait_for(&env.api::<Execution>(), "busy", RUN_SECONDS, |e| {
+        reason(e) == "Running"
+    })
+    .await;
+    create_execution(&env, "queued", "py", "1 + 1", None).await;
+    wait_for(&env.api::<Execution>(), "queued", RUN_SECONDS, |e| {
+        reason(e) == "Queued"
+    })
+    .await;
+    env.api::<BriqExecutor>()
+        .delete("py", &DeleteParams::default())
+        .await
+        .unwrap();
+    let queued = finished(&env, "queued").await;
+    assert_eq!(
+        reason(&queued),
+        "ExecutorDeleted",
+        "{:?}",
+        condition(&queued, "Succeeded")
+    );
+}
+
+#[tokio::test]
+async fn a_sleeping_sandbox_loses_its_kernel_and_the_executor_notices() {
+    let env = TestEnv::new("e2e-sleep").await;
+    // No probe during the test: the next Execution must notice on its own.
+    let operator =
+        Operator::start_with(&env, |s| s.probe_interval = Duration::from_secs(3600)).await;
+    let executor = ready_executor(&env, "py").await;
+    assert_eq!(
+        reason(&run(&env, "before", "py", "x = 1").await),
+        "Completed"
+    );
+    let id = executor.status.unwrap().sandbox_id.unwrap();
+    operator.admin().sleep(&id).await.unwrap();
+
+    let after = run(&env, "after", "py", "x").await;
+    assert_eq!(reason(&after), "KernelLost");
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |e| {
+        condition(e, "Stalled").0 == "True"
+    })
+    .await;
+    assert!(executor.status.unwrap().unusable);
+}
+
+#[tokio::test]
+async fn the_periodic_probe_notices_a_sleeping_sandbox() {
+    let env = TestEnv::new("e2e-probe").await;
+    let operator = Operator::start_with(&env, |s| s.probe_interval = Duration::from_secs(1)).await;
+    let executor = ready_executor(&env, "py").await;
+    operator
+        .admin()
+        .sleep(&executor.status.unwrap().sandbox_id.unwrap())
+        .await
+        .unwrap();
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |e| {
+        condition(e, "Stalled").0 == "True"
+    })
+    .await;
+    assert!(
+        executor
+            .status
+            .unwrap()
+            .unusable_reason
+            .unwrap()
+            .contains("sleeping")
+    );
+}
+
+#[tokio::test]
+async fn oversized_output_is_truncated_and_flagged() {
+    let env = TestEnv::new("e2e-big").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    let big = run(&env, "big", "py", "print('a' * 200_000)\n'b' * 100_000").await;
+    let status = big.status.clone().unwrap();
+    assert_eq!(
+        reason(&Execution {
+            status: Some(status.clone()),
+            ..big.clone()
+        }),
+        "Completed"
+    );
+    assert!(status.truncated);
+    let logs = status.logs.unwrap_or_default();
+    let output = status.output.unwrap_or_default();
+    assert!(logs.chars().count() + output.chars().count() <= 65_536);
+    assert!(
+        logs.starts_with("aaaa") && logs.contains("truncated"),
+        "head and a marked cut are kept"
+    );
+}
+
+#[tokio::test]
+async fn executions_cannot_reach_an_executor_in_another_namespace() {
+    let env = TestEnv::new("e2e-ns-a").await;
+    let other = TestEnv::new("e2e-ns-b").await;
+    let _operator = Operator::start(&env).await;
+    let _other_operator = Operator::start(&other).await;
+    ready_executor(&env, "py").await;
+    create_execution(&other, "stray", "py", "1 + 1", None).await;
+    let stray = wait_for(&other.api::<Execution>(), "stray", 30, |e| {
+        reason(e) == "ExecutorNotFound"
+    })
+    .await;
+    assert_eq!(condition(&stray, "Succeeded").0, "Unknown");
+    assert!(condition(&stray, "Succeeded").2.contains(&other.namespace));
+}
+
+#[tokio::test]
+async fn a_failed_setup_destroys_the_sandbox_and_stalls() {
+    let env = TestEnv::new("e2e-setup").await;
+    let operator = Operator::start(&env).await;
+    // No index: pip fails at once, offline, as it would for a package that does not exist.
+    let spec = json!({ "packages": ["briq-no-such-package==0.0.1"], "env": [{ "name": "PIP_NO_INDEX", "value": "1" }] });
+    create_executor(&env, "broken", spec).await;
+    let executor = wait_for(&env.api::<BriqExecutor>(), "broken", READY_SECONDS, |e| {
+        condition(e, "Stalled").0 == "True"
+    })
+    .await;
+    let (ready, reason, message) = condition(&executor, "Ready");
+    assert_eq!((ready.as_str(), reason.as_str()), ("False", "SetupFailed"));
+    assert!(
+        message.contains("briq-no-such-package"),
+        "the pip output tail is in the message: {message}"
+    );
+    let executor = wait_for(&env.api::<BriqExecutor>(), "broken", 30, |e| {
+        e.status.as_ref().is_some_and(|s| s.sandbox_id.is_none())
+    })
+    .await;
+    assert!(executor.status.is_some());
+    assert_eq!(
+        operator.live_sandboxes().await,
+        0,
+        "a setup failure destroys the sandbox"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_api_key_secret_is_reported_and_never_printed() {
+    let env = TestEnv::new("e2e-key").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(
+        &env,
+        "nokey",
+        json!({ "apiKeySecretRef": { "name": "briq-key" } }),
+    )
+    .await;
+    let executor = wait_for(&env.api::<BriqExecutor>(), "nokey", 30, |e| {
+        condition(e, "Ready").1 == "ApiKeyMissing"
+    })
+    .await;
+    assert!(condition(&executor, "Ready").2.contains("briq-key"));
+
+    // A wrong key is refused by briq; the status says so without the key itself.
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "wrong" }, "stringData": { "BRIQ_API_KEY": "sk-wrong-secret-value" }
+    }))
+    .unwrap();
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    create_executor(
+        &env,
+        "wrongkey",
+        json!({ "apiKeySecretRef": { "name": "wrong" } }),
+    )
+    .await;
+    let executor = wait_for(&env.api::<BriqExecutor>(), "wrongkey", 30, |e| {
+        condition(e, "Ready").1 == "BriqRefused"
+    })
+    .await;
+    let text = serde_json::to_string(&executor).unwrap();
+    assert!(!text.contains("sk-wrong-secret-value"));
+    assert!(condition(&executor, "Ready").2.contains("API key"));
+}
