@@ -160,14 +160,15 @@ pub struct ExecOutput {
     pub timed_out: bool,
 }
 
-/// Body of `PUT /v1/sandboxes/{id}/files`.
+/// A file as it travels: the body of `PUT /v1/sandboxes/{id}/files` and the answer of
+/// `GET /v1/sandboxes/{id}/files`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WriteFileBody {
+pub struct FileContent {
     pub path: String,
     pub content_base64: String,
 }
 
-impl WriteFileBody {
+impl FileContent {
     pub fn new(path: &str, content: &[u8]) -> Self {
         Self {
             path: path.to_owned(),
@@ -193,26 +194,6 @@ pub struct WriteFileAnswer {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileQuery {
     pub path: String,
-}
-
-/// Answer of `GET /v1/sandboxes/{id}/files`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReadFileAnswer {
-    pub path: String,
-    pub content_base64: String,
-}
-
-impl ReadFileAnswer {
-    pub fn new(path: &str, content: &[u8]) -> Self {
-        Self {
-            path: path.to_owned(),
-            content_base64: BASE64.encode(content),
-        }
-    }
-
-    pub fn content(&self) -> Result<Vec<u8>, base64::DecodeError> {
-        BASE64.decode(&self.content_base64)
-    }
 }
 
 /// Answer of `GET /v1/sandboxes/{id}/preview/{port}`.

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use url::Url;
 
 use super::api::{
-    self, CreateSandbox, ExecBody, ExecOutput, ExecRequest, FileQuery, ListQuery, PreviewAnswer,
-    ReadFileAnswer, Sandbox, SandboxList, SandboxState, WriteFileAnswer, WriteFileBody, paths,
+    self, CreateSandbox, ExecBody, ExecOutput, ExecRequest, FileContent, FileQuery, ListQuery,
+    PreviewAnswer, Sandbox, SandboxList, SandboxState, WriteFileAnswer, paths,
 };
 use super::error::{Error, ErrorClass};
 use super::key::ApiKey;
@@ -312,7 +312,7 @@ impl SandboxApi for BriqClient {
         path: &str,
         content: &[u8],
     ) -> Result<(), Error> {
-        let body = WriteFileBody::new(path, content);
+        let body = FileContent::new(path, content);
         let expected = sha256_hex(content);
         idempotent("write_file", || async {
             let answer = self
@@ -347,7 +347,7 @@ impl SandboxApi for BriqClient {
                     self.request(Method::GET, paths::FILES, &[id]).query(&query),
                 )
                 .await?;
-            let file: ReadFileAnswer = answer.decode()?;
+            let file: FileContent = answer.decode()?;
             file.content().map_err(|e| Error::Malformed {
                 detail: format!("file content is not base64: {e}"),
                 request_id: answer.request_id,

@@ -157,17 +157,7 @@ async fn apply<S: SandboxApi>(
     //    (it is destroyed on deletion; a failed setup already destroyed it).
     if status.unusable {
         let reason = status.unusable_reason.as_deref().unwrap_or("unknown");
-        let message = format!(
-            "{reason}. An unusable executor never runs code again: create a new BriqExecutor"
-        );
-        report(
-            api,
-            executor,
-            state("False", true, "Unusable", message),
-            sandbox,
-        )
-        .await?;
-        return Ok(Action::await_change());
+        return report_unusable(api, executor, reason, sandbox).await;
     }
     if stalled_reason(&status) == Some("SetupFailed") {
         if let Some(id) = recorded_sandbox_id(executor) {
@@ -497,8 +487,17 @@ async fn probe<S: SandboxApi>(
         lost.clone(),
     )
     .await;
+    report_unusable(api, executor, &lost, sandbox).await
+}
+
+async fn report_unusable(
+    api: &Api<BriqExecutor>,
+    executor: &BriqExecutor,
+    why: &str,
+    sandbox: Sandbox,
+) -> Result<Action> {
     let message =
-        format!("{lost}. An unusable executor never runs code again: create a new BriqExecutor");
+        format!("{why}. An unusable executor never runs code again: create a new BriqExecutor");
     report(
         api,
         executor,

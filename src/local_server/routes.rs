@@ -18,8 +18,8 @@ use super::paths::resolve;
 use super::process::{self, CommandSpec};
 use super::state::Shared;
 use crate::briq::api::{
-    CreateSandbox, ExecBody, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES, PreviewAnswer,
-    ReadFileAnswer, SandboxList, WriteFileAnswer, WriteFileBody, paths,
+    CreateSandbox, ExecBody, FileContent, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES,
+    PreviewAnswer, SandboxList, WriteFileAnswer, paths,
 };
 
 type Ctx = (State<Arc<Shared>>, Extension<RequestId>);
@@ -177,7 +177,7 @@ async fn exec(
 async fn write_file(
     (State(shared), Extension(rid)): Ctx,
     Path(id): Path<String>,
-    body: Result<Json<WriteFileBody>, JsonRejection>,
+    body: Result<Json<FileContent>, JsonRejection>,
 ) -> Response {
     let inner = Arc::clone(&shared);
     perform(
@@ -252,7 +252,7 @@ async fn read_file(
             let content = tokio::fs::read(&host)
                 .await
                 .map_err(|e| ApiError::invalid(format!("cannot read {}: {e}", query.path)))?;
-            Ok(Json(ReadFileAnswer::new(&query.path, &content)).into_response())
+            Ok(Json(FileContent::new(&query.path, &content)).into_response())
         },
     )
     .await
