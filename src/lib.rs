@@ -2,6 +2,7 @@
 
 pub mod bridge;
 pub mod briq;
+pub mod cli;
 pub mod control_plane;
 pub mod controller;
 pub mod crd;

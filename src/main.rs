@@ -1,4 +1,4 @@
-use briq_operator::{control_plane, crd, demo, local_server, operator, telemetry};
+use briq_operator::{cli, control_plane, crd, demo, local_server, operator, telemetry};
 use clap::{Parser, Subcommand};
 
 /// briq-operator: sandboxed Python executors (briq microVMs) as Kubernetes resources.
@@ -15,6 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Cli(cli::Command),
     /// Run the operator (the BriqExecutor and Execution controllers).
     Run(operator::Args),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
@@ -40,14 +42,20 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Installed or symlinked as `kubectl-briq`: only the CLI's commands, at the top level.
+    if cli::invoked_as_kubectl_plugin() {
+        cli::run_kubectl_plugin().await.exit();
+    }
     let cli = Cli::parse();
     // The demo speaks through its progress lines; the operator's own logs would drown them.
     let default_filter = match cli.command {
         Command::Demo => "warn",
+        Command::Cli(_) => cli::LOG_FILTER,
         _ => "info",
     };
     telemetry::init(cli.log_format, default_filter);
     match cli.command {
+        Command::Cli(command) => cli::run(command).await.exit(),
         Command::Run(args) => operator::run(args).await?,
         Command::Demo => demo::run().await?,
         Command::LocalStack { kubeconfig } => demo::local_stack(kubeconfig).await?,
