@@ -169,7 +169,10 @@ impl Operator {
         adjust: impl FnOnce(&mut briq_operator::controller::Settings),
     ) -> Operator {
         use briq_operator::{briq::ApiKey, controller::Settings, local_server};
-        briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+        // The operator's logs go to stderr, past the test harness's capture: only when asked.
+        if std::env::var_os("RUST_LOG").is_some() {
+            briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+        }
         let key = ApiKey::new(format!("test-key-{:016x}", rand::random::<u64>())).unwrap();
         let mut config = local_server::Config::new(key.clone());
         config.python_venv = Some(sandbox_venv());
