@@ -1,7 +1,8 @@
 //! `briq-operator demo`: the whole product on one machine, with nothing but this repository. It
 //! starts a local control plane, the local sandbox server and the operator, applies
-//! `examples/executor.yaml` and `examples/execution.yaml`, prints the result, and tears
-//! everything down, destroying the sandbox through the operator's finalizer.
+//! `examples/executor.yaml` and `examples/execution.yaml`, prints the result, runs a smolagents
+//! `CodeAgent` whose code runs as Executions (`bridge/briq_bridge/demo_agent.py`), prints its
+//! answer, and tears everything down, destroying the sandbox through the operator's finalizer.
 
 use std::{
     path::{Path, PathBuf},
@@ -26,6 +27,8 @@ use crate::{
 const NAMESPACE: &str = "default";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+/// The agent: a few Executions, plus Python start-up (smolagents, the kubernetes client).
+const AGENT_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub struct Progress(Instant);
 
@@ -151,7 +154,7 @@ pub async fn run() -> anyhow::Result<()> {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let progress = Progress::start();
     let stack = Stack::start(&progress).await?;
-    let result = exercise(&stack.client, repo, &progress).await;
+    let result = exercise(&stack.client, stack.plane.kubeconfig(), repo, &progress).await;
     stack.stop(&progress).await?;
     result
 }
@@ -166,7 +169,14 @@ pub async fn local_stack(kubeconfig: PathBuf) -> anyhow::Result<()> {
     stack.stop(&progress).await
 }
 
-async fn exercise(client: &Client, repo: &Path, progress: &Progress) -> anyhow::Result<()> {
+/// Applies the example executor, runs the example Execution, then a real smolagents `CodeAgent`
+/// whose actions run through the operator (`bridge/briq_bridge/demo_agent.py`).
+async fn exercise(
+    client: &Client,
+    kubeconfig: &Path,
+    repo: &Path,
+    progress: &Progress,
+) -> anyhow::Result<()> {
     let executors: Api<BriqExecutor> = Api::namespaced(client.clone(), NAMESPACE);
     let executions: Api<Execution> = Api::namespaced(client.clone(), NAMESPACE);
     let executor: BriqExecutor = manifest(repo, "executor.yaml")?;
@@ -241,5 +251,53 @@ async fn exercise(client: &Client, repo: &Path, progress: &Progress) -> anyhow::
     if succeeded.status != "True" {
         bail!("the Execution failed: {}", succeeded.message);
     }
+
+    let answer = run_agent(repo, kubeconfig, progress).await?;
+    println!("--- the agent's answer ---\n{answer}");
     Ok(())
+}
+
+/// Runs `python -m briq_bridge.demo_agent` (the venv of the local sandboxes has smolagents and
+/// the bridge package) against the `demo` executor, relaying its lines as progress. Its model is
+/// scripted unless `BRIQ_DEMO_MODEL` configures a real one. Returns the answer it printed.
+async fn run_agent(repo: &Path, kubeconfig: &Path, progress: &Progress) -> anyhow::Result<String> {
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+    let venv = tokio::task::spawn_blocking({
+        let repo = repo.to_owned();
+        move || sandbox_venv(&repo)
+    })
+    .await??;
+    progress.step("running a smolagents CodeAgent whose code runs as Executions");
+    let mut child = tokio::process::Command::new(venv.join("bin").join("python"))
+        .args(["-m", "briq_bridge.demo_agent", "--executor", "demo"])
+        .args(["--namespace", NAMESPACE])
+        .env("KUBECONFIG", kubeconfig)
+        .current_dir(repo.join("bridge"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the demo agent (python -m briq_bridge.demo_agent)")?;
+    let stdout = child.stdout.take().context("the agent's stdout")?;
+    let relay = async {
+        let mut answer = None;
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(line) = lines.next_line().await? {
+            match line.strip_prefix("answer: ") {
+                Some(value) => answer = Some(value.to_owned()),
+                None => progress.step(format!("agent: {line}")),
+            }
+        }
+        let status = child.wait().await?;
+        anyhow::Ok((status, answer))
+    };
+    let (status, answer) = tokio::time::timeout(AGENT_TIMEOUT, relay)
+        .await
+        .context("the demo agent did not finish")??;
+    if !status.success() {
+        bail!("the demo agent failed ({status})");
+    }
+    answer.context("the demo agent printed no answer")
 }

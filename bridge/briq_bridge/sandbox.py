@@ -356,7 +356,11 @@ def process_is_kernel(pid: int) -> bool:
     except OSError:
         return False
     state = stat.rpartition(")")[2].split()[0]
-    return state not in ("Z", "X", "x") and b"ipykernel" in cmdline
+    if state in ("Z", "X", "x"):
+        return False
+    # A process that has only just been spawned can show an empty cmdline for a moment: it is
+    # still starting, not some other program that reused the pid.
+    return not cmdline or b"ipykernel" in cmdline
 
 
 def kill_kernel_group(pid: int) -> None:

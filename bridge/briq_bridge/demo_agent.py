@@ -1,0 +1,141 @@
+"""The demo's agent: a real smolagents CodeAgent whose code runs through briq-operator.
+
+    KUBECONFIG=... python -m briq_bridge.demo_agent --executor demo
+
+Runs `CodeAgent(tools=[], model=model, executor=KubernetesExecutor(...))` on "Calculate the
+first 20 Fibonacci numbers." against an existing, Ready BriqExecutor, printing one line per step
+and then `answer: <JSON>`. The model is a deterministic scripted one (no API key needed) unless
+`BRIQ_DEMO_MODEL` names a real smolagents model:
+
+- `hf:<model id>` — `InferenceClientModel` (token from `HF_TOKEN`)
+- `openai:<model id>` — `OpenAIModel` (`OPENAI_API_KEY`, optional `OPENAI_BASE_URL`; needs the
+  `openai` package)
+- `litellm:<model id>` — `LiteLLMModel` (the provider's usual key variables; needs `litellm`)
+
+With the scripted model the answer is checked: exit status 1 if it is not the 20 numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+TASK = "Calculate the first 20 Fibonacci numbers."
+FIRST_20 = [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597, 2584, 4181]
+
+
+def scripted_model():
+    from briq_bridge.scripted_model import ScriptedModel, action
+
+    return ScriptedModel(
+        [
+            action(
+                "I will build the sequence iteratively and print it to check it.",
+                """
+fib = [0, 1]
+while len(fib) < 20:
+    fib.append(fib[-1] + fib[-2])
+print(len(fib), "numbers:", fib)
+""",
+            ),
+            action(
+                "The kernel still holds `fib` from the previous step; I return it.",
+                "final_answer(fib)",
+            ),
+        ]
+    )
+
+
+def real_model(spec: str):
+    provider, _, model_id = spec.partition(":")
+    if not model_id:
+        sys.exit(f"BRIQ_DEMO_MODEL={spec!r}: expected <provider>:<model id>")
+    if provider == "hf":
+        from smolagents import InferenceClientModel
+
+        return InferenceClientModel(model_id=model_id, token=os.environ.get("HF_TOKEN"))
+    if provider == "openai":
+        from smolagents import OpenAIModel
+
+        return OpenAIModel(
+            model_id=model_id,
+            api_base=os.environ.get("OPENAI_BASE_URL"),
+            api_key=os.environ.get("OPENAI_API_KEY"),
+        )
+    if provider == "litellm":
+        from smolagents import LiteLLMModel
+
+        return LiteLLMModel(model_id=model_id)
+    sys.exit(f"BRIQ_DEMO_MODEL={spec!r}: unknown provider {provider!r} (hf, openai, litellm)")
+
+
+def one_line(text: str, limit: int = 100) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--executor", required=True, help="name of a Ready BriqExecutor")
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or in-cluster")
+    parser.add_argument("--max-steps", type=int, default=6)
+    parser.add_argument("--verbose", action="store_true", help="smolagents' own step log")
+    args = parser.parse_args()
+
+    from smolagents import ActionStep, CodeAgent
+    from smolagents.monitoring import AgentLogger, LogLevel
+
+    from briq_bridge import KubernetesExecutor
+
+    spec = os.environ.get("BRIQ_DEMO_MODEL", "").strip()
+    model = real_model(spec) if spec else scripted_model()
+    print(f"model: {spec or 'scripted (deterministic, no API key)'}", flush=True)
+    started = time.monotonic()
+
+    def on_step(step: ActionStep, agent=None) -> None:
+        execution = executor.last_execution or "-"
+        seconds = step.timing.duration or 0.0
+        if step.error is not None:
+            outcome = f"error: {one_line(step.error)}"
+        elif step.is_final_answer:
+            outcome = "final answer"
+        else:
+            logs = (step.observations or "").removeprefix("Execution logs:\n")
+            logs = logs.split("Last output from code snippet:")[0]
+            outcome = f"printed: {one_line(logs)}" if logs.strip() else "ran"
+        print(f"step {step.step_number}: Execution {execution} ({seconds:.2f} s) {outcome}")
+        sys.stdout.flush()
+
+    level = LogLevel.INFO if args.verbose else LogLevel.OFF
+    with KubernetesExecutor(
+        [],
+        AgentLogger(level=level),
+        executor_name=args.executor,
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+    ) as executor:
+        agent = CodeAgent(
+            tools=[],
+            model=model,
+            executor=executor,
+            max_steps=args.max_steps,
+            verbosity_level=level,
+            step_callbacks={ActionStep: on_step},
+        )
+        answer = agent.run(TASK)
+    print(f"agent finished in {time.monotonic() - started:.2f} s")
+    if isinstance(answer, tuple):
+        answer = list(answer)
+    print(f"answer: {json.dumps(answer, default=str)}", flush=True)
+    if not spec and answer != FIRST_20:
+        print("the scripted agent's answer is not the first 20 Fibonacci numbers", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

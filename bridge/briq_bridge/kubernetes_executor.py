@@ -1,0 +1,706 @@
+"""A smolagents 1.26 remote executor whose actions run as briq-operator `Execution` objects.
+
+    from smolagents import CodeAgent
+    from briq_bridge import KubernetesExecutor
+
+    with KubernetesExecutor(executor_name="py") as executor:  # an existing, Ready BriqExecutor
+        agent = CodeAgent(tools=[], model=model, executor=executor)
+        agent.run("Calculate the first 20 Fibonacci numbers.")
+
+Each action (agent step, tool definitions, variables, package installs) becomes one `Execution`
+(`generateName: <executor>-`) in the executor's namespace; the result is read from its status,
+waiting on a watch (never polling) until its `Succeeded` condition leaves `Unknown`. Python state
+lives in the executor's kernel and survives across actions. Nothing is evaluated on the host:
+final answers are decoded with smolagents' own safe deserializer, pickle is never allowed.
+
+How failures surface:
+- code that raises: `CodeExecutionError` (an `InterpreterError`), whose text is the traceback; the
+  logs printed before it are kept where the agent looks for them, so the model sees both and
+  retries, exactly as with smolagents' local executor.
+- an executor that can never run code again (a timeout, a transport failure, a malformed answer,
+  a lost kernel, an interrupted action, a deleted executor): `ExecutorUnusableError`. It derives
+  from `BaseException` on purpose: smolagents turns every `Exception` of an action into a message
+  for the model and keeps going, which here would only replay code against a dead executor. It
+  stops `agent.run()` instead; create a new executor.
+- anything else the cluster refuses (RBAC, a missing CRD, an invalid object):
+  `KubernetesExecutorError`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from typing import Any
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+from smolagents.local_python_executor import CodeOutput, InterpreterError
+from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.remote_executors import RemotePythonExecutor
+
+__all__ = [
+    "CodeExecutionError",
+    "ExecutorNotFoundError",
+    "ExecutorNotReadyError",
+    "ExecutorUnusableError",
+    "KubernetesExecutor",
+    "KubernetesExecutorError",
+]
+
+GROUP = "briq.cloud"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+EXECUTORS = "briqexecutors"
+EXECUTIONS = "executions"
+ACTION_LABEL = "briq.cloud/action-id"
+
+MAX_CODE_CHARS = 262_144  # spec.code's limit in the CRD
+MAX_TIMEOUT_SECONDS = 40  # spec.timeoutSeconds' limit in the CRD
+DEFAULT_TIMEOUT_SECONDS = 30  # BriqExecutor spec.executionTimeoutSeconds' default
+# Waiting for a result: the action's own deadline plus this, for queueing, the operator's
+# reconcile and the sandbox round trips. Past it the executor's state is uncertain.
+RESULT_SLACK_SECONDS = 60.0
+# pip inside an action: the subprocess gets less than the action's deadline, so a slow install
+# fails as a code error instead of timing out (which would make the executor unusable).
+PIP_ACTION_TIMEOUT_SECONDS = MAX_TIMEOUT_SECONDS
+PIP_SUBPROCESS_TIMEOUT_SECONDS = 34
+
+# Reasons (Succeeded=False) after which the executor never runs code again.
+UNUSABLE_REASONS = frozenset(
+    {
+        "ExecutorUnusable",
+        "Timeout",
+        "TransportError",
+        "MalformedResponse",
+        "KernelLost",
+        "Interrupted",
+        "ExecutorDeleted",
+    }
+)
+
+
+class KubernetesExecutorError(Exception):
+    """The cluster refused or failed a request; the executor itself may still be fine."""
+
+
+class ExecutorNotFoundError(KubernetesExecutorError):
+    """The named BriqExecutor does not exist in the namespace."""
+
+
+class ExecutorNotReadyError(KubernetesExecutorError):
+    """The BriqExecutor cannot become Ready (setup failed, unusable, being deleted, no API
+    key) or did not within the wait: create a new one or fix its spec."""
+
+
+class ExecutorUnusableError(BaseException):
+    """The BriqExecutor can never run code again: create a new one.
+
+    A `BaseException` (like smolagents' own `FinalAnswerException`) so that it ends
+    `agent.run()` rather than being shown to the model as one more error to retry.
+    """
+
+    def __init__(
+        self,
+        executor: str,
+        namespace: str,
+        reason: str,
+        detail: str,
+        execution: str | None = None,
+        logs: str = "",
+    ):
+        self.executor = executor
+        self.namespace = namespace
+        self.reason = reason
+        self.detail = detail
+        self.execution = execution
+        self.logs = logs
+        where = f" (Execution {execution})" if execution else ""
+        super().__init__(
+            f"BriqExecutor {namespace}/{executor} is unusable{where}: {reason}: "
+            f"{detail.rstrip('.')}. "
+            "Its Python state is lost or uncertain and it will not run code again: "
+            "create a new BriqExecutor (and a new KubernetesExecutor) and start over."
+        )
+
+
+class CodeExecutionError(InterpreterError):
+    """The action's code raised (or returned a final answer that was rejected).
+
+    `str()` is the traceback text, which is what the model sees after "Error:".
+    """
+
+    def __init__(
+        self, text: str, *, name: str, message: str, traceback: str, logs: str, execution: str
+    ):
+        super().__init__(text)
+        self.name = name
+        self.message = message
+        self.traceback = traceback
+        self.logs = logs
+        self.execution = execution
+
+
+def _condition(obj: dict | None, type_: str) -> dict | None:
+    for condition in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return condition
+    return None
+
+
+def _is_patched_final_answer(tool: Any) -> bool:
+    """Whether `tool` is a final_answer tool already patched to raise FinalAnswerException
+    (by us, or by any smolagents remote executor)."""
+    forward = getattr(type(tool), "forward", None)
+    return getattr(type(tool), "_briq_final_answer_patched", False) or (
+        "FinalAnswerException" in getattr(forward, "__source__", "")
+    )
+
+
+def _requirements(packages: list[str]) -> list[tuple[str | None, str]]:
+    """(module to look for, pip requirement) pairs for a smolagents-style package list: tool
+    requirements are top-level module names, authorized imports may be `pkg.*` or `*`, and
+    `PIL` is `pillow` (smolagents passes `pillow`). A requirement with a version or extras has
+    no module to look for."""
+    pairs: list[tuple[str | None, str]] = []
+    for package in packages:
+        name = package.strip().removesuffix(".*")
+        if not name or name == "*":
+            continue
+        if name.replace(".", "_").isidentifier():
+            module = name.split(".")[0]  # a submodule: its top-level package
+            module = "PIL" if module.lower() == "pillow" else module  # smolagents renames it
+            pair = (module, "pillow" if module == "PIL" else module)
+        else:
+            pair = (None, name)
+        if pair not in pairs:
+            pairs.append(pair)
+    return pairs
+
+
+# Runs in the kernel: pip-installs what is not importable yet. A plain module name that is
+# importable is not given to pip at all (its pip name may differ, and pip may be offline).
+PIP_CODE = """
+def _briq_install(requirements):
+    import importlib, importlib.util, subprocess, sys
+
+    needed = [r for m, r in requirements if m is None or importlib.util.find_spec(m) is None]
+    if not needed:
+        print("already importable:", ", ".join(m for m, _ in requirements))
+        return
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+         "--progress-bar", "off", *needed],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=%(timeout)d,
+    )
+    print(done.stdout[-4000:], end="")
+    if done.returncode != 0:
+        raise RuntimeError(f"pip install {' '.join(needed)} failed (exit {done.returncode})")
+    importlib.invalidate_caches()
+
+_briq_install(%(requirements)r)
+del _briq_install
+"""
+
+
+def _api_client(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from `kubeconfig`, else the in-cluster service account, else the default
+    kubeconfig (`$KUBECONFIG` or `~/.kube/config`)."""
+    if kubeconfig is None:
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    return config.new_client_from_config(config_file=kubeconfig, persist_config=False)
+
+
+class KubernetesExecutor(RemotePythonExecutor):
+    """smolagents remote executor backed by a briq-operator `BriqExecutor`.
+
+    Args:
+        additional_imports: packages to pip-install in the sandbox before the first action
+            (smolagents' convention; `pkg.*` and `*` entries are reduced to installable names).
+            Prefer the BriqExecutor's `spec.packages` for anything slow to install: an action
+            has at most 40 s.
+        logger: a smolagents `AgentLogger` (default: one at INFO level).
+        executor_name: the BriqExecutor to use. With `create_executor=True`, the name to create
+            (default: a generated `agent-xxxxx`).
+        namespace: namespace of the BriqExecutor and of the Executions.
+        kubeconfig: path of a kubeconfig; when omitted, the in-cluster service account, else
+            `$KUBECONFIG` / `~/.kube/config`.
+        timeout_seconds: deadline of each action (1 to 40); default: the executor's
+            `executionTimeoutSeconds`. An action that runs past it makes the executor unusable.
+        create_executor: create a BriqExecutor and own it: `cleanup()` (or leaving the `with`
+            block, or the agent's own cleanup) deletes it, which destroys its sandbox.
+        executor_spec: spec of the created BriqExecutor (default `{}`: the operator's defaults).
+        ready_timeout: how long to wait for the BriqExecutor to be Ready, in seconds.
+        api_client: a `kubernetes.client.ApiClient` to use instead of loading a configuration.
+
+    One executor serves one agent; calls are serialized.
+    """
+
+    def __init__(
+        self,
+        additional_imports: list[str] | None = None,
+        logger: AgentLogger | None = None,
+        *,
+        executor_name: str | None = None,
+        namespace: str = "default",
+        kubeconfig: str | None = None,
+        timeout_seconds: int | None = None,
+        create_executor: bool = False,
+        executor_spec: dict | None = None,
+        ready_timeout: float = 300.0,
+        api_client: client.ApiClient | None = None,
+    ):
+        if executor_name is None and not create_executor:
+            raise ValueError("executor_name is required unless create_executor=True")
+        if timeout_seconds is not None and not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(f"timeout_seconds must be 1 to {MAX_TIMEOUT_SECONDS}")
+        super().__init__(
+            list(additional_imports or []),
+            logger if logger is not None else AgentLogger(level=LogLevel.INFO),
+            allow_pickle=False,
+        )
+        self.namespace = namespace
+        self.timeout_seconds = timeout_seconds
+        self.owns_executor = create_executor
+        # What the agent shows as logs when an action fails (see CodeAgent._step_stream).
+        self.state: dict[str, Any] = {"_print_outputs": ""}
+        self._api = client.CustomObjectsApi(api_client or _api_client(kubeconfig))
+        self._lock = threading.RLock()
+        self._unusable: ExecutorUnusableError | None = None
+        self._deleted = False
+        self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
+        #: Name of the latest Execution this executor created.
+        self.last_execution: str | None = None
+
+        if create_executor:
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "BriqExecutor",
+                "metadata": {"name": executor_name}
+                if executor_name
+                else {"generateName": "agent-"},
+                "spec": dict(executor_spec or {}),
+            }
+            created = self._call(
+                "creating a BriqExecutor",
+                self._api.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                EXECUTORS,
+                body,
+            )
+            executor_name = created["metadata"]["name"]
+            self.logger.log(
+                f"Created BriqExecutor {namespace}/{executor_name}", level=LogLevel.INFO
+            )
+        self.executor_name: str = executor_name
+        try:
+            self.wait_ready(ready_timeout)
+            if self.additional_imports:
+                self.installed_packages = self.install_packages(self.additional_imports)
+        except BaseException:
+            if create_executor:
+                try:
+                    self.cleanup()
+                except Exception as error:  # the original failure matters more
+                    self.logger.log_error(f"Could not delete {executor_name}: {error}")
+            raise
+
+    # --- context manager -------------------------------------------------------------------
+
+    def __enter__(self) -> KubernetesExecutor:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.cleanup()
+
+    # --- the executor contract --------------------------------------------------------------
+
+    def run_code_raise_errors(self, code: str) -> CodeOutput:
+        """Runs `code` as one Execution and maps its status to a `CodeOutput`."""
+        with self._lock:
+            if self._unusable is not None:
+                raise self._unusable
+            if len(code) > MAX_CODE_CHARS:
+                raise KubernetesExecutorError(
+                    f"the action is {len(code)} characters; an Execution takes at most "
+                    f"{MAX_CODE_CHARS}"
+                )
+            self.state["_print_outputs"] = ""
+            timeout = self.timeout_seconds or self._executor_timeout
+            return self._run(code, self.timeout_seconds, timeout + RESULT_SLACK_SECONDS)
+
+    def install_packages(self, additional_imports: list[str]) -> list[str]:
+        """pip-installs packages in the sandbox, through an Execution."""
+        requirements = _requirements(additional_imports)
+        if requirements:
+            with self._lock:
+                if self._unusable is not None:
+                    raise self._unusable
+                names = ", ".join(requirement for _, requirement in requirements)
+                self.logger.log(f"Installing {names} (when missing)", level=LogLevel.INFO)
+                code = PIP_CODE % {
+                    "timeout": PIP_SUBPROCESS_TIMEOUT_SECONDS,
+                    "requirements": requirements,
+                }
+                output = self._run(
+                    code,
+                    PIP_ACTION_TIMEOUT_SECONDS,
+                    PIP_ACTION_TIMEOUT_SECONDS + RESULT_SLACK_SECONDS,
+                )
+                self.logger.log(output.logs, level=LogLevel.DEBUG)
+        return list(additional_imports)
+
+    def _patch_final_answer_with_exception(self, final_answer_tool) -> None:
+        # smolagents 1.26 patches again on every agent.run(); the second patch wraps the patched
+        # forward, whose source then refers to the closure variable `allow_pickle_setting` and
+        # every later final_answer() fails with NameError in the kernel. Patch once.
+        if _is_patched_final_answer(final_answer_tool):
+            return
+        super()._patch_final_answer_with_exception(final_answer_tool)
+        type(final_answer_tool)._briq_final_answer_patched = True
+
+    def cleanup(self) -> None:
+        """Deletes the BriqExecutor when this executor created it (its finalizer destroys the
+        sandbox) and waits until it is gone. Failures propagate; calling again retries. An
+        executor that was given by name is left alone."""
+        if not self.owns_executor or self._deleted:
+            return
+        with self._lock:
+            name = getattr(self, "executor_name", None)
+            if name is None:
+                return
+            self.logger.log(f"Deleting BriqExecutor {self.namespace}/{name}", level=LogLevel.INFO)
+            try:
+                self._api.delete_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, EXECUTORS, name
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    what = f"deleting BriqExecutor {self.namespace}/{name}"
+                    raise KubernetesExecutorError(f"{what}: {error}") from error
+            except urllib3.exceptions.HTTPError as error:
+                what = f"deleting BriqExecutor {self.namespace}/{name}"
+                raise KubernetesExecutorError(f"{what}: {error}") from error
+            try:
+                self._wait(
+                    EXECUTORS,
+                    name,
+                    None,
+                    time.monotonic() + 120,
+                    lambda obj: True if obj is None else None,
+                    "deletion",
+                )
+            except _DeadlinePassed:
+                raise KubernetesExecutorError(
+                    f"BriqExecutor {self.namespace}/{name} was not gone within 120 s (its "
+                    "finalizer destroys the sandbox first); call cleanup() again to keep waiting"
+                ) from None
+            self._deleted = True
+            self._unusable = ExecutorUnusableError(
+                name, self.namespace, "ExecutorDeleted", "cleanup() deleted it"
+            )
+
+    delete = cleanup
+
+    # --- readiness --------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Waits until the BriqExecutor reports Ready=True; raises when it cannot become ready."""
+        name, namespace = self.executor_name, self.namespace
+        last: dict = {}
+
+        def check(obj: dict | None):
+            if obj is None:
+                raise ExecutorNotFoundError(
+                    f"BriqExecutor {name} not found in namespace {namespace}"
+                )
+            last["obj"] = obj
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                raise ExecutorNotReadyError(
+                    f"BriqExecutor {namespace}/{name} is being deleted; create a new BriqExecutor"
+                )
+            stalled = _condition(obj, "Stalled")
+            if stalled and stalled.get("status") == "True":
+                raise ExecutorNotReadyError(
+                    f"BriqExecutor {namespace}/{name} cannot become ready "
+                    f"({stalled.get('reason', 'Stalled')}: {stalled.get('message', '')}); "
+                    "create a new BriqExecutor"
+                )
+            ready = _condition(obj, "Ready")
+            return True if ready and ready.get("status") == "True" else None
+
+        self.logger.log(
+            f"Waiting for BriqExecutor {namespace}/{name} to be Ready", level=LogLevel.INFO
+        )
+        try:
+            self._wait(EXECUTORS, name, None, time.monotonic() + timeout, check, "Ready")
+        except _DeadlinePassed:
+            ready = _condition(last.get("obj"), "Ready") or {}
+            raise ExecutorNotReadyError(
+                f"BriqExecutor {namespace}/{name} was not Ready within {timeout:.0f} s "
+                f"({ready.get('reason', 'no status')}: {ready.get('message', '')})"
+            ) from None
+        spec = (last.get("obj") or {}).get("spec") or {}
+        self._executor_timeout = int(spec.get("executionTimeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
+
+    # --- one action -------------------------------------------------------------------------
+
+    def _run(self, code: str, timeout_seconds: int | None, wait_seconds: float) -> CodeOutput:
+        deadline = time.monotonic() + wait_seconds
+        action_id = uuid.uuid4().hex
+        spec: dict[str, Any] = {"executorRef": {"name": self.executor_name}, "code": code}
+        if timeout_seconds is not None:
+            spec["timeoutSeconds"] = timeout_seconds
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Execution",
+            "metadata": {
+                "generateName": f"{self.executor_name}-",
+                "labels": {ACTION_LABEL: action_id},
+            },
+            "spec": spec,
+        }
+        created = self._create_execution(body, action_id)
+        name = created["metadata"]["name"]
+        self.last_execution = name
+        self.logger.log(f"Execution {self.namespace}/{name} created", level=LogLevel.DEBUG)
+
+        def check(obj: dict | None):
+            if obj is None:
+                return {"deleted": True}
+            succeeded = _condition(obj, "Succeeded")
+            if succeeded is None:
+                return None
+            if succeeded.get("status") in ("True", "False"):
+                return obj
+            if succeeded.get("reason") == "ExecutorNotFound":
+                # It was Ready before: it has been deleted since.
+                return {"deleted_executor": succeeded.get("message", "")}
+            return None
+
+        try:
+            result = self._wait(
+                EXECUTIONS,
+                name,
+                created["metadata"].get("resourceVersion"),
+                deadline,
+                check,
+                f"Execution {name} to finish",
+                initial=created,
+            )
+        except _DeadlinePassed:
+            raise self._poison(
+                "NoResult",
+                f"Execution {name} reported no result within {wait_seconds:.0f} s; whether and "
+                "when its code runs is unknown",
+                name,
+            ) from None
+        if "deleted" in result:
+            raise self._poison(
+                "ExecutionDeleted",
+                f"Execution {name} was deleted before it reported a result; whether its code ran "
+                "is unknown",
+                name,
+            )
+        if "deleted_executor" in result:
+            raise self._poison("ExecutorDeleted", result["deleted_executor"], name)
+        return self._outcome(name, result)
+
+    def _outcome(self, name: str, obj: dict) -> CodeOutput:
+        status = obj.get("status") or {}
+        succeeded = _condition(obj, "Succeeded") or {}
+        reason = succeeded.get("reason", "")
+        logs = status.get("logs") or ""
+        self.state["_print_outputs"] = logs
+        if succeeded.get("status") == "True":
+            if status.get("isFinalAnswer"):
+                encoded = status.get("finalAnswer") or ""
+                try:
+                    value = RemotePythonExecutor._deserialize_final_answer(
+                        encoded, allow_pickle=False
+                    )
+                except Exception as error:
+                    raise CodeExecutionError(
+                        f"The final answer could not be decoded: {error}",
+                        name="FinalAnswerRejected",
+                        message=str(error),
+                        traceback="",
+                        logs=logs,
+                        execution=name,
+                    ) from None
+                return CodeOutput(output=value, logs=logs, is_final_answer=True)
+            return CodeOutput(output=status.get("output"), logs=logs, is_final_answer=False)
+        if reason in UNUSABLE_REASONS:
+            raise self._poison(reason, succeeded.get("message", ""), name, logs)
+        error = status.get("error") or {}
+        error_name = error.get("name") or reason or "Error"
+        error_message = error.get("message") or succeeded.get("message", "")
+        traceback = error.get("traceback") or ""
+        text = traceback.strip() or f"{error_name}: {error_message}"
+        raise CodeExecutionError(
+            text,
+            name=error_name,
+            message=error_message,
+            traceback=traceback,
+            logs=logs,
+            execution=name,
+        )
+
+    def _poison(
+        self, reason: str, detail: str, execution: str | None = None, logs: str = ""
+    ) -> ExecutorUnusableError:
+        self._unusable = ExecutorUnusableError(
+            self.executor_name, self.namespace, reason, detail, execution, logs
+        )
+        self.logger.log_error(str(self._unusable))
+        return self._unusable
+
+    def _create_execution(self, body: dict, action_id: str) -> dict:
+        create = self._api.create_namespaced_custom_object
+        try:
+            return create(GROUP, VERSION, self.namespace, EXECUTIONS, body, _request_timeout=30)
+        except ApiException as error:
+            if error.status is not None and error.status < 500:
+                raise KubernetesExecutorError(
+                    f"creating an Execution for {self.executor_name}: {error.status} "
+                    f"{error.reason}: {error.body}"
+                ) from error
+            cause: Exception = error
+        except urllib3.exceptions.MaxRetryError as error:
+            if isinstance(
+                error.reason,
+                urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError,
+            ):
+                raise KubernetesExecutorError(
+                    f"cannot reach the Kubernetes API server: {error.reason}"
+                ) from error
+            cause = error
+        except urllib3.exceptions.HTTPError as error:
+            cause = error
+        # The request may or may not have created the Execution: look for it by its label.
+        try:
+            found = self._api.list_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                EXECUTIONS,
+                label_selector=f"{ACTION_LABEL}={action_id}",
+                _request_timeout=30,
+            )["items"]
+        except (ApiException, urllib3.exceptions.HTTPError):
+            found = []
+        if found:
+            return found[0]
+        raise self._poison(
+            "TransportError",
+            f"creating an Execution failed ({cause}) and it cannot be told whether it was created",
+        )
+
+    # --- watching ---------------------------------------------------------------------------
+
+    def _call(self, what: str, function, *args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except ApiException as error:
+            raise KubernetesExecutorError(
+                f"{what}: {error.status} {error.reason}: {error.body}"
+            ) from error
+        except urllib3.exceptions.HTTPError as error:
+            raise KubernetesExecutorError(f"{what}: {error}") from error
+
+    def _get(self, plural: str, name: str) -> dict | None:
+        try:
+            return self._api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, name, _request_timeout=30
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def _wait(
+        self,
+        plural: str,
+        name: str,
+        resource_version: str | None,
+        deadline: float,
+        check,
+        what: str,
+        initial: dict | None = None,
+    ):
+        """Watches one object (by name) until `check(obj)` returns something other than None
+        (`obj` is None once the object is gone). Starts from `resource_version` when given (after
+        checking `initial`), else from a fresh GET. Expired watches, dropped connections and
+        API errors are resumed from a fresh GET until `deadline` (monotonic), then
+        `_DeadlinePassed` is raised."""
+        rv = resource_version
+        if rv is not None and initial is not None:
+            result = check(initial)
+            if result is not None:
+                return result
+        failures = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _DeadlinePassed(what)
+            try:
+                if rv is None:
+                    obj = self._get(plural, name)
+                    result = check(obj)
+                    if result is not None:
+                        return result
+                    rv = obj["metadata"]["resourceVersion"]
+                stream = watch.Watch()
+                try:
+                    for event in stream.stream(
+                        self._api.list_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        self.namespace,
+                        plural,
+                        field_selector=f"metadata.name={name}",
+                        resource_version=rv,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=max(1, math.ceil(min(remaining, 300))),
+                        _request_timeout=(10, min(remaining, 300) + 15),
+                        deserialize=False,
+                    ):
+                        obj = event.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                        if event.get("type") == "BOOKMARK":
+                            continue
+                        result = check(None if event.get("type") == "DELETED" else obj)
+                        if result is not None:
+                            return result
+                        failures = 0
+                finally:
+                    stream.stop()
+            except ApiException as error:
+                if error.status == 410:  # resourceVersion too old: start over from a GET
+                    rv = None
+                    continue
+                if error.status in (401, 403, 404):
+                    raise KubernetesExecutorError(
+                        f"watching {plural}/{name}: {error.status} {error.reason}"
+                    ) from error
+                failures += 1
+                rv = None
+            except urllib3.exceptions.HTTPError:
+                # A dropped or timed-out connection: resume from the current state.
+                failures += 1
+                rv = None
+            if failures:
+                time.sleep(min(0.2 * 2**failures, 2.0, max(0.0, deadline - time.monotonic())))
+
+
+class _DeadlinePassed(Exception):
+    pass

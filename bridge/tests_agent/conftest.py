@@ -1,0 +1,69 @@
+"""End-to-end fixtures: a real kube-apiserver, the local sandbox server and the operator
+(`briq-operator local-stack`, started once per session), and BriqExecutors on it.
+
+The binary is `$BRIQ_OPERATOR_BIN`, else `target/debug/briq-operator` (`cargo build`). Nothing
+here needs the network: the sandboxes run the test venv, and pip in them runs with
+`PIP_NO_INDEX=1`, so only already-installed requirements can be satisfied.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client, config
+from smolagents.monitoring import AgentLogger, LogLevel
+
+from briq_bridge import KubernetesExecutor
+from briq_bridge.local_stack import LocalStack
+
+NO_NETWORK_ENV = [{"name": "PIP_NO_INDEX", "value": "1"}]
+
+
+@pytest.fixture(scope="session")
+def stack():
+    stack = LocalStack().start()
+    try:
+        yield stack
+    finally:
+        code = stack.stop()
+        output = stack.output()
+    assert code == 0, f"local-stack exited with {code}:\n{stack.log_tail()}"
+    assert "0 sandboxes left" in output, output
+    stack.remove_workdir()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(stack) -> str:
+    return str(stack.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def custom_objects(kubeconfig) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(
+        config.new_client_from_config(config_file=kubeconfig, persist_config=False)
+    )
+
+
+def quiet() -> AgentLogger:
+    return AgentLogger(level=LogLevel.OFF)
+
+
+def new_executor(kubeconfig: str, **options) -> KubernetesExecutor:
+    """A KubernetesExecutor that creates and owns a BriqExecutor."""
+    return KubernetesExecutor([], quiet(), create_executor=True, kubeconfig=kubeconfig, **options)
+
+
+@pytest.fixture(scope="session")
+def shared_executor(kubeconfig):
+    """One BriqExecutor (created and owned here) for the tests that leave it usable."""
+    executor = new_executor(kubeconfig, executor_spec={"env": NO_NETWORK_ENV})
+    yield executor
+    executor.cleanup()
+
+
+@pytest.fixture
+def executor(shared_executor, kubeconfig):
+    """A fresh KubernetesExecutor (one per agent) on the shared BriqExecutor."""
+    with KubernetesExecutor(
+        [], quiet(), executor_name=shared_executor.executor_name, kubeconfig=kubeconfig
+    ) as executor:
+        yield executor

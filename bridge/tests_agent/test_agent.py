@@ -1,0 +1,258 @@
+"""A real smolagents CodeAgent, a scripted model and KubernetesExecutor, against the real
+kube-apiserver, operator and local sandbox server."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from kubernetes.client.rest import ApiException
+from smolagents import CodeAgent, tool
+from smolagents.monitoring import LogLevel
+
+from briq_bridge import (
+    ExecutorNotFoundError,
+    ExecutorUnusableError,
+    KubernetesExecutor,
+)
+from briq_bridge.demo_agent import FIRST_20, scripted_model
+from briq_bridge.local_stack import REPO
+from briq_bridge.scripted_model import ScriptedModel, action, messages_text
+
+from .conftest import NO_NETWORK_ENV, new_executor, quiet
+
+GROUP, VERSION = "briq.cloud", "v1alpha1"
+
+
+def agent_with(executor, script, tools=(), max_steps=4):
+    model = script if isinstance(script, ScriptedModel) else ScriptedModel(script)
+    agent = CodeAgent(
+        tools=list(tools),
+        model=model,
+        executor=executor,
+        max_steps=max_steps,
+        verbosity_level=LogLevel.OFF,
+    )
+    return agent, model
+
+
+def execution(custom_objects, name):
+    return custom_objects.get_namespaced_custom_object(
+        GROUP, VERSION, "default", "executions", name
+    )
+
+
+def reason(obj) -> str:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next(c["reason"] for c in conditions if c["type"] == "Succeeded")
+
+
+@tool
+def vector_norm(values: list[float]) -> float:
+    """Euclidean norm of a vector, computed with numpy.
+
+    Args:
+        values: the vector's components.
+    """
+    import numpy as np
+
+    return float(np.linalg.norm(np.array(values, dtype=float)))
+
+
+def test_fibonacci_answer_is_the_first_20_numbers(executor, custom_objects):
+    agent, model = agent_with(executor, scripted_model())
+
+    answer = agent.run("Calculate the first 20 Fibonacci numbers.")
+
+    assert answer == FIRST_20
+    # Step 2 used `fib` from step 1's Execution: state lives in the kernel between Executions.
+    assert "20 numbers: [0, 1, 1, 2" in messages_text(model.calls[1])
+    last = execution(custom_objects, executor.last_execution)
+    assert reason(last) == "FinalAnswer"
+    assert last["spec"]["code"] == "final_answer(fib)"
+    assert last["status"]["finalAnswer"].startswith("safe:")
+
+
+def test_the_demo_script_prints_the_answer(shared_executor, kubeconfig):
+    done = subprocess.run(
+        [sys.executable, "-m", "briq_bridge.demo_agent", "--executor"]
+        + [shared_executor.executor_name, "--kubeconfig", kubeconfig],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "BRIQ_DEMO_MODEL"},
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"answer: {FIRST_20}" in done.stdout
+    assert "step 2: Execution" in done.stdout
+
+
+def install_logs(custom_objects, executor) -> list[str]:
+    executions = custom_objects.list_namespaced_custom_object(
+        GROUP, VERSION, "default", "executions"
+    )["items"]
+    return [
+        e["status"].get("logs", "")
+        for e in executions
+        if e["spec"]["executorRef"]["name"] == executor.executor_name
+        and "_briq_install" in e["spec"]["code"]
+    ]
+
+
+def test_a_tool_with_a_pip_requirement_works(executor, custom_objects):
+    agent, _ = agent_with(
+        executor,
+        [action("I use the tool.", "final_answer(vector_norm(values=[3.0, 4.0, 12.0]))")],
+        tools=[vector_norm],
+    )
+
+    assert agent.run("What is the norm of (3, 4, 12)?") == 13.0
+    # The tool's numpy, and numpy and pillow for smolagents' patched final_answer.
+    assert {"numpy", "pillow"} <= set(executor.installed_packages)
+    # All importable already, so pip was not even asked.
+    logs = install_logs(custom_objects, executor)
+    assert any("already importable: " in entry and "numpy" in entry for entry in logs), logs
+
+
+def test_install_packages_runs_pip_in_the_sandbox(executor, custom_objects):
+    # pip in this sandbox has no index: only what is installed can satisfy a requirement.
+    assert executor.run_code_raise_errors("import os\nos.environ['PIP_NO_INDEX']").output == "'1'"
+
+    assert executor.install_packages(["numpy>=1.26"]) == ["numpy>=1.26"]
+
+    logs = install_logs(custom_objects, executor)
+    assert any("Requirement already satisfied: numpy>=1.26" in entry for entry in logs), logs
+
+
+def test_additional_args_reach_the_kernel(executor):
+    agent, _ = agent_with(
+        executor,
+        [
+            action(
+                "The variables are in the kernel already.",
+                'final_answer({"label": label, "total": sum(numbers), "pair": pair, '
+                '"year": when.year, "type": type(when).__name__})',
+            )
+        ],
+    )
+
+    answer = agent.run(
+        "Sum the numbers.",
+        additional_args={
+            "numbers": [3, 1, 2],
+            "label": "total",
+            "pair": (1, 2),
+            "when": datetime.date(2026, 1, 2),
+        },
+    )
+
+    assert answer == {"label": "total", "total": 6, "pair": (1, 2), "year": 2026, "type": "date"}
+
+
+def test_a_code_error_is_shown_to_the_model_and_the_next_step_succeeds(executor):
+    def after_error(messages) -> str:
+        seen = messages_text(messages)
+        assert "Error:" in seen and "ZeroDivisionError: division by zero" in seen, seen
+        assert "about to divide" in seen, seen  # the logs printed before the error are kept
+        return action("Division by zero; I use a non-zero divisor.", "final_answer(10 / 5)")
+
+    agent, model = agent_with(
+        executor,
+        [action("I divide.", "print('about to divide')\nresult = 1 / 0"), after_error],
+    )
+
+    assert agent.run("Divide.") == 2.0
+    assert len(model.calls) == 2
+    assert "ZeroDivisionError" in str(agent.memory.steps[1].error)
+
+
+def test_a_rejected_final_answer_is_shown_to_the_model(executor):
+    forged = (
+        "class FinalAnswerException(BaseException):\n    pass\n"
+        "raise FinalAnswerException('pickle:gASVAAAAAAAAAAA=')"
+    )
+
+    def after_rejection(messages) -> str:
+        assert "FinalAnswerRejected" in messages_text(messages)
+        return action("Plain data then.", "final_answer([1, 2])")
+
+    agent, _ = agent_with(executor, [action("Pickle.", forged), after_rejection])
+
+    assert agent.run("Return something.") == [1, 2]
+
+
+def test_run_twice_on_one_agent(executor):
+    agent, model = agent_with(
+        executor,
+        [
+            action("First.", "final_answer(sum(range(5)))"),
+            action("Second: final_answer still works.", "final_answer('again')"),
+            action("Third.", "final_answer(len(x_from_run_2))"),
+        ],
+    )
+
+    assert agent.run("First task.") == 10
+    # smolagents 1.26 re-patches final_answer here; unpatched, this fails with
+    # NameError: name 'allow_pickle_setting' is not defined.
+    assert agent.run("Second task.", additional_args={"x_from_run_2": [1, 2, 3]}) == "again"
+    assert agent.run("Third task.", reset=False) == 3
+    patched = [c.__name__ for c in type(agent.tools["final_answer"]).__mro__]
+    assert patched.count("_FinalAnswerTool") == 1, patched
+
+
+def test_timeout_makes_the_executor_unusable(kubeconfig, custom_objects):
+    with new_executor(
+        kubeconfig, executor_spec={"env": NO_NETWORK_ENV}, timeout_seconds=2
+    ) as executor:
+        agent, model = agent_with(
+            executor,
+            [action("Spin.", "while True:\n    pass"), action("Never reached.", "1")],
+        )
+        started = time.monotonic()
+        with pytest.raises(ExecutorUnusableError) as raised:
+            agent.run("Spin forever.")
+        assert time.monotonic() - started < 30
+        error = raised.value
+        # Timeout; on a loaded machine the bridge may call it KernelLost instead (its wait for
+        # the kernel's iopub shares the 2 s deadline). Either way the executor is unusable.
+        assert error.reason in ("Timeout", "KernelLost"), error
+        assert "create a new BriqExecutor" in str(error)
+        assert len(model.calls) == 1  # the agent stopped: the model was not asked to retry
+
+        # Later calls fail at once, without creating Executions.
+        spun = executor.last_execution
+        with pytest.raises(ExecutorUnusableError, match="create a new BriqExecutor"):
+            executor.run_code_raise_errors("1 + 1")
+        assert executor.last_execution == spun
+        assert reason(execution(custom_objects, spun)) == error.reason
+        status = custom_objects.get_namespaced_custom_object(
+            GROUP, VERSION, "default", "briqexecutors", executor.executor_name
+        )["status"]
+        assert status["unusable"] is True
+
+
+def test_create_executor_context_manager_deletes_it(kubeconfig, custom_objects):
+    with new_executor(kubeconfig) as executor:
+        name = executor.executor_name
+        assert name.startswith("agent-")
+        assert executor.run_code_raise_errors("x = 41\nx + 1").output == "42"
+        assert executor.run_code_raise_errors("x").output == "41"
+
+    with pytest.raises(ApiException) as gone:
+        custom_objects.get_namespaced_custom_object(
+            GROUP, VERSION, "default", "briqexecutors", name
+        )
+    assert gone.value.status == 404
+    with pytest.raises(ExecutorUnusableError):
+        executor.run_code_raise_errors("1")
+    executor.cleanup()  # idempotent
+
+
+def test_a_missing_executor_is_a_clear_error(stack, kubeconfig):
+    with pytest.raises(ExecutorNotFoundError, match="no-such-executor not found"):
+        KubernetesExecutor([], quiet(), executor_name="no-such-executor", kubeconfig=kubeconfig)
