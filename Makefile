@@ -11,21 +11,33 @@ control-plane:
 python-env:
 	bash .ci/python-env.sh >/dev/null
 
-lint:
+# helm and the kstatus checker for the chart and GitOps tests (built once from the Go module
+# proxy, cached outside the repo).
+tools:
+	bash tests/tools/build.sh >/dev/null
+
+lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
 	"$$venv/bin/ruff" check bridge
 	"$$venv/bin/ruff" format --check bridge
+	tools=$$(bash tests/tools/build.sh 2>/dev/null)
+	"$$tools/bin/helm" lint --strict charts/briq-operator
+	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
 
 # Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (bridge, agent).
-test: control-plane python-env
+test: control-plane python-env tools
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
+	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
 	cargo test --all-targets
 	cd bridge && "$$venv/bin/python" -m pytest -q
+	# The agent end to end: a real CodeAgent + KubernetesExecutor against `local-stack`
+	# (kube-apiserver, local sandbox server, operator), with the binary cargo test just built.
+	BRIQ_OPERATOR_BIN="$(CURDIR)/target/debug/briq-operator" "$$venv/bin/python" -m pytest -q tests_agent
 
-.PHONY: control-plane python-env lint test
+.PHONY: control-plane python-env tools lint test
 
 # The main job end to end on the embedded default (see README.md).
 demo: control-plane python-env

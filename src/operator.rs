@@ -1,13 +1,16 @@
-//! `briq-operator run`: the operator process.
+//! `briq-operator run`: the operator process — the controllers (behind leader election when
+//! asked) and the HTTP endpoints `/healthz`, `/readyz` and `/metrics`.
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
 use url::Url;
 
 use crate::{
-    briq::{ApiKey, BriqClient, ClientOptions},
-    controller::{self, Settings},
+    briq::{ApiKey, BriqClient, ClientOptions, SandboxApi},
+    controller::{self, Observer, Settings},
+    http::{self, Role},
+    leader::{self, LeaseConfig},
 };
 
 #[derive(clap::Args, Debug)]
@@ -31,6 +34,37 @@ pub struct Args {
     /// Per-request timeout of briq calls other than exec, in seconds.
     #[arg(long, default_value_t = 30)]
     pub briq_timeout_seconds: u64,
+
+    /// Run the controllers only while holding a coordination.k8s.io Lease, so that several
+    /// replicas can run with one active (the Helm chart turns this on).
+    #[arg(long, env = "BRIQ_LEADER_ELECTION")]
+    pub leader_election: bool,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "briq-operator")]
+    pub lease_name: String,
+
+    /// Namespace of the leader-election Lease [default: the namespace of the kubeconfig context
+    /// or service account].
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// This replica's identity in the Lease [default: pod or host name plus a random suffix].
+    #[arg(long)]
+    pub lease_identity: Option<String>,
+
+    /// How long a Lease stays valid after a renewal; a standby takes over at most this long after
+    /// the leader dies.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+
+    /// The leader renews the Lease this long before it expires (and stops leading if it cannot).
+    #[arg(long, default_value_t = 5)]
+    pub lease_grace_seconds: u64,
+
+    /// Address of the HTTP endpoints /healthz, /readyz and /metrics.
+    #[arg(long, env = "BRIQ_HTTP_ADDRESS", default_value = "127.0.0.1:8080")]
+    pub http_address: SocketAddr,
 }
 
 impl Args {
@@ -48,17 +82,139 @@ impl Args {
         options.request_timeout = Duration::from_secs(self.briq_timeout_seconds);
         BriqClient::new(options).context("building the briq client")
     }
+
+    /// The Lease to hold, when leader election is on.
+    pub fn lease(&self, config: &kube::Config) -> anyhow::Result<Option<LeaseConfig>> {
+        if !self.leader_election {
+            return Ok(None);
+        }
+        let lease = LeaseConfig {
+            name: self.lease_name.clone(),
+            namespace: self
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| config.default_namespace.clone()),
+            identity: self
+                .lease_identity
+                .clone()
+                .unwrap_or_else(leader::default_identity),
+            duration_seconds: self.lease_duration_seconds,
+            grace_seconds: self.lease_grace_seconds,
+        };
+        lease.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(lease))
+    }
+}
+
+/// How [`serve`] runs.
+pub struct Options {
+    pub settings: Settings,
+    /// Hold this Lease to run the controllers; `None` runs them at once.
+    pub lease: Option<LeaseConfig>,
+    /// Serve /healthz, /readyz and /metrics here.
+    pub http: Option<tokio::net::TcpListener>,
 }
 
 /// Runs the controllers against the cluster of the ambient kubeconfig or service account until
 /// SIGINT or SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .context("connecting to Kubernetes")?;
+        .context("finding the Kubernetes configuration")?;
     let sandboxes = args.briq_client()?;
-    controller::run(client, sandboxes, args.settings(), shutdown_signal()).await;
+    let http = tokio::net::TcpListener::bind(args.http_address)
+        .await
+        .with_context(|| format!("listening on {}", args.http_address))?;
+    let options = Options {
+        settings: args.settings(),
+        lease: args.lease(&config)?,
+        http: Some(http),
+    };
+    serve(
+        config,
+        sandboxes,
+        options,
+        Observer::default(),
+        shutdown_signal(),
+    )
+    .await
+}
+
+/// The operator: HTTP endpoints, and the controllers (while leading, with a lease) until
+/// `shutdown` resolves; then the controllers finish what runs and the lease is released.
+pub async fn serve<S>(
+    config: kube::Config,
+    sandboxes: S,
+    options: Options,
+    observer: Observer,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()>
+where
+    S: SandboxApi + Clone + 'static,
+{
+    let client = kube::Client::try_from(config.clone()).context("connecting to Kubernetes")?;
+    let http = options.http.map(|listener| {
+        let (health, metrics) = (observer.health.clone(), observer.metrics.clone());
+        if let Ok(address) = listener.local_addr() {
+            tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+        }
+        AbortOnDrop(tokio::spawn(async move {
+            if let Err(error) = http::serve(listener, health, metrics).await {
+                tracing::error!(%error, "the HTTP server stopped");
+            }
+        }))
+    });
+    match options.lease {
+        None => {
+            observer.health.set_role(Role::Single);
+            observer.metrics.set_leader(true);
+            let health = observer.health.clone();
+            let shutdown = async move {
+                shutdown.await;
+                tracing::info!(
+                    "shutting down: no new Executions start; waiting for the running ones"
+                );
+                health.set_stopping();
+            };
+            controller::run_observed(
+                client,
+                sandboxes,
+                options.settings,
+                shutdown,
+                observer.clone(),
+            )
+            .await;
+            observer.metrics.set_leader(false);
+        }
+        Some(lease) => {
+            let lease_client = leader::lease_client(config, lease.grace_seconds)
+                .context("building the leader-election client")?;
+            let (health, metrics) = (observer.health.clone(), observer.metrics.clone());
+            leader::run(lease_client, lease, health, metrics, shutdown, |stop| {
+                let stop = async move {
+                    let _ = stop.await;
+                };
+                controller::run_observed(
+                    client.clone(),
+                    sandboxes.clone(),
+                    options.settings.clone(),
+                    stop,
+                    observer.clone(),
+                )
+            })
+            .await;
+        }
+    }
+    drop(http);
     Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn shutdown_signal() {

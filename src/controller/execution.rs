@@ -95,10 +95,16 @@ impl Runner {
     }
 
     fn is_finished(&self, execution: &Execution) -> bool {
-        finished(execution)
-            || execution
-                .uid()
-                .is_some_and(|uid| self.finished.lock().expect("poisoned").contains(&uid))
+        let Some(uid) = execution.uid() else {
+            return finished(execution);
+        };
+        let mut finished_here = self.finished.lock().expect("poisoned");
+        if finished(execution) {
+            // The cache has caught up: the local record is no longer needed.
+            finished_here.remove(&uid);
+            return true;
+        }
+        finished_here.contains(&uid)
     }
 
     /// Unfinished Executions of the same executor, in run order.
@@ -348,6 +354,10 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
     }
     let lock = runner.lock(&executor.uid().unwrap_or_default());
     let _turn = lock.lock().await;
+    if ctx.stopping() {
+        // Shutting down: nothing new starts; the next operator (or leader) runs it.
+        return Ok(Action::await_change());
+    }
     if let Some(verdict) = unable(&executor, runner) {
         return conclude(&api, execution, status, &verdict, None, ctx).await;
     }
@@ -581,6 +591,11 @@ async fn conclude<S>(
         }
         return Err(error);
     }
+    ctx.metrics.execution_finished(
+        verdict.reason,
+        status.start_time.as_ref(),
+        status.completion_time.as_ref(),
+    );
     ctx.executions.finish(execution);
     Ok(Action::await_change())
 }
@@ -643,7 +658,8 @@ async fn adopt(api: &Api<Execution>, execution: &Execution, executor: &BriqExecu
         kind: BriqExecutor::kind(&()).into_owned(),
         name: executor.name_any(),
         uid,
-        controller: Some(true),
+        // Not the controller reference: users and GitOps tools may have set their own.
+        controller: None,
         block_owner_deletion: None,
     });
     let patch = json!({ "metadata": { "ownerReferences": owners } });

@@ -270,6 +270,8 @@ async fn apply<S: SandboxApi>(
             )
             .await;
             info!(sandbox = %id, "executor ready");
+            ctx.metrics
+                .executor_ready(executor.metadata.creation_timestamp.as_ref());
             return Ok(Action::requeue(ctx.settings.probe_interval));
         }
         Err(SetupError::Call(CallError::Briq(error))) if error.class() == ErrorClass::NotFound => {

@@ -11,13 +11,16 @@
 mod conditions;
 mod execution;
 mod executor;
-mod session;
+pub mod session;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -40,6 +43,8 @@ use tracing::{info, warn};
 use crate::{
     briq::{ApiKey, SandboxApi},
     crd::{BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution},
+    http::Health,
+    metrics::{ControllerKind, Live, Metrics},
 };
 
 pub const EXECUTOR_MANAGER: &str = "briq-operator";
@@ -101,9 +106,16 @@ pub struct Context<S> {
     /// Consecutive reconcile failures per object, for exponential backoff; reset on success.
     failures: Mutex<HashMap<String, u32>>,
     executions: execution::Runner,
+    metrics: Arc<Metrics>,
+    /// Set once shutdown begins: Executions not started yet are left to the next operator.
+    stopping: Arc<AtomicBool>,
 }
 
 impl<S> Context<S> {
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
     fn backoff(&self, key: String) -> Duration {
         let mut failures = self.failures.lock().expect("failure counts poisoned");
         let count = failures.entry(key).or_default();
@@ -242,12 +254,112 @@ async fn publish<S, K: Resource<DynamicType = ()>>(
     }
 }
 
+/// What the process around the controllers learns from them: metrics, and whether their caches
+/// are synced (for `/readyz`).
+#[derive(Clone, Debug, Default)]
+pub struct Observer {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
 /// Runs both controllers until `shutdown` resolves.
 pub async fn run<S>(
     client: Client,
     sandboxes: S,
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) where
+    S: SandboxApi + 'static,
+{
+    run_observed(client, sandboxes, settings, shutdown, Observer::default()).await
+}
+
+/// Unfinished Executions (queued, running) and executors holding a sandbox, from the caches.
+fn live(executors: &Store<BriqExecutor>, executions: &Store<Execution>) -> Live {
+    let mut live = Live::default();
+    for execution in executions.state() {
+        let status = execution.status.clone().unwrap_or_default();
+        let finished = conditions::find(&status.conditions, conditions::SUCCEEDED)
+            .is_some_and(|c| c.status != "Unknown");
+        if finished || execution.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if status.attempt_id.is_some() {
+            live.running += 1;
+        } else {
+            live.queued += 1;
+        }
+    }
+    live.sandboxes = executors
+        .state()
+        .iter()
+        .filter(|e| e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some()))
+        .count() as i64;
+    live
+}
+
+/// Reports the controllers' state to the observer; undoes it when the controllers stop (or are
+/// dropped, as when the lease is lost).
+struct Reporting {
+    observer: Observer,
+    synced: tokio::task::JoinHandle<()>,
+}
+
+impl Reporting {
+    fn start(
+        observer: &Observer,
+        executors: Store<BriqExecutor>,
+        executions: Store<Execution>,
+    ) -> Reporting {
+        let (cached_executors, cached_executions) = (executors.clone(), executions.clone());
+        observer.metrics.set_live(Some(Box::new(move || {
+            live(&cached_executors, &cached_executions)
+        })));
+        let health = observer.health.clone();
+        let synced = tokio::spawn(async move {
+            if until_ready(&executors).await && until_ready(&executions).await {
+                info!("controller caches synced");
+                health.set_synced(true);
+            }
+        });
+        Reporting {
+            observer: observer.clone(),
+            synced,
+        }
+    }
+}
+
+/// Whether `store` got its first full list (false: its writer is gone). The applier waits on the
+/// same store, and a store wakes only its latest waiter: ask again every 100 ms instead of
+/// relying on a wake-up.
+async fn until_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        let wait = store.wait_until_ready();
+        if let Ok(result) = tokio::time::timeout(Duration::from_millis(100), wait).await {
+            return result.is_ok();
+        }
+    }
+}
+
+impl Drop for Reporting {
+    fn drop(&mut self) {
+        self.synced.abort();
+        self.observer.health.set_synced(false);
+        self.observer.metrics.set_live(None);
+    }
+}
+
+/// [`run`], reporting metrics and cache sync to `observer`.
+pub async fn run_observed<S>(
+    client: Client,
+    sandboxes: S,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    observer: Observer,
 ) where
     S: SandboxApi + 'static,
 {
@@ -267,8 +379,11 @@ pub async fn run<S>(
         }
     };
     let (execution_stop, executor_stop) = (stop_signal(), stop_signal());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let stopping_flag = stopping.clone();
     tokio::spawn(async move {
         shutdown.await;
+        stopping_flag.store(true, Ordering::SeqCst);
         let _ = shutdown_tx.send(());
     });
 
@@ -289,6 +404,8 @@ pub async fn run<S>(
         settings,
         failures: Mutex::default(),
         executions: execution::Runner::new(execution_store.clone(), wake_tx),
+        metrics: observer.metrics.clone(),
+        stopping,
     });
 
     let waiting_on = execution_store.clone();
@@ -302,15 +419,35 @@ pub async fn run<S>(
             wake_rx,
         ))
         .graceful_shutdown_on(execution_stop)
-        .run(execution::reconcile, execution::error_policy, ctx.clone())
+        .run(
+            |execution, ctx| async move {
+                let metrics = ctx.metrics.clone();
+                let reconcile = execution::reconcile(execution, ctx);
+                metrics
+                    .reconcile(ControllerKind::Execution, reconcile)
+                    .await
+            },
+            execution::error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(%error, "execution reconcile failed");
             }
         });
-    let executor_loop = Controller::new(executors, watcher::Config::default().any_semantic())
+    let executor_controller = Controller::new(executors, watcher::Config::default().any_semantic());
+    let _reporting = Reporting::start(&observer, executor_controller.store(), execution_store);
+    let executor_loop = executor_controller
         .graceful_shutdown_on(executor_stop)
-        .run(executor::reconcile, executor::error_policy, ctx.clone())
+        .run(
+            |executor, ctx| async move {
+                let metrics = ctx.metrics.clone();
+                let reconcile = executor::reconcile(executor, ctx);
+                metrics.reconcile(ControllerKind::Executor, reconcile).await
+            },
+            executor::error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(%error, "executor reconcile failed");

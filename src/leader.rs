@@ -1,0 +1,217 @@
+//! Leader election on a `coordination.k8s.io` Lease, with kube-lease-manager: only the replica
+//! holding the lease runs the controllers, so two replicas never run the same Execution.
+//!
+//! - Standby: try to take the lease whenever it is free or expired.
+//! - Leading: run the controllers; the lease manager renews the lease `grace` seconds before it
+//!   expires. If a renewal fails or the lease is found held by another replica, the controllers
+//!   are dropped at once (not drained: another replica may be taking over) and this replica goes
+//!   back to standby. An Execution cut off that way is found `Running` without a result by the
+//!   next leader and failed as `Interrupted`, never sent again.
+//! - Shutdown (SIGTERM): the controllers stop taking new work and finish what runs, the lease is
+//!   renewed meanwhile, then released so that a standby takes over at once.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::{
+    http::{Health, Role},
+    metrics::Metrics,
+};
+
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    /// Unique per replica (and per process start).
+    pub identity: String,
+    /// How long the lease stays valid after a renewal, in seconds.
+    pub duration_seconds: u64,
+    /// The holder renews this many seconds before the lease expires (> 0, < duration).
+    pub grace_seconds: u64,
+}
+
+impl LeaseConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.grace_seconds == 0 || self.grace_seconds >= self.duration_seconds {
+            return Err(format!(
+                "the lease grace ({}s) must be more than 0 and less than the lease duration ({}s)",
+                self.grace_seconds, self.duration_seconds
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A lease identity: the host (pod) name and a random suffix, so that a restarted process never
+/// mistakes its predecessor's lease for its own.
+pub fn default_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "briq-operator".into());
+    format!("{host}_{:08x}", rand::random::<u32>())
+}
+
+/// The client the lease manager uses: requests time out well within the renewal grace, so that a
+/// hanging API server shows up as a failed renewal before the lease expires.
+pub fn lease_client(mut config: kube::Config, grace_seconds: u64) -> kube::Result<Client> {
+    let timeout = Duration::from_millis(grace_seconds.max(1) * 1000 / 3);
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    Client::try_from(config)
+}
+
+enum Outcome {
+    /// Shutdown was requested and the controllers have stopped.
+    Stopped,
+    /// The lease is lost (or could not be renewed): the controllers were dropped.
+    Lost,
+}
+
+/// Runs `lead` while this replica holds the lease, until `shutdown` resolves. `lead` is given a
+/// stop signal: when it resolves the controllers stop gracefully.
+pub async fn run<L, Fut>(
+    client: Client,
+    lease: LeaseConfig,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+    mut lead: L,
+) where
+    L: FnMut(oneshot::Receiver<()>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        health.set_role(Role::Standby);
+        metrics.set_leader(false);
+        let manager = tokio::select! {
+            manager = build(&client, &lease) => manager,
+            () = &mut shutdown => return,
+        };
+        // Standby until the lease is ours.
+        let acquired = loop {
+            tokio::select! {
+                changed = manager.changed() => match changed {
+                    Ok(true) => break true,
+                    Ok(false) => {}
+                    Err(error) => {
+                        warn!(%error, lease = %lease.name, "leader election failed; retrying");
+                        break false;
+                    }
+                },
+                () = &mut shutdown => {
+                    release(&manager, &lease).await;
+                    return;
+                }
+            }
+        };
+        if !acquired {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                () = &mut shutdown => return,
+            }
+        }
+        info!(identity = %lease.identity, lease = %lease.name, "acquired the lease: starting the controllers");
+        health.set_role(Role::Leader);
+        metrics.set_leader(true);
+        let outcome = lead_while_held(&manager, &health, shutdown.as_mut(), &mut lead).await;
+        health.set_synced(false);
+        metrics.set_leader(false);
+        match outcome {
+            Outcome::Stopped => {
+                release(&manager, &lease).await;
+                info!(lease = %lease.name, "controllers stopped, lease released");
+                return;
+            }
+            Outcome::Lost if health.is_stopping() => return,
+            Outcome::Lost => {
+                warn!(identity = %lease.identity, lease = %lease.name, "lost the lease: controllers stopped; standing by");
+            }
+        }
+    }
+}
+
+async fn lead_while_held<L, Fut>(
+    manager: &LeaseManager,
+    health: &Health,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    lead: &mut L,
+) -> Outcome
+where
+    L: FnMut(oneshot::Receiver<()>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let mut stop_tx = Some(stop_tx);
+    let controllers = lead(stop_rx);
+    let mut controllers = std::pin::pin!(controllers);
+    loop {
+        tokio::select! {
+            () = &mut controllers => {
+                if stop_tx.is_none() {
+                    return Outcome::Stopped;
+                }
+                // The controllers never end on their own; should they, lead again.
+                warn!("the controllers ended without being asked to");
+                return Outcome::Lost;
+            }
+            changed = manager.changed() => match changed {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!("another replica holds the lease now");
+                    return Outcome::Lost;
+                }
+                Err(error) => {
+                    warn!(%error, "could not renew the lease");
+                    return Outcome::Lost;
+                }
+            },
+            () = &mut shutdown, if stop_tx.is_some() => {
+                info!("shutting down: no new Executions start; waiting for the running ones, keeping the lease");
+                health.set_stopping();
+                if let Some(stop) = stop_tx.take() {
+                    let _ = stop.send(());
+                }
+            }
+        }
+    }
+}
+
+/// Builds the lease manager (which creates the Lease when missing), retrying until it works.
+async fn build(client: &Client, lease: &LeaseConfig) -> LeaseManager {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        let built = LeaseManagerBuilder::new(client.clone(), &lease.name)
+            .with_namespace(&lease.namespace)
+            .with_identity(&lease.identity)
+            .with_duration(lease.duration_seconds)
+            .with_grace(lease.grace_seconds)
+            .build()
+            .await;
+        match built {
+            Ok(manager) => return manager,
+            Err(error) => {
+                warn!(%error, lease = %lease.name, namespace = %lease.namespace, "could not set up leader election; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+async fn release(manager: &LeaseManager, lease: &LeaseConfig) {
+    match tokio::time::timeout(Duration::from_secs(5), manager.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            warn!(%error, lease = %lease.name, "could not release the lease; it expires on its own")
+        }
+        Err(_) => {
+            warn!(lease = %lease.name, "releasing the lease timed out; it expires on its own")
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Prometheus metrics of the operator, served at `/metrics` (OpenMetrics text).
+//!
+//! Every label comes from a small fixed set: `controller` is `executor` or `execution`, `reason`
+//! is one of the Execution reasons documented in the README (anything else is counted as
+//! `Other`). Names, namespaces, UIDs and error strings never become labels, so the number of
+//! series does not grow with the number of objects.
+
+use std::{future::Future, sync::Mutex, time::Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+/// The controllers, as the `controller` label names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerKind {
+    Executor,
+    Execution,
+}
+
+impl ControllerKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            ControllerKind::Executor => "executor",
+            ControllerKind::Execution => "execution",
+        }
+    }
+}
+
+/// The terminal reasons of an Execution (its `Succeeded` condition when True or False).
+pub const TERMINAL_REASONS: &[&str] = &[
+    "Completed",
+    "FinalAnswer",
+    "CodeError",
+    "FinalAnswerRejected",
+    "Timeout",
+    "TransportError",
+    "MalformedResponse",
+    "KernelLost",
+    "ExecutorUnusable",
+    "ExecutorDeleted",
+    "Interrupted",
+];
+
+/// The label value for `reason`: itself when it is a known terminal reason, else `Other`.
+pub fn reason_label(reason: &str) -> &'static str {
+    TERMINAL_REASONS
+        .iter()
+        .find(|known| **known == reason)
+        .copied()
+        .unwrap_or("Other")
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// What the controllers hold right now, read from their caches at scrape time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    /// Unfinished Executions that have not started yet.
+    pub queued: i64,
+    /// Executions recorded as running and not finished.
+    pub running: i64,
+    /// BriqExecutors that hold a sandbox.
+    pub sandboxes: i64,
+}
+
+type LiveSource = Box<dyn Fn() -> Live + Send + Sync>;
+
+type Histograms = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<ControllerLabels, Counter>,
+    reconcile_errors: Family<ControllerLabels, Counter>,
+    reconcile_duration: Histograms,
+    executor_ready: Histogram,
+    execution_duration: Histogram,
+    executions: Family<ReasonLabels, Counter>,
+    queued: Gauge,
+    running: Gauge,
+    sandboxes: Gauge,
+    leader: Gauge,
+    live: Mutex<Option<LiveSource>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("briq_operator");
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        let reconcile_errors = Family::<ControllerLabels, Counter>::default();
+        let reconcile_duration: Histograms = Family::new_with_constructor(reconcile_histogram);
+        let executor_ready =
+            Histogram::new([1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
+        let execution_duration =
+            Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0]);
+        let executions = Family::<ReasonLabels, Counter>::default();
+        let (queued, running, sandboxes, leader) = (
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Gauge::default(),
+        );
+        registry.register(
+            "reconciles",
+            "Reconciles run, per controller",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that ended in an error (and are retried with backoff), per controller",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long one reconcile took, per controller",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "executor_ready_seconds",
+            "From a BriqExecutor's creation to Ready (cold setup: sandbox create, bridge, kernel)",
+            executor_ready.clone(),
+        );
+        registry.register(
+            "execution_duration_seconds",
+            "From an Execution's start (Running) to its result",
+            execution_duration.clone(),
+        );
+        registry.register(
+            "executions_finished",
+            "Executions finished, by terminal reason",
+            executions.clone(),
+        );
+        registry.register(
+            "executions_queued",
+            "Unfinished Executions not started yet (queue depth)",
+            queued.clone(),
+        );
+        registry.register(
+            "executions_running",
+            "Executions running now",
+            running.clone(),
+        );
+        registry.register(
+            "sandboxes_live",
+            "BriqExecutors holding a briq sandbox",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica runs the controllers (holds the lease, or runs without leader election)",
+            leader.clone(),
+        );
+        // Every series exists from the start (at 0): the set never changes while running.
+        for controller in [ControllerKind::Executor, ControllerKind::Execution] {
+            let labels = ControllerLabels {
+                controller: controller.label(),
+            };
+            let _ = reconciles.get_or_create(&labels);
+            let _ = reconcile_errors.get_or_create(&labels);
+            let _ = reconcile_duration.get_or_create(&labels);
+        }
+        for reason in TERMINAL_REASONS.iter().chain(&["Other"]) {
+            let _ = executions.get_or_create(&ReasonLabels { reason });
+        }
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            executor_ready,
+            execution_duration,
+            executions,
+            queued,
+            running,
+            sandboxes,
+            leader,
+            live: Mutex::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Runs one reconcile, counting and timing it.
+    pub async fn reconcile<T, E>(
+        &self,
+        controller: ControllerKind,
+        reconcile: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let labels = ControllerLabels {
+            controller: controller.label(),
+        };
+        let started = Instant::now();
+        let result = reconcile.await;
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        self.reconciles.get_or_create(&labels).inc();
+        if result.is_err() {
+            self.reconcile_errors.get_or_create(&labels).inc();
+        }
+        result
+    }
+
+    /// An executor became ready for the first time; `created` is its creationTimestamp.
+    pub fn executor_ready(&self, created: Option<&Time>) {
+        if let Some(created) = created {
+            let waited = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+            self.executor_ready.observe(waited.as_secs_f64().max(0.0));
+        }
+    }
+
+    /// An Execution got its final status.
+    pub fn execution_finished(&self, reason: &str, started: Option<&Time>, ended: Option<&Time>) {
+        self.executions
+            .get_or_create(&ReasonLabels {
+                reason: reason_label(reason),
+            })
+            .inc();
+        if let (Some(started), Some(ended)) = (started, ended) {
+            let took = ended.0.duration_since(started.0);
+            self.execution_duration.observe(took.as_secs_f64().max(0.0));
+        }
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Where the gauges of live objects come from while the controllers run (`None`: they do
+    /// not run, every such gauge reads 0).
+    pub fn set_live(&self, source: Option<LiveSource>) {
+        *self.live.lock().expect("metrics poisoned") = source;
+    }
+
+    /// The metrics in the OpenMetrics text format.
+    pub fn render(&self) -> String {
+        let live = self
+            .live
+            .lock()
+            .expect("metrics poisoned")
+            .as_ref()
+            .map(|source| source())
+            .unwrap_or_default();
+        self.queued.set(live.queued);
+        self.running.set(live.running);
+        self.sandboxes.set(live.sandboxes);
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String never fails");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_reasons_collapse_into_other() {
+        assert_eq!(reason_label("Completed"), "Completed");
+        assert_eq!(reason_label("Interrupted"), "Interrupted");
+        assert_eq!(reason_label("connection refused by 10.0.0.1"), "Other");
+    }
+
+    #[tokio::test]
+    async fn series_stay_bounded_whatever_the_reasons() {
+        let metrics = Metrics::default();
+        for i in 0..500 {
+            let reason = format!("error #{i}");
+            metrics.execution_finished(&reason, None, None);
+            let _ = metrics
+                .reconcile(ControllerKind::Execution, async { Err::<(), _>(i) })
+                .await;
+        }
+        let text = metrics.render();
+        let finished = text
+            .lines()
+            .filter(|line| line.starts_with("briq_operator_executions_finished_total{"))
+            .collect::<Vec<_>>();
+        assert_eq!(finished.len(), TERMINAL_REASONS.len() + 1);
+        assert!(
+            finished.contains(&"briq_operator_executions_finished_total{reason=\"Other\"} 500")
+        );
+        assert!(
+            text.contains("briq_operator_reconcile_errors_total{controller=\"execution\"} 500")
+        );
+    }
+}

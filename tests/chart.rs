@@ -1,0 +1,626 @@
+//! The Helm chart: lint, template, values schema, the rendered manifests applied to the real
+//! kube-apiserver, and RBAC proven by running the controllers as the chart's ServiceAccount.
+
+mod ops;
+mod support;
+
+use std::{collections::BTreeSet, time::Duration};
+
+use briq_operator::{
+    crd::{BriqExecutor, Execution},
+    local_server::Operation,
+};
+use k8s_openapi::api::{
+    authorization::v1::SubjectAccessReview, core::v1::Secret, events::v1::Event,
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use ops::{Instance, create_execution, create_executor, finished, reason, until};
+use serde_json::{Value, json};
+use support::{TestEnv, wait_deleted};
+
+/// Every feature of the chart switched on.
+const ALL_FEATURES: &[&str] = &[
+    "--set",
+    "serviceMonitor.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    "--set",
+    "briq.apiKeySecret.name=briq-default-key",
+    "--set",
+    "podAnnotations.example\\.com/team=agents",
+];
+
+#[test]
+fn the_chart_ships_the_generated_crds() {
+    let generated = std::fs::read_to_string(support::repo_root().join("crds/briq.cloud.yaml"))
+        .expect("crds/briq.cloud.yaml");
+    let shipped = std::fs::read_to_string(ops::chart_dir().join("crds/briq.cloud.yaml"))
+        .expect("charts/briq-operator/crds/briq.cloud.yaml");
+    assert!(
+        generated == shipped,
+        "charts/briq-operator/crds/briq.cloud.yaml differs from crds/briq.cloud.yaml: \
+         cp crds/briq.cloud.yaml charts/briq-operator/crds/"
+    );
+    let (ok, stdout, stderr) = ops::helm(&["show", "crds", ops::chart_dir().to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("name: briqexecutors.briq.cloud")
+            && stdout.contains("name: executions.briq.cloud")
+    );
+}
+
+#[test]
+fn helm_lint_passes_with_defaults_and_with_every_feature() {
+    let chart = ops::chart_dir();
+    let chart = chart.to_str().unwrap();
+    for extra in [&[][..], ALL_FEATURES] {
+        let mut args = vec!["lint", "--strict", chart];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = ops::helm(&args);
+        assert!(ok, "helm lint {extra:?}:\n{stdout}\n{stderr}");
+    }
+}
+
+#[test]
+fn bad_values_fail_before_anything_is_installed() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "replicas=-1"], "/replicas"),
+        (&["--set", "replicas=two"], "/replicas"),
+        (&["--set", "log.format=xml"], "/log/format"),
+        (&["--set", "briq.apiUrl=api.briq.cloud"], "/briq/apiUrl"),
+        (
+            &["--set", "image.pullPolicy=Sometimes"],
+            "/image/pullPolicy",
+        ),
+        (&["--set", "image.repository="], "/image/repository"),
+        (
+            &["--set", "leaderElection.enabled=yes"],
+            "/leaderElection/enabled",
+        ),
+        (
+            &["--set", "leaderElection.leaseDurationSeconds=0"],
+            "/leaderElection",
+        ),
+        (
+            &["--set", "briq.apiKeySecret.name=Not_A_Name"],
+            "/briq/apiKeySecret/name",
+        ),
+        (&["--set", "watchNamespace=UPPER"], "/watchNamespace"),
+        (
+            &["--set", "resources.requests.memory=lots"],
+            "/resources/requests/memory",
+        ),
+        (
+            &["--set", "terminationGracePeriodSeconds=5"],
+            "/terminationGracePeriodSeconds",
+        ),
+        (
+            &["--set", "networkPolicy.enabled=true"],
+            "/networkPolicy/apiServer/cidrs",
+        ),
+        (
+            &["--set", "networkPolicy.briqApi.cidrs={example.com}"],
+            "/networkPolicy/briqApi/cidrs",
+        ),
+        (&["--set", "replica=3"], "additional properties 'replica'"),
+        (
+            &["--set", "serviceMonitor.interval=often"],
+            "/serviceMonitor/interval",
+        ),
+        // Checks the schema cannot express, made by the templates.
+        (
+            &["--set", "leaderElection.leaseGraceSeconds=15"],
+            "leaseGraceSeconds must be less",
+        ),
+        (
+            &[
+                "--set",
+                "replicas=2",
+                "--set",
+                "leaderElection.enabled=false",
+            ],
+            "needs leaderElection.enabled",
+        ),
+    ];
+    let chart = ops::chart_dir();
+    for (values, expected) in cases {
+        let mut args = vec!["template", "bad", chart.to_str().unwrap()];
+        args.extend_from_slice(values);
+        let (ok, _, stderr) = ops::helm(&args);
+        assert!(!ok, "{values:?} was accepted");
+        assert!(
+            stderr.contains(expected),
+            "{values:?}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
+    let documents = ops::template("ops", "briq-system", ALL_FEATURES);
+    let deployment = ops::find(&documents, "Deployment")[0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert!(
+        pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 40,
+        "the longest Execution fits"
+    );
+    let container = &pod["containers"][0];
+    let security = &container["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for expected in [
+        "run",
+        "--leader-election",
+        "--log-format=json",
+        "--http-address=0.0.0.0:8080",
+        "--lease-name=ops-briq-operator",
+    ] {
+        assert!(args.contains(&expected), "{expected} in {args:?}");
+    }
+    let env = container["env"].as_array().unwrap();
+    let var = |name: &str| {
+        env.iter()
+            .find(|v| v["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(var("BRIQ_API_URL")["value"], "https://api.briq.cloud");
+    assert_eq!(var("RUST_LOG")["value"], "info");
+    assert_eq!(
+        var("BRIQ_API_KEY")["valueFrom"]["secretKeyRef"],
+        json!({ "name": "briq-default-key", "key": "BRIQ_API_KEY" }),
+        "the key comes from the Secret, never from values"
+    );
+    assert_eq!(
+        var("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+
+    // The operator binary accepts exactly these arguments.
+    let binary = env!("CARGO_BIN_EXE_briq-operator");
+    let mut check = vec![args[0]];
+    check.extend(&args[1..]);
+    check.push("--help");
+    let out = std::process::Command::new(binary)
+        .args(&check)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "briq-operator {check:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The metrics Service and ServiceMonitor point at the named port.
+    let service = ops::find(&documents, "Service")[0];
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    let monitor = ops::find(&documents, "ServiceMonitor")[0];
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+
+    // Egress: API server, DNS, briq API — nothing else.
+    let policy = ops::find(&documents, "NetworkPolicy")[0];
+    let egress = policy["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 3);
+    assert_eq!(egress[0]["to"][0]["ipBlock"]["cidr"], "10.0.0.1/32");
+    assert_eq!(egress[1]["ports"][0]["port"], 53);
+    assert_eq!(egress[2]["ports"][0]["port"], 443);
+
+    // Without a default key the variable is absent, so executors must name their own Secret.
+    let plain = ops::template("ops", "briq-system", &[]);
+    let container =
+        &ops::find(&plain, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        !container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "BRIQ_API_KEY")
+    );
+    assert!(
+        ops::find(&plain, "ServiceMonitor").is_empty()
+            && ops::find(&plain, "NetworkPolicy").is_empty()
+    );
+}
+
+/// A stand-in for prometheus-operator's CRD, so that the ServiceMonitor can be applied.
+const SERVICE_MONITOR_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: { name: servicemonitors.monitoring.coreos.com }
+spec:
+  group: monitoring.coreos.com
+  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor }
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true }
+"#;
+
+fn apply(env: &TestEnv, yaml: &str) {
+    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(file.path(), yaml).unwrap();
+    let path = file.path().to_str().unwrap();
+    let (ok, stdout, stderr) = env.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=helm-chart-test",
+        "-f",
+        path,
+    ]);
+    assert!(
+        ok,
+        "kubectl apply --server-side failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn rendered_manifests_apply_to_the_api_server() {
+    let env = TestEnv::new("chart-apply").await;
+    apply(&env, SERVICE_MONITOR_CRD);
+    let (ok, _, stderr) = env.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/servicemonitors.monitoring.coreos.com",
+    ]);
+    assert!(ok, "{stderr}");
+
+    let release = format!("apply-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let mut extra = vec!["--include-crds"];
+    extra.extend_from_slice(ALL_FEATURES);
+    let yaml = ops::template_text(&release, &env.namespace, &extra);
+    apply(&env, &yaml);
+    let fullname = format!("{release}-briq-operator");
+    for object in [
+        format!("deployment/{fullname}"),
+        format!("serviceaccount/{fullname}"),
+        format!("service/{fullname}-metrics"),
+        format!("servicemonitor/{fullname}"),
+        format!("networkpolicy/{fullname}"),
+        format!("role/{fullname}-leader-election"),
+        format!("rolebinding/{fullname}-leader-election"),
+        format!("clusterrole/{fullname}"),
+        format!("clusterrolebinding/{fullname}"),
+    ] {
+        let (ok, _, stderr) = env.kubectl(&["get", &object]);
+        assert!(ok, "{object}: {stderr}");
+    }
+
+    // Scoped to one namespace, the ClusterRole is bound there only.
+    let scoped = format!("scoped-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let set = format!("watchNamespace={}", env.namespace);
+    let yaml = ops::template_text(&scoped, &env.namespace, &["--set", &set]);
+    let documents = ops::documents(&yaml);
+    assert!(ops::find(&documents, "ClusterRoleBinding").is_empty());
+    assert_eq!(ops::find(&documents, "RoleBinding").len(), 2);
+    apply(&env, &yaml);
+}
+
+/// (apiGroup, resource, verb, resourceName) for every permission a rule grants.
+fn grants(rules: &Value) -> BTreeSet<(String, String, String, String)> {
+    let mut out = BTreeSet::new();
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|i| i.as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for rule in rules.as_array().unwrap() {
+        let names = strings(&rule["resourceNames"]);
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    for name in &names {
+                        out.insert((group.clone(), resource.clone(), verb.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn set(items: &[(&str, &str, &str, &str)]) -> BTreeSet<(String, String, String, String)> {
+    items
+        .iter()
+        .map(|(g, r, v, n)| (g.to_string(), r.to_string(), v.to_string(), n.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_roles_grant_exactly_what_the_controllers_use() {
+    let documents = ops::template("rbac", "briq-system", &[]);
+    let cluster_role = ops::find(&documents, "ClusterRole")[0];
+    let mut expected = Vec::new();
+    for resource in ["briqexecutors", "executions"] {
+        for verb in ["get", "list", "watch", "patch"] {
+            expected.push(("briq.cloud", resource, verb, ""));
+        }
+    }
+    expected.extend([
+        ("briq.cloud", "briqexecutors/status", "patch", ""),
+        ("briq.cloud", "executions/status", "patch", ""),
+        ("briq.cloud", "briqexecutors/finalizers", "update", ""),
+        ("briq.cloud", "executions", "delete", ""),
+        ("", "secrets", "get", ""),
+        ("events.k8s.io", "events", "create", ""),
+        ("events.k8s.io", "events", "patch", ""),
+    ]);
+    assert_eq!(grants(&cluster_role["rules"]), set(&expected));
+    assert!(cluster_role.get("aggregationRule").is_none());
+
+    let role = ops::find(&documents, "Role")[0];
+    assert_eq!(
+        grants(&role["rules"]),
+        set(&[
+            ("coordination.k8s.io", "leases", "create", ""),
+            ("coordination.k8s.io", "leases", "get", "rbac-briq-operator"),
+            (
+                "coordination.k8s.io",
+                "leases",
+                "patch",
+                "rbac-briq-operator"
+            ),
+        ])
+    );
+    assert_eq!(role["metadata"]["namespace"], "briq-system");
+    assert!(
+        ops::find(
+            &ops::template(
+                "rbac",
+                "briq-system",
+                &[
+                    "--set",
+                    "leaderElection.enabled=false",
+                    "--set",
+                    "replicas=1"
+                ]
+            ),
+            "Role"
+        )
+        .is_empty()
+    );
+}
+
+/// Asks the API server whether `user` may do `verb` on `resource` (`group/resource[/sub]`).
+async fn may(
+    client: &kube::Client,
+    user: &str,
+    namespace: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    name: &str,
+) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((resource, sub)) => (resource, sub),
+        None => (resource, ""),
+    };
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": {
+                "namespace": namespace, "verb": verb, "group": group,
+                "resource": resource, "subresource": subresource, "name": name,
+            }
+        }
+    }))
+    .unwrap();
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview");
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+#[tokio::test]
+async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_allowed() {
+    let env = TestEnv::new("chart-rbac").await;
+    let release = format!("rbac-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let fullname = format!("{release}-briq-operator");
+    // Only the RBAC objects (the Deployment would never start without a kubelet anyway).
+    let documents = ops::template(&release, &env.namespace, &[]);
+    let rbac: Vec<String> = documents
+        .iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap())
+        })
+        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).unwrap()))
+        .collect();
+    apply(&env, &rbac.concat());
+    let user = format!("system:serviceaccount:{}:{fullname}", env.namespace);
+
+    // What the role must not allow, asked of the API server's authorizer.
+    let ns = env.namespace.as_str();
+    let denied: &[(&str, &str, &str, &str)] = &[
+        ("create", "briq.cloud", "briqexecutors", ""),
+        ("update", "briq.cloud", "briqexecutors", "py"),
+        ("delete", "briq.cloud", "briqexecutors", "py"),
+        ("create", "briq.cloud", "executions", ""),
+        ("update", "briq.cloud", "executions", "x"),
+        ("deletecollection", "briq.cloud", "executions", ""),
+        ("update", "briq.cloud", "briqexecutors/status", "py"),
+        ("update", "briq.cloud", "executions/finalizers", "x"),
+        ("list", "", "secrets", ""),
+        ("watch", "", "secrets", ""),
+        ("create", "", "secrets", ""),
+        ("update", "", "secrets", "briq-key"),
+        ("get", "", "configmaps", "x"),
+        ("get", "", "pods", "x"),
+        ("create", "", "events", ""),
+        ("delete", "events.k8s.io", "events", "x"),
+        ("list", "events.k8s.io", "events", ""),
+        (
+            "get",
+            "coordination.k8s.io",
+            "leases",
+            "someone-elses-lease",
+        ),
+        (
+            "patch",
+            "coordination.k8s.io",
+            "leases",
+            "someone-elses-lease",
+        ),
+        ("delete", "coordination.k8s.io", "leases", &fullname),
+        ("update", "coordination.k8s.io", "leases", &fullname),
+        ("list", "coordination.k8s.io", "leases", ""),
+        ("create", "", "serviceaccounts/token", &fullname),
+        ("impersonate", "", "users", "admin"),
+        (
+            "get",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "executions.briq.cloud",
+        ),
+    ];
+    for (verb, group, resource, name) in denied {
+        assert!(
+            !may(&env.client, &user, ns, verb, group, resource, name).await,
+            "{verb} {group}/{resource} {name} is allowed"
+        );
+    }
+    for (verb, group, resource, name) in [
+        ("watch", "briq.cloud", "executions", ""),
+        ("patch", "briq.cloud", "executions/status", "x"),
+        ("delete", "briq.cloud", "executions", "x"),
+        ("get", "", "secrets", "briq-key"),
+        ("create", "events.k8s.io", "events", ""),
+        ("patch", "coordination.k8s.io", "leases", fullname.as_str()),
+    ] {
+        assert!(
+            may(&env.client, &user, ns, verb, group, resource, name).await,
+            "{verb} {group}/{resource} is denied"
+        );
+    }
+
+    // The e2e flow with a client impersonating the ServiceAccount: leader election, an executor
+    // whose key is in a Secret, Executions with history pruning, Events, deletion.
+    let server = ops::sandbox_server().await;
+    let mut config = ops::kube_config(&env).await;
+    config.auth_info.impersonate = Some(user.clone());
+    let impersonated = kube::Client::try_from(config.clone()).unwrap();
+    let listed = Api::<Secret>::namespaced(impersonated, ns)
+        .list(&ListParams::default())
+        .await;
+    assert!(
+        matches!(&listed, Err(kube::Error::Api(status)) if status.code == 403),
+        "the client acts as the ServiceAccount, which may not list Secrets: {listed:?}"
+    );
+    let mut settings = ops::settings(&env, &server);
+    settings.default_api_key = None;
+    let mut operator = Instance::start(
+        config,
+        &server,
+        settings,
+        Some(ops::lease(&env, &fullname, "rbac-test")),
+    )
+    .await;
+    until(
+        Duration::from_secs(30),
+        "the impersonated operator leads",
+        || operator.leading(),
+    )
+    .await;
+
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "briq-key" },
+        "stringData": { "BRIQ_API_KEY": server.api_key().expose() },
+    }))
+    .unwrap();
+    env.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    create_executor(
+        &env,
+        "py",
+        json!({ "apiKeySecretRef": { "name": "briq-key" }, "executionHistoryLimit": 1 }),
+    )
+    .await;
+    ops::wait_ready(&env, "py").await;
+    create_execution(&env, "one", "py", "x = 1").await;
+    assert_eq!(reason(&finished(&env, "one", 60).await), "Completed");
+    create_execution(&env, "two", "py", "x + 1").await;
+    let two = finished(&env, "two", 60).await;
+    assert_eq!(ops::output(&two), "2");
+    wait_deleted(&env.api::<Execution>(), "one", 30).await; // pruned: executionHistoryLimit 1
+
+    env.api::<BriqExecutor>()
+        .delete("py", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&env.api::<BriqExecutor>(), "py", 60).await;
+    let stats = server.admin().stats().await.unwrap();
+    assert!(
+        stats.sandboxes.is_empty(),
+        "the finalizer destroyed the sandbox"
+    );
+    assert_eq!(stats.calls(Operation::Create), 1);
+
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let reasons: BTreeSet<String> = events
+        .items
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for expected in ["SandboxCreated", "Ready", "SandboxDestroyed"] {
+        assert!(
+            reasons.contains(expected),
+            "event {expected} published as the ServiceAccount: {reasons:?}"
+        );
+    }
+    operator.shutdown().await;
+}
