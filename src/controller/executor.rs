@@ -222,9 +222,20 @@ async fn apply<S: SandboxApi>(
         ready: sandbox.ready,
     };
 
-    // 4. Ready executors only check that the sandbox still runs.
+    // 4. Ready executors only check that the sandbox still runs. The watch cache can lag
+    //    behind this controller's own last write, so a fresh read decides before provisioning
+    //    again.
     if conditions::is_true(&status.conditions, READY) {
         return probe(executor, ctx, api, &key, sandbox).await;
+    }
+    let fresh = api.get_status(&executor.name_any()).await?;
+    let fresh_status = fresh.status.clone().unwrap_or_default();
+    if conditions::is_true(&fresh_status.conditions, READY) {
+        let sandbox = Sandbox {
+            id: Some(id.clone()),
+            ..Sandbox::of(&fresh_status)
+        };
+        return probe(&fresh, ctx, api, &key, sandbox).await;
     }
 
     // 5. Provision: bridge, dependencies, kernel.

@@ -130,7 +130,10 @@ pub async fn kube_config(env: &TestEnv) -> kube::Config {
 
 /// A local sandbox server whose sandboxes use the test venv.
 pub async fn sandbox_server() -> LocalServer {
-    briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+    // The operator's logs go to stderr, past the test harness's capture: only when asked.
+    if std::env::var_os("RUST_LOG").is_some() {
+        briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+    }
     let key = ApiKey::new(format!("test-key-{:016x}", rand::random::<u64>())).unwrap();
     let mut config = local_server::Config::new(key);
     config.python_venv = Some(support::sandbox_venv());
