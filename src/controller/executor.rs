@@ -228,7 +228,7 @@ async fn apply<S: SandboxApi>(
     if conditions::is_true(&status.conditions, READY) {
         return probe(executor, ctx, api, &key, sandbox).await;
     }
-    let fresh = api.get_status(&executor.name_any()).await?;
+    let fresh = api.get(&executor.name_any()).await?;
     let fresh_status = fresh.status.clone().unwrap_or_default();
     if conditions::is_true(&fresh_status.conditions, READY) {
         let sandbox = Sandbox {
