@@ -44,3 +44,12 @@ demo: control-plane python-env
 	cargo run --quiet -- demo
 
 .PHONY: demo
+
+# Latency, throughput, API cost, memory and cold start, printed as a table and written as JSON
+# (see README.md, "Performance"). `make bench ARGS=--quick` for a smoke run of a few minutes.
+BENCH_OUT ?= target/bench.json
+bench: control-plane python-env
+	cargo build --release --quiet --bin briq-operator
+	cargo run --release --quiet --bin briq-bench -- --out "$(BENCH_OUT)" $(ARGS)
+
+.PHONY: bench

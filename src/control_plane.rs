@@ -24,6 +24,24 @@ use rcgen::{
 /// How long kube-apiserver may take to answer `/readyz` (its first start migrates etcd).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The audit policy of [`Options::audit_log`]: every request at level Metadata (who, verb,
+/// resource, response code; no bodies), without the RequestReceived stage, so a completed
+/// request is one line and a watch is two (ResponseStarted, ResponseComplete).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+";
+
+/// How to start a control plane; the default is what the tests use.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Make kube-apiserver write an audit log ([`ControlPlane::audit_log`]; JSON lines, see
+    /// [`AUDIT_POLICY`]), for counting the API requests of a client.
+    pub audit_log: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("control-plane binaries not found in {0} (run tests/control-plane/build.sh)")]
@@ -87,12 +105,20 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     server: String,
     bin_dir: PathBuf,
+    /// Kept to sign client certificates for other users ([`ControlPlane::kubeconfig_for`]).
+    pki: Pki,
+    audit_log: Option<PathBuf>,
 }
 
 impl ControlPlane {
     /// Starts etcd and kube-apiserver from `bin_dir` on free loopback ports and waits until the
     /// API server is ready.
     pub async fn start(bin_dir: &Path) -> Result<Self, Error> {
+        Self::start_with(bin_dir, Options::default()).await
+    }
+
+    /// [`ControlPlane::start`] with `options`.
+    pub async fn start_with(bin_dir: &Path, options: Options) -> Result<Self, Error> {
         for binary in ["etcd", "kube-apiserver"] {
             if !bin_dir.join(binary).is_file() {
                 return Err(Error::BinariesMissing(bin_dir.to_owned()));
@@ -153,6 +179,21 @@ impl ControlPlane {
             .args(["--authorization-mode", "RBAC"])
             .args(["--disable-admission-plugins", "ServiceAccount"])
             .args(["--allow-privileged=true", "--v=1"]);
+        let audit_log = if options.audit_log {
+            let policy = dir.path().join("audit-policy.yaml");
+            fs::write(&policy, AUDIT_POLICY).map_err(io("writing the audit policy"))?;
+            let log = dir.path().join("audit.log");
+            apiserver
+                .arg("--audit-policy-file")
+                .arg(&policy)
+                .arg("--audit-log-path")
+                .arg(&log)
+                // One file (rotation only past 1 GiB), written as requests complete.
+                .args(["--audit-log-maxsize=1024", "--audit-log-mode=blocking"]);
+            Some(log)
+        } else {
+            None
+        };
 
         let mut plane = ControlPlane {
             processes: Vec::new(),
@@ -160,12 +201,20 @@ impl ControlPlane {
             server: format!("https://127.0.0.1:{api_port}"),
             bin_dir: bin_dir.to_owned(),
             dir,
+            pki,
+            audit_log,
         };
-        fs::write(&plane.kubeconfig, pki.kubeconfig(&plane.server))
-            .map_err(io("writing the kubeconfig"))?;
+        let admin = plane.pki.kubeconfig(
+            &plane.server,
+            "admin",
+            &plane.pki.admin_cert,
+            &plane.pki.admin_key,
+        );
+        fs::write(&plane.kubeconfig, admin).map_err(io("writing the kubeconfig"))?;
         plane.spawn("etcd", etcd)?;
         plane.spawn("kube-apiserver", apiserver)?;
-        plane.wait_ready(&pki).await?;
+        let ca_pem = plane.pki.ca_pem.clone();
+        plane.wait_ready(&ca_pem).await?;
         Ok(plane)
     }
 
@@ -182,6 +231,32 @@ impl ControlPlane {
     /// Directory of the control-plane binaries (it holds a matching `kubectl`).
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
+    }
+
+    /// The audit log (one JSON event per line), when started with [`Options::audit_log`].
+    pub fn audit_log(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
+    }
+
+    /// Writes a kubeconfig for user `common_name` in the groups `organizations` (a client
+    /// certificate signed by this control plane's CA) and returns its path. The API server
+    /// reports the user as `user.username` in its audit log, so requests of, say, an operator
+    /// given its own kubeconfig can be told apart from everyone else's.
+    pub fn kubeconfig_for(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+    ) -> Result<PathBuf, Error> {
+        let text = self
+            .pki
+            .client_kubeconfig(&self.server, common_name, organizations)?;
+        let file: String = common_name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = self.dir.path().join(format!("kubeconfig-{file}"));
+        fs::write(&path, text).map_err(io("writing a kubeconfig"))?;
+        Ok(path)
     }
 
     fn log_path(&self, process: &str) -> PathBuf {
@@ -215,11 +290,11 @@ impl ControlPlane {
         Ok(())
     }
 
-    async fn wait_ready(&mut self, pki: &Pki) -> Result<(), Error> {
+    async fn wait_ready(&mut self, ca_pem: &str) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let url = format!("{}/readyz", self.server);
         // `/readyz` needs no client certificate: `system:public-info-viewer` grants it to all.
-        let ca = reqwest::Certificate::from_pem(pki.ca_pem.as_bytes())
+        let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes())
             .map_err(|e| Error::Build(format!("the generated CA does not parse: {e}")))?;
         let http = reqwest::Client::builder()
             .tls_certs_only([ca])
@@ -314,6 +389,7 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
 /// A throwaway CA, the API server's serving certificate, an admin client certificate and the
 /// service-account signing key.
 struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
     ca_pem: String,
     serving_cert: String,
     serving_key: String,
@@ -370,6 +446,7 @@ impl Pki {
             admin_key: admin_key.serialize_pem(),
             service_account_key: service_account.serialize_pem(),
             service_account_public_key: service_account.public_key_pem(),
+            ca,
         })
     }
 
@@ -390,7 +467,30 @@ impl Pki {
         })
     }
 
-    fn kubeconfig(&self, server: &str) -> String {
+    /// A kubeconfig whose client certificate (signed by the CA) says user `common_name` in the
+    /// groups `organizations`.
+    fn client_kubeconfig(
+        &self,
+        server: &str,
+        common_name: &str,
+        organizations: &[&str],
+    ) -> Result<String, Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        for organization in organizations {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *organization);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok(self.kubeconfig(server, common_name, &cert.pem(), &key.serialize_pem()))
+    }
+
+    fn kubeconfig(&self, server: &str, user: &str, cert_pem: &str, key_pem: &str) -> String {
         format!(
             "apiVersion: v1
 kind: Config
@@ -400,18 +500,18 @@ clusters:
     server: {server}
     certificate-authority-data: {ca}
 users:
-- name: admin
+- name: {user}
   user:
     client-certificate-data: {cert}
     client-key-data: {key}
 contexts:
 - name: local
-  context: {{cluster: local, user: admin, namespace: default}}
+  context: {{cluster: local, user: {user}, namespace: default}}
 current-context: local
 ",
             ca = BASE64.encode(&self.ca_pem),
-            cert = BASE64.encode(&self.admin_cert),
-            key = BASE64.encode(&self.admin_key),
+            cert = BASE64.encode(cert_pem),
+            key = BASE64.encode(key_pem),
         )
     }
 }
@@ -421,5 +521,39 @@ impl ControlPlane {
     pub async fn client_config(&self) -> Result<kube::Config, kube::config::KubeconfigError> {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_kubeconfigs_name_their_user_and_carry_a_fresh_certificate() {
+        let pki = Pki::generate().unwrap();
+        let server = "https://127.0.0.1:6443";
+        let text = pki
+            .client_kubeconfig(server, "briq-operator", &["system:masters"])
+            .unwrap();
+        let config = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        let user = &config.auth_infos[0];
+        assert_eq!(user.name, "briq-operator");
+        assert_eq!(
+            config.contexts[0].context.as_ref().unwrap().user.as_deref(),
+            Some("briq-operator")
+        );
+        let cert = user
+            .auth_info
+            .as_ref()
+            .unwrap()
+            .client_certificate_data
+            .clone()
+            .unwrap();
+        let admin = pki.kubeconfig(server, "admin", &pki.admin_cert, &pki.admin_key);
+        assert!(
+            !admin.contains(&cert),
+            "a minted user has a certificate of its own"
+        );
+        assert!(AUDIT_POLICY.contains("omitStages: [RequestReceived]"));
     }
 }

@@ -1,5 +1,6 @@
 //! briq-operator: sandboxed Python executors for AI-agent workloads, as Kubernetes resources.
 
+pub mod bench;
 pub mod bridge;
 pub mod briq;
 pub mod cli;

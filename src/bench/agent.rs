@@ -1,0 +1,116 @@
+//! Scenario 2: agent step overhead. The Python executor's `run_code_raise_errors("1 + 1")`
+//! (`tests/bench/agent_step.py`, with the default venv) on a warm executor, against a direct
+//! bridge call (`Session::run`) on the same sandbox right after.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kube::Api;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{
+    stack::{self, Progress, Stack},
+    stats::{Summary, ratio},
+};
+use crate::{bridge::RunStatus, controller::session::Session, crd::BriqExecutor};
+
+const NAMESPACE: &str = "bench-agent";
+const EXECUTOR: &str = "agent";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentStep {
+    pub steps: usize,
+    /// Why there is no Python executor figure.
+    pub unavailable: Option<String>,
+    pub executor_ms: Option<Summary>,
+    pub direct_ms: Option<Summary>,
+    pub ratio_median: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct ScriptOutput {
+    available: bool,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    steps_ms: Vec<f64>,
+}
+
+pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Result<AgentStep> {
+    progress.step(format!(
+        "2/6: {steps} agent steps through the Python KubernetesExecutor, then {steps} direct"
+    ));
+    stack.namespace(NAMESPACE).await?;
+    let operator = stack.operator(NAMESPACE)?;
+    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), NAMESPACE);
+    stack::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
+    let sandbox_id = executors
+        .get(EXECUTOR)
+        .await?
+        .status
+        .and_then(|s| s.sandbox_id)
+        .context("the ready executor has no sandbox id")?;
+
+    let script = stack.repo.join("tests/bench/agent_step.py");
+    let output = tokio::process::Command::new(stack.venv.join("bin/python"))
+        .arg(&script)
+        .arg("--kubeconfig")
+        .arg(stack.plane.kubeconfig())
+        .args(["--namespace", NAMESPACE, "--executor", EXECUTOR])
+        .args(["--steps", &steps.to_string()])
+        .env("KUBECONFIG", stack.plane.kubeconfig())
+        .output()
+        .await
+        .with_context(|| format!("running {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let parsed: Option<ScriptOutput> = stdout
+        .lines()
+        .rev()
+        .find_map(|line| serde_json::from_str(line).ok());
+    let (executor_ms, unavailable) = match parsed {
+        Some(out) if out.available => (Summary::of_millis(&out.steps_ms), None),
+        Some(out) => (None, Some(out.reason.unwrap_or_default())),
+        None => {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "{} failed ({}):\n{}",
+                script.display(),
+                output.status,
+                tail.join("\n")
+            );
+        }
+    };
+
+    let session = Session {
+        api: &stack.sandboxes,
+        key: stack.key(),
+        sandbox_id: &sandbox_id,
+    };
+    let mut direct = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let started = Instant::now();
+        let result = session
+            .run(&format!("direct-{i:04}"), "1 + 1", Duration::from_secs(30))
+            .await?;
+        direct.push(started.elapsed());
+        if result.status != RunStatus::Ok {
+            bail!("a direct bridge call failed: {result:?}");
+        }
+    }
+    stack::delete_executors(&executors).await?;
+    operator.stop().await;
+    let direct_ms = Summary::of(&direct);
+    Ok(AgentStep {
+        steps,
+        ratio_median: ratio(
+            executor_ms.as_ref().map(|s| s.median),
+            direct_ms.as_ref().map(|s| s.median),
+        ),
+        unavailable,
+        executor_ms,
+        direct_ms,
+    })
+}

@@ -1,0 +1,145 @@
+//! Scenario 6: cold start, executor create → Ready. (a) The bridge's dependencies already in
+//! the sandbox's Python (the default venv: setup skips pip); (b) installed by pip from the
+//! package index: a local sandbox server of its own per run whose Python is a fresh, empty venv
+//! (made before the clock starts), so setup pip-installs everything.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kube::{Api, api::PostParams};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{
+    stack::{self, Progress, Stack},
+    stats::Summary,
+};
+use crate::crd::BriqExecutor;
+
+const PREINSTALLED_NAMESPACE: &str = "bench-cold";
+const PIP_NAMESPACE: &str = "bench-cold-pip";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ColdStart {
+    pub runs: usize,
+    pub preinstalled_ms: Option<Summary>,
+    pub pip_ms: Option<Summary>,
+    /// Why there is no pip figure.
+    pub pip_unavailable: Option<String>,
+}
+
+pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Result<ColdStart> {
+    progress.step(format!(
+        "6/6: cold start x{runs}, dependencies present (default venv)"
+    ));
+    stack.namespace(PREINSTALLED_NAMESPACE).await?;
+    let operator = stack.operator(PREINSTALLED_NAMESPACE)?;
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), PREINSTALLED_NAMESPACE);
+    let mut preinstalled = Vec::new();
+    for i in 0..runs {
+        preinstalled.push(create_to_ready(&api, &format!("cold-{i}"), json!({})).await?);
+        stack::delete_executors(&api).await?;
+    }
+    operator.stop().await;
+
+    progress.step(format!(
+        "6: cold start x{runs}, dependencies pip-installed into a fresh venv"
+    ));
+    stack.namespace(PIP_NAMESPACE).await?;
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), PIP_NAMESPACE);
+    let python = std::env::var("BRIQ_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut pip = Vec::new();
+    let mut pip_unavailable = None;
+    for i in 0..runs {
+        let dir = tempfile::Builder::new()
+            .prefix("briq-bench-venv-")
+            .tempdir()?;
+        let venv = dir.path().join("venv");
+        let status = tokio::process::Command::new(&python)
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .await
+            .with_context(|| format!("running {python} -m venv"))?;
+        if !status.success() {
+            bail!("{python} -m venv failed ({status})");
+        }
+        let server = stack::spawn_server(Some(venv.clone())).await?;
+        let operator = stack.operator_on(PIP_NAMESPACE, &server)?;
+        let spec = json!({ "setupTimeoutSeconds": 60 });
+        let outcome = create_to_ready(&api, &format!("pip-{i}"), spec)
+            .await
+            .and_then(|took| {
+                // The figure means something only if setup really pip-installed the bridge's
+                // dependencies into the empty venv.
+                if !installed(&venv, "smolagents") {
+                    bail!(
+                        "setup did not pip-install smolagents into {}",
+                        venv.display()
+                    );
+                }
+                Ok(took)
+            });
+        stack::delete_executors(&api).await?;
+        operator.stop().await;
+        server.shutdown().await;
+        match outcome {
+            Ok(took) => {
+                pip.push(took);
+                progress.step(format!(
+                    "6: pip run {} ready in {:.1}s",
+                    i + 1,
+                    took.as_secs_f64()
+                ));
+            }
+            Err(error) => {
+                let reason = format!("{error:#}");
+                let last = reason
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned();
+                let first = reason.lines().next().unwrap_or_default().to_owned();
+                pip_unavailable = Some(if first == last {
+                    first
+                } else {
+                    format!("{first} … {last}")
+                });
+                break;
+            }
+        }
+    }
+    Ok(ColdStart {
+        runs,
+        preinstalled_ms: Summary::of(&preinstalled),
+        pip_ms: if pip_unavailable.is_some() {
+            None
+        } else {
+            Summary::of(&pip)
+        },
+        pip_unavailable,
+    })
+}
+
+/// Whether `package` is installed in `venv`.
+fn installed(venv: &std::path::Path, package: &str) -> bool {
+    let Ok(lib) = std::fs::read_dir(venv.join("lib")) else {
+        return false;
+    };
+    lib.flatten()
+        .any(|python| python.path().join("site-packages").join(package).is_dir())
+}
+
+async fn create_to_ready(
+    api: &Api<BriqExecutor>,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<Duration> {
+    let object = stack::executor(name, spec)?;
+    let started = Instant::now();
+    api.create(&PostParams::default(), &object).await?;
+    stack::wait_ready(api, name).await?;
+    Ok(started.elapsed())
+}

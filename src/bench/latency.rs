@@ -1,0 +1,238 @@
+//! Scenarios 1 and 4: per-action latency on a warm executor (through the operator, directly
+//! through the bridge, and the raw sandbox exec floor), and what each Execution costs the API
+//! server, counted in the audit log and by a watch of our own.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use kube::{Api, api::PostParams, runtime::wait::await_condition};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{
+    audit::{self, RequestCounts},
+    stack::{self, OPERATOR_USER, Progress, Stack, WatchCounter},
+    stats::{Summary, ratio},
+};
+use crate::{
+    bridge::RunStatus,
+    briq::{ExecRequest, SandboxApi},
+    controller::session::Session,
+    crd::{BriqExecutor, Execution},
+};
+
+const NAMESPACE: &str = "bench-latency";
+const EXECUTOR: &str = "warm";
+const CODE: &str = "1 + 1";
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+const WARM_UP: usize = 3;
+/// Runs of each Python start-up probe.
+const PYTHON_RUNS: usize = 50;
+/// What the bridge imports to talk to the kernel.
+const IMPORT_JUPYTER_CLIENT: &str =
+    "from jupyter_client.blocking.client import BlockingKernelClient";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub actions: usize,
+    /// Create → `Succeeded` seen through a watch.
+    pub operator_ms: Option<Summary>,
+    /// `Session::run` on the same sandbox: upload + bridge exec, no Kubernetes.
+    pub direct_ms: Option<Summary>,
+    /// The sandbox exec of `true`.
+    pub raw_exec_true_ms: Option<Summary>,
+    /// Where a direct call's time goes: the kernel's own time for the code (the bridge's
+    /// `duration_ms`), a sandbox exec of `python3 -c pass`, and one that imports the Jupyter
+    /// client, as every bridge `run` does.
+    pub kernel_duration_ms: Option<Summary>,
+    pub python_start_ms: Option<Summary>,
+    pub python_import_jupyter_client_ms: Option<Summary>,
+    pub ratio_median: Option<f64>,
+    pub ratio_p95: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiCost {
+    pub executions: usize,
+    pub reads_per_execution: f64,
+    pub writes_per_execution: f64,
+    /// Watch requests the operator started during the run (its watches are long-lived).
+    pub watch_requests: u64,
+    pub watch_requests_per_execution: f64,
+    /// Events a watch of the namespace received, per Execution.
+    pub watch_events_per_execution: WatchEvents,
+    /// Every operator request of the run, by verb and resource, per Execution.
+    pub requests_per_execution: BTreeMap<String, f64>,
+    pub totals: RequestCounts,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WatchEvents {
+    pub executions: f64,
+    pub executors: f64,
+    pub total: f64,
+}
+
+pub async fn run(
+    stack: &Stack,
+    progress: &Progress,
+    actions: usize,
+) -> anyhow::Result<(Latency, ApiCost)> {
+    stack.namespace(NAMESPACE).await?;
+    let operator = stack.operator(NAMESPACE)?;
+    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), NAMESPACE);
+    let executions: Api<Execution> = Api::namespaced(stack.admin.clone(), NAMESPACE);
+    stack::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
+    let sandbox_id = executors
+        .get(EXECUTOR)
+        .await?
+        .status
+        .and_then(|s| s.sandbox_id)
+        .context("the ready executor has no sandbox id")?;
+    sequential(&executions, "warmup", WARM_UP).await?;
+    progress.step(format!(
+        "1/6: executor ready; {actions} Executions of `{CODE}`, one after another"
+    ));
+
+    let audit_log = stack
+        .plane
+        .audit_log()
+        .context("the control plane has no audit log")?
+        .to_owned();
+    let counter = WatchCounter::start(&stack.admin, NAMESPACE).await?;
+    let from = audit::offset(&audit_log)?;
+    let operator_times = sequential(&executions, "lat", actions).await?;
+    // Anything the last Execution still triggers (executor reconcile after the counters).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let to = audit::offset(&audit_log)?;
+    let (execution_events, executor_events) = counter.counts();
+    drop(counter);
+    let totals = audit::count(&audit_log, from, to, OPERATOR_USER)?;
+
+    progress.step(format!(
+        "1: {actions} direct bridge calls and {actions} execs of `true` on the same sandbox"
+    ));
+    let session = Session {
+        api: &stack.sandboxes,
+        key: stack.key(),
+        sandbox_id: &sandbox_id,
+    };
+    let mut direct_times = Vec::with_capacity(actions);
+    let mut kernel_times = Vec::with_capacity(actions);
+    for i in 0..actions {
+        let started = Instant::now();
+        let result = session
+            .run(&format!("direct-{i:04}"), CODE, Duration::from_secs(30))
+            .await?;
+        direct_times.push(started.elapsed());
+        kernel_times.push(result.duration_ms as f64);
+        if result.status != RunStatus::Ok || result.output.as_deref() != Some("2") {
+            bail!("a direct bridge call did not give 2: {result:?}");
+        }
+    }
+    let exec = |argv: &[&str], count: usize| {
+        let request = ExecRequest {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            cwd: Some(crate::bridge::WORKDIR.into()),
+            env: BTreeMap::new(),
+            timeout: Duration::from_secs(10),
+            stdin: None,
+        };
+        let sandbox_id = &sandbox_id;
+        async move {
+            let mut times = Vec::with_capacity(count);
+            for _ in 0..count {
+                let started = Instant::now();
+                let output = stack
+                    .sandboxes
+                    .exec(stack.key(), sandbox_id, &request)
+                    .await?;
+                times.push(started.elapsed());
+                if output.exit_code != Some(0) {
+                    bail!("{:?} exited with {:?}", request.argv, output.exit_code);
+                }
+            }
+            Ok::<_, anyhow::Error>(times)
+        }
+    };
+    let raw_times = exec(&["true"], actions).await?;
+    let python_runs = actions.min(PYTHON_RUNS);
+    let python_start = exec(&["python3", "-c", "pass"], python_runs).await?;
+    let python_import = exec(&["python3", "-c", IMPORT_JUPYTER_CLIENT], python_runs).await?;
+    stack::delete_executors(&executors).await?;
+    operator.stop().await;
+
+    let operator_ms = Summary::of(&operator_times);
+    let direct_ms = Summary::of(&direct_times);
+    let latency = Latency {
+        actions,
+        ratio_median: ratio(
+            operator_ms.as_ref().map(|s| s.median),
+            direct_ms.as_ref().map(|s| s.median),
+        ),
+        ratio_p95: ratio(
+            operator_ms.as_ref().map(|s| s.p95),
+            direct_ms.as_ref().map(|s| s.p95),
+        ),
+        operator_ms,
+        direct_ms,
+        raw_exec_true_ms: Summary::of(&raw_times),
+        kernel_duration_ms: Summary::of_millis(&kernel_times),
+        python_start_ms: Summary::of(&python_start),
+        python_import_jupyter_client_ms: Summary::of(&python_import),
+    };
+    let per = |count: u64| count as f64 / actions.max(1) as f64;
+    let cost = ApiCost {
+        executions: actions,
+        reads_per_execution: per(totals.reads),
+        writes_per_execution: per(totals.writes),
+        watch_requests: totals.watches,
+        watch_requests_per_execution: per(totals.watches),
+        watch_events_per_execution: WatchEvents {
+            executions: per(execution_events),
+            executors: per(executor_events),
+            total: per(execution_events + executor_events),
+        },
+        requests_per_execution: totals
+            .by_request
+            .iter()
+            .map(|(what, count)| (what.clone(), per(*count)))
+            .collect(),
+        totals,
+    };
+    Ok((latency, cost))
+}
+
+/// Creates `count` Executions of [`CODE`] one after another, each timed from the create call
+/// to its `Succeeded` condition seen through a watch.
+async fn sequential(
+    api: &Api<Execution>,
+    prefix: &str,
+    count: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut times = Vec::with_capacity(count);
+    for i in 0..count {
+        let name = format!("{prefix}-{i:04}");
+        let execution = stack::execution(&name, EXECUTOR, CODE)?;
+        let started = Instant::now();
+        // Watching before the create costs nothing extra: the watch starts from a list.
+        let done = tokio::spawn({
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let finished = |e: Option<&Execution>| e.is_some_and(stack::finished);
+                await_condition(api, &name, finished).await
+            }
+        });
+        api.create(&PostParams::default(), &execution).await?;
+        let finished = tokio::time::timeout(RUN_TIMEOUT, done)
+            .await
+            .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
+            .with_context(|| format!("Execution {name} disappeared"))?;
+        times.push(started.elapsed());
+        stack::check_two(&finished)?;
+    }
+    Ok(times)
+}

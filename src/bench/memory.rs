@@ -1,0 +1,311 @@
+//! Scenario 5: the operator's own footprint as object counts grow. A separate `briq-operator
+//! run --namespace NS` process (the release binary beside this one), its peak RSS (`VmHWM`)
+//! idle, with many `BriqExecutor`s (whose API key Secret is missing, so no sandbox is made) and
+//! with many finished `Execution`s (finished by us through the status subresource).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use kube::{
+    Api,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde::Serialize;
+use serde_json::json;
+
+use super::stack::{self, Progress, Stack};
+use crate::crd::{BriqExecutor, Execution};
+
+const EXECUTORS_NAMESPACE: &str = "bench-memory-executors";
+const EXECUTIONS_NAMESPACE: &str = "bench-memory-executions";
+const WRITES_AT_ONCE: usize = 32;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// Peak RSS of a freshly started operator with nothing to do.
+    pub idle_peak_kib: u64,
+    pub executors: usize,
+    /// Peak RSS once it has reconciled that many executors (all at `ApiKeyMissing`).
+    pub with_executors_peak_kib: u64,
+    pub with_executors_rss_kib: u64,
+    pub executions: usize,
+    /// Peak RSS of an operator started on a namespace holding that many finished Executions.
+    pub with_executions_peak_kib: u64,
+    pub with_executions_rss_kib: u64,
+}
+
+pub async fn run(
+    stack: &Stack,
+    progress: &Progress,
+    executors: usize,
+    executions: usize,
+) -> anyhow::Result<Memory> {
+    let binary = operator_binary()?;
+    let logs = tempfile::Builder::new().prefix("briq-bench-").tempdir()?;
+
+    stack.namespace(EXECUTORS_NAMESPACE).await?;
+    let first = Operator::start(
+        stack,
+        &binary,
+        EXECUTORS_NAMESPACE,
+        &logs.path().join("operator-executors.log"),
+    )?;
+    first.settle().await?;
+    let idle = first.memory()?;
+    progress.step(format!(
+        "5/6: operator idle at {} KiB peak; creating {executors} BriqExecutors",
+        idle.peak
+    ));
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), EXECUTORS_NAMESPACE);
+    let spec = json!({ "apiKeySecretRef": { "name": "missing" } });
+    stream::iter(0..executors)
+        .map(|i| {
+            let (api, spec) = (api.clone(), spec.clone());
+            async move {
+                let object = stack::executor(&format!("m-{i:05}"), spec)?;
+                api.create(&PostParams::default(), &object).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(WRITES_AT_ONCE)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60 + executors as u64 / 5);
+    loop {
+        first.alive()?;
+        let waiting = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|e| {
+                stack::ready_reason(e).is_none_or(|(_, reason, _)| reason != "ApiKeyMissing")
+            })
+            .count();
+        if waiting == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{waiting} of {executors} executors never reported ApiKeyMissing");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    first.settle().await?;
+    let with_executors = first.memory()?;
+    first.stop().await;
+
+    progress.step(format!(
+        "5: {} KiB peak with {executors} executors; creating {executions} finished Executions",
+        with_executors.peak
+    ));
+    stack.namespace(EXECUTIONS_NAMESPACE).await?;
+    create_finished(stack, executions).await?;
+    let second = Operator::start(
+        stack,
+        &binary,
+        EXECUTIONS_NAMESPACE,
+        &logs.path().join("operator-executions.log"),
+    )?;
+    second.settle().await?;
+    let with_executions = second.memory()?;
+    second.stop().await;
+    Ok(Memory {
+        idle_peak_kib: idle.peak,
+        executors,
+        with_executors_peak_kib: with_executors.peak,
+        with_executors_rss_kib: with_executors.rss,
+        executions,
+        with_executions_peak_kib: with_executions.peak,
+        with_executions_rss_kib: with_executions.rss,
+    })
+}
+
+/// Creates `count` Executions and finishes each (Succeeded=True) through the status subresource.
+/// No operator watches the namespace meanwhile, so nothing else writes their status.
+async fn create_finished(stack: &Stack, count: usize) -> anyhow::Result<()> {
+    let api: Api<Execution> = Api::namespaced(stack.admin.clone(), EXECUTIONS_NAMESPACE);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    stream::iter(0..count)
+        .map(|i| {
+            let (api, now) = (api.clone(), now.clone());
+            async move {
+                let name = format!("done-{i:05}");
+                let object = stack::execution(&name, "gone", "1 + 1")?;
+                api.create(&PostParams::default(), &object).await?;
+                let status = json!({
+                    "status": {
+                        "observedGeneration": 1,
+                        "conditions": [{
+                            "type": "Succeeded", "status": "True", "reason": "Completed",
+                            "message": "the code ran", "lastTransitionTime": now,
+                            "observedGeneration": 1,
+                        }],
+                        "attemptId": format!("{i:016x}"),
+                        "output": "2",
+                        "startTime": now,
+                        "completionTime": now,
+                        "durationMillis": 3,
+                    },
+                });
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(WRITES_AT_ONCE)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// `briq-operator` next to this executable (`make bench` builds it); built when missing.
+fn operator_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .context("the benchmark binary has no directory")?;
+    let binary = dir.join("briq-operator");
+    if !binary.is_file() {
+        let mut build =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
+        build
+            .args(["build", "--bin", "briq-operator"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().context("building briq-operator")?;
+        if !status.success() || !binary.is_file() {
+            bail!("could not build {}", binary.display());
+        }
+    }
+    Ok(binary)
+}
+
+struct Usage {
+    peak: u64,
+    rss: u64,
+}
+
+struct Operator {
+    child: tokio::process::Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(stack: &Stack, binary: &Path, namespace: &str, log: &Path) -> anyhow::Result<Self> {
+        let out = std::fs::File::create(log)?;
+        // Its HTTP endpoints on a free port, so that nothing else on the machine is in the way.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = tokio::process::Command::new(binary)
+            .args(["run", "--namespace", namespace])
+            .env("KUBECONFIG", &stack.operator_kubeconfig)
+            .env("BRIQ_API_URL", stack.server.url().as_str())
+            .env("BRIQ_API_KEY", stack.key().expose())
+            .env("BRIQ_HTTP_ADDRESS", format!("127.0.0.1:{port}"))
+            .env_remove("BRIQ_OPERATOR_NAMESPACE")
+            .env_remove("BRIQ_LEADER_ELECTION")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let pid = child.id().context("the operator exited at once")?;
+        Ok(Operator {
+            child,
+            pid,
+            log: log.to_owned(),
+        })
+    }
+
+    fn alive(&self) -> anyhow::Result<()> {
+        if std::fs::metadata(format!("/proc/{}/status", self.pid)).is_err()
+            || proc_field(self.pid, "State:").is_some_and(|s| s.starts_with('Z'))
+        {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "the operator process exited; its log ends:\n{}",
+                tail.join("\n")
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until the process has used no CPU for two seconds (at least 3 s, at most 180 s).
+    async fn settle(&self) -> anyhow::Result<()> {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut last = (cpu_ticks(self.pid), Instant::now());
+        while Instant::now() < deadline {
+            self.alive()?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let ticks = cpu_ticks(self.pid);
+            if ticks != last.0 {
+                last = (ticks, Instant::now());
+            } else if last.1.elapsed() >= Duration::from_secs(2) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn memory(&self) -> anyhow::Result<Usage> {
+        self.alive()?;
+        let kib = |field: &str| {
+            proc_field(self.pid, field)
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .with_context(|| format!("no {field} in /proc/{}/status", self.pid))
+        };
+        Ok(Usage {
+            peak: kib("VmHWM:")?,
+            rss: kib("VmRSS:")?,
+        })
+    }
+
+    async fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid; it has not been reaped yet.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+fn proc_field(pid: u32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field).map(|v| v.trim().to_owned()))
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name, which may contain spaces.
+    let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    field(11) + field(12)
+}

@@ -1,0 +1,267 @@
+//! `briq-bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
+//! server and the operator, measures per-action latency, agent step overhead, throughput and
+//! scaling, API cost per Execution, the operator's memory and cold start, prints the figures as a
+//! Markdown table and writes them as JSON (`--out`), so two runs can be compared.
+//!
+//! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
+//! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
+//! the memory scenario, which measures a separate `briq-operator run` process.
+
+mod agent;
+mod audit;
+mod cold_start;
+mod latency;
+mod memory;
+mod report;
+mod scaling;
+mod stack;
+mod stats;
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+pub use report::Machine;
+pub use stats::Summary;
+
+/// Measure briq-operator on this machine and print the figures.
+#[derive(Debug, clap::Parser)]
+#[command(name = "briq-bench", version)]
+pub struct Args {
+    /// Also write the figures as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Scaled-down counts, for a smoke run of a few minutes.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Scenario 3: a point ends at the latest this many seconds after its first create; what
+    /// finished by then is reported as a partial point.
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    pub point_bound: u64,
+
+    /// Only these scenarios (1-6, comma separated; 4 is measured within 1) [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "N,…")]
+    pub only: Vec<u8>,
+}
+
+/// How much each scenario does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counts {
+    pub sequential_actions: usize,
+    pub agent_steps: usize,
+    pub scaling_executors: Vec<usize>,
+    pub scaling_actions: usize,
+    pub scaling_bound_seconds: u64,
+    pub memory_executors: usize,
+    pub memory_executions: usize,
+    pub cold_start_runs: usize,
+}
+
+impl Counts {
+    pub fn new(quick: bool) -> Counts {
+        if quick {
+            Counts {
+                sequential_actions: 20,
+                agent_steps: 10,
+                scaling_executors: vec![1, 3, 10],
+                scaling_actions: 5,
+                scaling_bound_seconds: 120,
+                memory_executors: 100,
+                memory_executions: 1_000,
+                cold_start_runs: 1,
+            }
+        } else {
+            Counts {
+                sequential_actions: 200,
+                agent_steps: 50,
+                scaling_executors: vec![1, 10, 100],
+                scaling_actions: 20,
+                scaling_bound_seconds: 120,
+                memory_executors: 1_000,
+                memory_executions: 10_000,
+                cold_start_runs: 5,
+            }
+        }
+    }
+}
+
+/// Everything one run measured (the JSON of `--out`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Bumped when a field changes meaning.
+    pub format: u32,
+    pub quick: bool,
+    pub machine: Machine,
+    pub counts: Counts,
+    pub wall_seconds: f64,
+    pub latency: Option<latency::Latency>,
+    pub agent_step: Option<agent::AgentStep>,
+    pub scaling: Option<Vec<scaling::Point>>,
+    pub api_cost: Option<latency::ApiCost>,
+    pub memory: Option<memory::Memory>,
+    pub cold_start: Option<cold_start::ColdStart>,
+    /// Scenarios that failed, with why; the others still ran.
+    pub errors: BTreeMap<String, String>,
+}
+
+/// What one scenario measured.
+enum Outcome {
+    Latency(Box<(latency::Latency, latency::ApiCost)>),
+    Agent(agent::AgentStep),
+    /// The points measured, and the labelled errors of those that failed.
+    Scaling(Vec<scaling::Point>, Vec<(String, String)>),
+    ColdStart(cold_start::ColdStart),
+    Memory(memory::Memory),
+}
+
+/// The order scenarios run in. Memory leaves thousands of objects behind and scaling can leave
+/// the API server saturated: they come last.
+const ORDER: [u8; 5] = [1, 2, 6, 5, 3];
+
+async fn scenario(
+    n: u8,
+    stack: &stack::Stack,
+    progress: &stack::Progress,
+    counts: &Counts,
+) -> anyhow::Result<Outcome> {
+    Ok(match n {
+        1 => {
+            let (latency, cost) = latency::run(stack, progress, counts.sequential_actions).await?;
+            Outcome::Latency(Box::new((latency, cost)))
+        }
+        2 => Outcome::Agent(agent::run(stack, progress, counts.agent_steps).await?),
+        3 => {
+            let (points, failures) = scaling::run(
+                stack,
+                progress,
+                &counts.scaling_executors,
+                counts.scaling_actions,
+                std::time::Duration::from_secs(counts.scaling_bound_seconds),
+            )
+            .await;
+            let failures = failures
+                .into_iter()
+                .map(|(executors, error)| {
+                    (format!("3 ({executors} executors)"), format!("{error:#}"))
+                })
+                .collect();
+            Outcome::Scaling(points, failures)
+        }
+        5 => Outcome::Memory(
+            memory::run(
+                stack,
+                progress,
+                counts.memory_executors,
+                counts.memory_executions,
+            )
+            .await?,
+        ),
+        6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
+        other => anyhow::bail!("no scenario {other}"),
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match terminate.as_mut() {
+                Some(terminate) => { terminate.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
+/// Runs the scenarios, prints the table, writes the JSON (also after each scenario, so an
+/// interrupted run keeps what it measured). Fails when a scenario failed or the run was
+/// interrupted (SIGINT, SIGTERM: the sandboxes and the control plane are stopped first).
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let progress = stack::Progress::start();
+    let counts = Counts {
+        scaling_bound_seconds: args.point_bound,
+        ..Counts::new(args.quick)
+    };
+    let mut report = Report {
+        format: 1,
+        quick: args.quick,
+        machine: Machine::describe(),
+        counts: counts.clone(),
+        wall_seconds: 0.0,
+        latency: None,
+        agent_step: None,
+        scaling: None,
+        api_cost: None,
+        memory: None,
+        cold_start: None,
+        errors: BTreeMap::new(),
+    };
+    let mut interrupt = std::pin::pin!(interrupted());
+    let stack = tokio::select! {
+        stack = stack::Stack::start(&progress) => stack?,
+        _ = &mut interrupt => anyhow::bail!("interrupted"),
+    };
+    let wanted = |n: u8| {
+        args.only.is_empty() || args.only.contains(&n) || (n == 1 && args.only.contains(&4))
+    };
+    for n in ORDER.into_iter().filter(|n| wanted(*n)) {
+        let label = if n == 1 {
+            "1+4".to_owned()
+        } else {
+            n.to_string()
+        };
+        let outcome = tokio::select! {
+            outcome = scenario(n, &stack, &progress, &counts) => outcome,
+            _ = &mut interrupt => {
+                progress.step("interrupted: stopping the sandboxes and the control plane");
+                report.errors.insert(label, "interrupted".into());
+                break;
+            }
+        };
+        match outcome {
+            Ok(Outcome::Latency(measured)) => {
+                let (latency, cost) = *measured;
+                report.latency = Some(latency);
+                report.api_cost = Some(cost);
+            }
+            Ok(Outcome::Agent(agent)) => report.agent_step = Some(agent),
+            Ok(Outcome::Scaling(points, failures)) => {
+                report.scaling = Some(points);
+                report.errors.extend(failures);
+            }
+            Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
+            Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
+            Err(error) => {
+                progress.step(format!("scenario {label} failed: {error:#}"));
+                report.errors.insert(label, format!("{error:#}"));
+            }
+        }
+        report.wall_seconds = progress.elapsed().as_secs_f64();
+        if let Some(out) = &args.out {
+            write_json(out, &report)?;
+        }
+    }
+    stack.stop().await;
+    report.wall_seconds = progress.elapsed().as_secs_f64();
+
+    print!("\n{}", report::table(&report));
+    if let Some(out) = &args.out {
+        write_json(out, &report)?;
+        eprintln!("figures written to {}", out.display());
+    }
+    if !report.errors.is_empty() {
+        anyhow::bail!("{} scenario(s) failed or did not run", report.errors.len());
+    }
+    Ok(())
+}
+
+fn write_json(out: &std::path::Path, report: &Report) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    std::fs::write(out, json + "\n").with_context(|| format!("writing {}", out.display()))
+}

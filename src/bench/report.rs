@@ -1,0 +1,353 @@
+//! The machine a run measured, and the table printed from a [`super::Report`].
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{Report, stats::Summary};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    /// 1, 5 and 15 minute load averages when the run started (the machine may be shared).
+    pub load_average_at_start: String,
+    /// `git describe --always --dirty` of the repository.
+    pub commit: Option<String>,
+}
+
+impl Machine {
+    pub fn describe() -> Machine {
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+        let cpuinfo = read("/proc/cpuinfo");
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, model)| model.trim().to_owned())
+            .unwrap_or_else(|| "unknown".into());
+        let memory_kib: f64 = read("/proc/meminfo")
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        let commit = std::process::Command::new("git")
+            .args(["describe", "--always", "--dirty"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model,
+            memory_gib: (memory_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_owned(),
+            load_average_at_start: read("/proc/loadavg")
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+            commit,
+        }
+    }
+}
+
+struct Row {
+    scenario: &'static str,
+    figure: String,
+    median: String,
+    p95: String,
+    notes: String,
+}
+
+fn ms(value: f64) -> String {
+    if value >= 1000.0 {
+        format!("{:.2} s", value / 1000.0)
+    } else if value >= 100.0 {
+        format!("{value:.0} ms")
+    } else {
+        format!("{value:.1} ms")
+    }
+}
+
+fn times(value: Option<f64>) -> String {
+    value.map_or_else(|| "n/a".into(), |v| format!("{v:.2}×"))
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn timing(scenario: &'static str, figure: &str, summary: Option<&Summary>, notes: String) -> Row {
+    let (median, p95) = summary.map_or_else(
+        || ("n/a".into(), "n/a".into()),
+        |s| (ms(s.median), ms(s.p95)),
+    );
+    let notes = match summary {
+        Some(s) if notes.is_empty() => format!("n={}", s.n),
+        Some(s) => format!("n={}; {notes}", s.n),
+        None => notes,
+    };
+    Row {
+        scenario,
+        figure: figure.to_owned(),
+        median,
+        p95,
+        notes,
+    }
+}
+
+fn plain(scenario: &'static str, figure: &str, notes: String) -> Row {
+    Row {
+        scenario,
+        figure: figure.to_owned(),
+        median: String::new(),
+        p95: String::new(),
+        notes,
+    }
+}
+
+/// The figures as a Markdown table, headed by the machine.
+pub fn table(report: &Report) -> String {
+    let mut rows = Vec::new();
+    if let Some(l) = &report.latency {
+        rows.push(timing(
+            "1",
+            "per action via the operator (create → Succeeded, watched)",
+            l.operator_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(timing(
+            "1",
+            "per action, direct bridge call (`Session::run`, same sandbox)",
+            l.direct_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(Row {
+            scenario: "1",
+            figure: "ratio operator / direct".into(),
+            median: times(l.ratio_median),
+            p95: times(l.ratio_p95),
+            notes: String::new(),
+        });
+        rows.push(timing(
+            "1",
+            "… of which the kernel ran the code (bridge's `duration_ms`)",
+            l.kernel_duration_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(timing(
+            "1",
+            "sandbox exec of `python3 -c pass`",
+            l.python_start_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(timing(
+            "1",
+            "sandbox exec of `python3` importing the Jupyter client",
+            l.python_import_jupyter_client_ms.as_ref(),
+            "what every bridge `run` imports".into(),
+        ));
+        rows.push(timing(
+            "1",
+            "raw sandbox exec of `true` (the floor)",
+            l.raw_exec_true_ms.as_ref(),
+            String::new(),
+        ));
+    }
+    if let Some(a) = &report.agent_step {
+        let figure = "agent step, `KubernetesExecutor.run_code_raise_errors`";
+        match &a.unavailable {
+            Some(reason) => rows.push(plain("2", figure, format!("n/a ({reason})"))),
+            None => rows.push(timing("2", figure, a.executor_ms.as_ref(), String::new())),
+        }
+        rows.push(timing(
+            "2",
+            "agent step, direct bridge call",
+            a.direct_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(Row {
+            scenario: "2",
+            figure: "ratio executor / direct".into(),
+            median: times(a.ratio_median),
+            p95: String::new(),
+            notes: String::new(),
+        });
+    }
+    for p in report.scaling.iter().flatten() {
+        let mut notes = format!(
+            "**{:.1} executions/s** ({} in {:.1} s); API reads {:.1}, writes {:.1} per Execution",
+            p.executions_per_second,
+            p.finished,
+            p.wall_seconds,
+            p.reads_per_execution,
+            p.writes_per_execution
+        );
+        if !p.complete {
+            let _ = write!(
+                notes,
+                "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
+                p.executions - p.finished,
+                p.executions
+            );
+        }
+        if p.api_errors > 0 {
+            let _ = write!(notes, "; {} API 5xx/429 answers", p.api_errors);
+        }
+        if let Some(why) = &p.unverified {
+            let _ = write!(notes, "; outputs not checked ({why})");
+        }
+        if p.setup_failures > 0 {
+            let _ = write!(
+                notes,
+                "; {} executor setups failed and were repeated",
+                p.setup_failures
+            );
+        }
+        rows.push(timing(
+            "3",
+            &format!(
+                "{} executor{} × {} actions, all created at once",
+                p.executors,
+                if p.executors == 1 { "" } else { "s" },
+                p.actions_per_executor
+            ),
+            p.latency_ms.as_ref(),
+            notes,
+        ));
+    }
+    if let Some(c) = &report.api_cost {
+        rows.push(plain(
+            "4",
+            "API requests per Execution (operator, audit log)",
+            format!(
+                "reads {:.2}, writes {:.2}, watch requests {:.2} ({} in {} Executions)",
+                c.reads_per_execution,
+                c.writes_per_execution,
+                c.watch_requests_per_execution,
+                c.watch_requests,
+                c.executions
+            ),
+        ));
+        let mut by: Vec<(&String, &f64)> = c.requests_per_execution.iter().collect();
+        by.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+        rows.push(plain(
+            "4",
+            "… by request",
+            by.iter()
+                .filter(|(what, _)| !what.starts_with("watch "))
+                .map(|(what, per)| format!("{what} {per:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+        let w = &c.watch_events_per_execution;
+        rows.push(plain(
+            "4",
+            "watch events per Execution",
+            format!(
+                "{:.2} (Execution {:.2}, BriqExecutor {:.2})",
+                w.total, w.executions, w.executors
+            ),
+        ));
+    }
+    if let Some(m) = &report.memory {
+        rows.push(plain(
+            "5",
+            "operator peak RSS (VmHWM), idle",
+            mib(m.idle_peak_kib),
+        ));
+        rows.push(plain(
+            "5",
+            &format!("operator peak RSS, {} BriqExecutors", m.executors),
+            format!(
+                "{} (RSS now {})",
+                mib(m.with_executors_peak_kib),
+                mib(m.with_executors_rss_kib)
+            ),
+        ));
+        rows.push(plain(
+            "5",
+            &format!("operator peak RSS, {} finished Executions", m.executions),
+            format!(
+                "{} (RSS now {})",
+                mib(m.with_executions_peak_kib),
+                mib(m.with_executions_rss_kib)
+            ),
+        ));
+    }
+    if let Some(c) = &report.cold_start {
+        rows.push(timing(
+            "6",
+            "cold start create → Ready, dependencies present",
+            c.preinstalled_ms.as_ref(),
+            String::new(),
+        ));
+        let figure = "cold start create → Ready, dependencies pip-installed";
+        match &c.pip_unavailable {
+            Some(reason) => rows.push(plain("6", figure, format!("n/a ({reason})"))),
+            None => rows.push(timing("6", figure, c.pip_ms.as_ref(), String::new())),
+        }
+    }
+    for (scenario, error) in &report.errors {
+        let line: String = error.split_whitespace().collect::<Vec<_>>().join(" ");
+        let short: String = line.chars().take(300).collect();
+        rows.push(plain("!", &format!("scenario {scenario} failed"), short));
+    }
+
+    let m = &report.machine;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "briq-bench ({} run, {:.0} s, commit {})",
+        if report.quick { "quick" } else { "full" },
+        report.wall_seconds,
+        m.commit.as_deref().unwrap_or("unknown")
+    );
+    let _ = writeln!(
+        out,
+        "machine: {} CPUs ({}), {:.1} GiB, Linux {}; load average at start {}\n",
+        m.cpus, m.cpu_model, m.memory_gib, m.kernel, m.load_average_at_start
+    );
+    let header = Row {
+        scenario: "#",
+        figure: "figure".into(),
+        median: "median".into(),
+        p95: "p95".into(),
+        notes: "notes".into(),
+    };
+    let cells = |r: &Row| {
+        [
+            r.scenario.to_owned(),
+            r.figure.clone(),
+            r.median.clone(),
+            r.p95.clone(),
+            r.notes.clone(),
+        ]
+    };
+    let all: Vec<[String; 5]> = std::iter::once(&header).chain(&rows).map(cells).collect();
+    let mut widths = [0usize; 5];
+    for row in &all {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |row: &[String; 5]| {
+        let padded: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell}{}", " ".repeat(w - cell.chars().count())))
+            .collect();
+        format!("| {} |", padded.join(" | "))
+    };
+    let _ = writeln!(out, "{}", line(&all[0]));
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    let _ = writeln!(out, "|-{}-|", rule.join("-|-"));
+    for row in &all[1..] {
+        let _ = writeln!(out, "{}", line(row));
+    }
+    out
+}
