@@ -30,20 +30,45 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The agent: a few Executions, plus Python start-up (smolagents, the kubernetes client).
 const AGENT_TIMEOUT: Duration = Duration::from_secs(180);
 
-pub struct Progress(Instant);
+/// Timestamped progress lines.
+pub struct Progress {
+    started: Instant,
+    /// On stderr, for a command whose stdout holds its result.
+    to_stderr: bool,
+}
 
 impl Progress {
     pub fn start() -> Self {
-        Progress(Instant::now())
+        Progress {
+            started: Instant::now(),
+            to_stderr: false,
+        }
+    }
+
+    pub fn start_on_stderr() -> Self {
+        Progress {
+            to_stderr: true,
+            ..Progress::start()
+        }
     }
 
     pub fn step(&self, message: impl std::fmt::Display) {
-        println!("[{:>5.1}s] {message}", self.0.elapsed().as_secs_f64());
+        let line = format!("[{:>6.1}s] {message}", self.elapsed().as_secs_f64());
+        if self.to_stderr {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 }
 
-/// The venv whose Python runs the local sandboxes, built (once, cached) by `.ci/python-env.sh`.
-fn sandbox_venv(repo: &Path) -> anyhow::Result<PathBuf> {
+/// The venv whose Python runs the local sandboxes, built (once, cached) by `.ci/python-env.sh`:
+/// the bridge's dependencies installed.
+pub fn sandbox_venv(repo: &Path) -> anyhow::Result<PathBuf> {
     let out = std::process::Command::new("bash")
         .arg(repo.join(".ci/python-env.sh"))
         .stderr(std::process::Stdio::inherit())

@@ -183,7 +183,8 @@ async fn interrupted() {
 /// interrupted run keeps what it measured). Fails when a scenario failed or the run was
 /// interrupted (SIGINT, SIGTERM: the sandboxes and the control plane are stopped first).
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let progress = stack::Progress::start();
+    // Progress on stderr: stdout holds only the table.
+    let progress = stack::Progress::start_on_stderr();
     let counts = Counts {
         scaling_bound_seconds: args.point_bound,
         ..Counts::new(args.quick)

@@ -26,6 +26,7 @@ use crate::{
     control_plane::{self, ControlPlane},
     controller::{self, Settings},
     crd::{self, BriqExecutor, Execution},
+    demo::sandbox_venv,
     local_server::{self, LocalServer},
 };
 
@@ -34,22 +35,7 @@ pub const OPERATOR_USER: &str = "briq-operator";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Progress lines on stderr, so stdout holds only the table.
-pub struct Progress(Instant);
-
-impl Progress {
-    pub fn start() -> Self {
-        Progress(Instant::now())
-    }
-
-    pub fn step(&self, message: impl std::fmt::Display) {
-        eprintln!("[{:>6.1}s] {message}", self.0.elapsed().as_secs_f64());
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.0.elapsed()
-    }
-}
+pub use crate::demo::Progress;
 
 pub struct Stack {
     pub repo: PathBuf,
@@ -86,7 +72,7 @@ impl Stack {
         ));
         let venv = tokio::task::spawn_blocking({
             let repo = repo.clone();
-            move || python_venv(&repo)
+            move || sandbox_venv(&repo)
         })
         .await??;
         let server = spawn_server(Some(venv.clone())).await?;
@@ -195,22 +181,6 @@ pub async fn spawn_server(venv: Option<PathBuf>) -> anyhow::Result<LocalServer> 
     let mut config = local_server::Config::new(key);
     config.python_venv = venv;
     local_server::spawn(config).await
-}
-
-/// The venv built (once, cached) by `.ci/python-env.sh`: the bridge's dependencies installed.
-pub fn python_venv(repo: &Path) -> anyhow::Result<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg(repo.join(".ci/python-env.sh"))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running .ci/python-env.sh")?;
-    if !out.status.success() {
-        bail!(".ci/python-env.sh failed ({})", out.status);
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    Ok(PathBuf::from(
-        stdout.lines().last().unwrap_or_default().trim(),
-    ))
 }
 
 pub fn executor(name: &str, spec: serde_json::Value) -> anyhow::Result<BriqExecutor> {
