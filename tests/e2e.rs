@@ -659,3 +659,46 @@ async fn a_missing_api_key_secret_is_reported_and_never_printed() {
     assert!(!text.contains("sk-wrong-secret-value"));
     assert!(condition(&executor, "Ready").2.contains("API key"));
 }
+
+#[tokio::test]
+async fn queued_executions_wait_without_reading_from_the_api_server() {
+    let env = TestEnv::new("e2e-queue-cost").await;
+    let requests = support::RequestLog::default();
+    let client = requests.client(&env).await;
+    let _operator = Operator::start_as(&env, client, |_| {}).await;
+    ready_executor(&env, "py").await;
+    create_execution(&env, "busy", "py", "import time\ntime.sleep(15)", None).await;
+    wait_for(&env.api::<Execution>(), "busy", RUN_SECONDS, |e| {
+        reason(e) == "Running"
+    })
+    .await;
+    let queued: Vec<String> = (0..5).map(|i| format!("queued-{i}")).collect();
+    for name in &queued {
+        create_execution(&env, name, "py", "1 + 1", None).await;
+    }
+    for name in &queued {
+        wait_for(&env.api::<Execution>(), name, RUN_SECONDS, |e| {
+            reason(e) == "Queued"
+        })
+        .await;
+    }
+
+    // Longer than the fallback re-check of queued Executions (5 s), so that it runs meanwhile.
+    let mark = requests.len();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        reason(&env.api::<Execution>().get("busy").await.unwrap()),
+        "Running",
+        "the window must end while the queue still waits"
+    );
+    for resource in ["executions", "briqexecutors"] {
+        let reads = requests.reads_since(mark, resource);
+        assert!(
+            reads.is_empty(),
+            "queued Executions read {resource}: {reads:#?}"
+        );
+    }
+    for name in &queued {
+        assert_eq!(reason(&finished(&env, name).await), "Completed", "{name}");
+    }
+}

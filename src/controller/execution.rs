@@ -39,13 +39,17 @@ use crate::{
     },
 };
 
-/// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed.
+/// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
+/// (it reads only the caches).
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
 const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 
 /// In-process bookkeeping of the execution controller.
 pub struct Runner {
     store: Store<Execution>,
+    /// The executor controller's cache: Executions that cannot run yet are judged from it, so
+    /// waiting costs the API server nothing.
+    executors: Store<BriqExecutor>,
     wake: mpsc::UnboundedSender<ObjectRef<Execution>>,
     /// One lock per executor (by uid): at most one Execution runs in it at a time.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -60,9 +64,14 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(store: Store<Execution>, wake: mpsc::UnboundedSender<ObjectRef<Execution>>) -> Self {
+    pub fn new(
+        store: Store<Execution>,
+        executors: Store<BriqExecutor>,
+        wake: mpsc::UnboundedSender<ObjectRef<Execution>>,
+    ) -> Self {
         Runner {
             store,
+            executors,
             wake,
             locks: Mutex::default(),
             finished: Mutex::default(),
@@ -122,9 +131,25 @@ impl Runner {
         queue
     }
 
-    /// Whether `execution` is the oldest unfinished Execution of its executor. Asked of the API
+    fn cached_executor(&self, namespace: &str, name: &str) -> Option<Arc<BriqExecutor>> {
+        self.executors.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Whether the cache puts `execution` at the head of its executor's queue. The watch
+    /// delivers Executions in the order the API server stored them, so a cached Execution comes
+    /// with every one stored before it; but the run order breaks ties within one
+    /// creationTimestamp second by name, so an Execution stored a moment later may still come
+    /// first: the head confirms with [`Runner::is_first`].
+    fn heads_queue(&self, execution: &Execution) -> bool {
+        let namespace = execution.namespace().unwrap_or_default();
+        self.queue(&namespace, &execution.spec.executor_ref.name)
+            .first()
+            .is_some_and(|head| head.uid() == execution.uid())
+    }
+
+    /// Whether `execution` is the oldest unfinished Execution of its executor, asked of the API
     /// server (metadata only, selected by executor): the watch cache may not hold yet an
-    /// Execution created a moment earlier.
+    /// Execution created a moment ago.
     async fn is_first(&self, api: &Api<Execution>, execution: &Execution) -> Result<bool> {
         let selector = format!("spec.executorRef.name={}", execution.spec.executor_ref.name);
         let siblings = api
@@ -168,6 +193,12 @@ impl Runner {
         if let Some(uid) = execution.uid() {
             self.finished.lock().expect("poisoned").insert(uid);
         }
+        self.wake_next(execution);
+    }
+
+    /// Reconciles the head of the queue `execution` was in, now that it has left it (finished
+    /// or deleted), rather than at the head's next re-check.
+    pub fn wake_next(&self, execution: &Execution) {
         let namespace = execution.namespace().unwrap_or_default();
         if let Some(next) = self
             .queue(&namespace, &execution.spec.executor_ref.name)
@@ -313,55 +344,41 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
         return conclude(&api, execution, status, &verdict, None, ctx).await;
     }
 
-    // 3. The executor must exist and be ready; unusable ones fail fast.
-    let Some(executor) = executors.get_opt(executor_name).await? else {
-        // An Execution this controller adopted had its executor once: it was deleted.
-        let adopted = execution
-            .owner_references()
-            .iter()
-            .any(|owner| owner.kind == "BriqExecutor" && owner.name == *executor_name);
-        if adopted {
-            let message = format!("BriqExecutor {executor_name} was deleted");
-            let verdict = Verdict::failed("ExecutorDeleted", message);
-            return conclude(&api, execution, status, &verdict, None, ctx).await;
-        }
-        let message =
-            format!("BriqExecutor {executor_name} does not exist in namespace {namespace}");
-        return wait(&api, execution, "ExecutorNotFound", message).await;
+    // 3. The executor must exist and be ready; unusable ones fail fast. Waiting costs the API
+    //    server nothing: the cache decides, and only an executor missing from it is read (it
+    //    may have been created a moment ago).
+    let cached = match runner.cached_executor(&namespace, executor_name) {
+        Some(executor) => Some(executor),
+        None => executors.get_opt(executor_name).await?.map(Arc::new),
     };
-    if let Some(verdict) = unable(&executor, runner) {
-        return conclude(&api, execution, status, &verdict, None, ctx).await;
-    }
-    let executor_status = executor.status.clone().unwrap_or_default();
-    if !conditions::is_true(&executor_status.conditions, READY) {
-        let why = conditions::find(&executor_status.conditions, READY)
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        return wait(
-            &api,
-            execution,
-            "ExecutorNotReady",
-            format!("BriqExecutor {executor_name} is not ready: {why}"),
-        )
-        .await;
-    }
-    adopt(&api, execution, &executor).await?;
+    let executor = match admit(execution, cached.as_deref(), runner) {
+        Ok(executor) => executor,
+        Err(refusal) => return refuse(&api, execution, status, refusal, ctx).await,
+    };
+    adopt(&api, execution, executor).await?;
 
-    // 4. One at a time per executor, oldest first. Only the head of the queue waits for the
-    //    lock (briefly, while its predecessor writes its result); the others report Queued.
-    if !runner.is_first(&api, execution).await? {
+    // 4. One at a time per executor, oldest first. Only the head of the queue reads anything
+    //    afresh: its turn (the API server may hold a sibling the cache does not yet), then its
+    //    executor (the cache can lag behind a deletion). It alone waits for the lock, briefly,
+    //    while its predecessor writes its result.
+    if !runner.heads_queue(execution) || !runner.is_first(&api, execution).await? {
         return queued(&api, execution).await;
     }
+    let fresh = executors.get_opt(executor_name).await?;
+    let executor = match admit(execution, fresh.as_ref(), runner) {
+        Ok(executor) => executor,
+        Err(refusal) => return refuse(&api, execution, status, refusal, ctx).await,
+    };
     let lock = runner.lock(&executor.uid().unwrap_or_default());
     let _turn = lock.lock().await;
     if ctx.stopping() {
         // Shutting down: nothing new starts; the next operator (or leader) runs it.
         return Ok(Action::await_change());
     }
-    if let Some(verdict) = unable(&executor, runner) {
+    if let Some(verdict) = unable(executor, runner) {
         return conclude(&api, execution, status, &verdict, None, ctx).await;
     }
-    let key = match api_key(ctx, &executor).await {
+    let key = match api_key(ctx, executor).await {
         Ok(key) => key,
         Err(Error::ApiKey(message)) => {
             wait(&api, execution, "ExecutorNotReady", message).await?;
@@ -369,11 +386,15 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
         }
         Err(error) => return Err(error),
     };
-    let sandbox_id = executor_status.sandbox_id.clone().ok_or_else(|| {
-        Error::Invariant(format!(
-            "BriqExecutor {executor_name} is ready without a sandbox"
-        ))
-    })?;
+    let sandbox_id = executor
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox_id.clone())
+        .ok_or_else(|| {
+            Error::Invariant(format!(
+                "BriqExecutor {executor_name} is ready without a sandbox"
+            ))
+        })?;
 
     // 5. Record the attempt, then send the code: at most once.
     let attempt = format!("{:016x}", rand::random::<u64>());
@@ -416,15 +437,75 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
 
     // 6. Poison the executor before anyone else can take the next turn.
     if let Some(why) = &verdict.unusable {
-        mark_unusable(ctx, &executor, why).await?;
+        mark_unusable(ctx, executor, why).await?;
     }
-    let counters = json!({ "executionsTotal": runner.next_count(&executor), "lastExecutionTime": conditions::now() });
-    if let Err(error) = apply_status(&executors, &executor, EXECUTIONS_MANAGER, counters).await {
+    let counters = json!({ "executionsTotal": runner.next_count(executor), "lastExecutionTime": conditions::now() });
+    if let Err(error) = apply_status(&executors, executor, EXECUTIONS_MANAGER, counters).await {
         warn!(%error, "could not update the executor's execution count");
     }
     let action = conclude(&api, execution, running, &verdict, result, ctx).await?;
-    prune(&api, &executor, runner).await;
+    prune(&api, executor, runner).await;
     Ok(action)
+}
+
+/// Why an Execution cannot run in its executor now.
+enum Refusal {
+    /// Never: the Execution fails.
+    Fail(Verdict),
+    /// Not yet: the Execution waits, with this reason and message.
+    Wait(&'static str, String),
+}
+
+/// The executor `execution` may run in now (`None`: no executor of its name exists).
+fn admit<'a>(
+    execution: &Execution,
+    executor: Option<&'a BriqExecutor>,
+    runner: &Runner,
+) -> Result<&'a BriqExecutor, Refusal> {
+    let name = &execution.spec.executor_ref.name;
+    let Some(executor) = executor else {
+        // An Execution this controller adopted had its executor once: it was deleted.
+        let adopted = execution
+            .owner_references()
+            .iter()
+            .any(|owner| owner.kind == "BriqExecutor" && owner.name == *name);
+        if adopted {
+            let message = format!("BriqExecutor {name} was deleted");
+            return Err(Refusal::Fail(Verdict::failed("ExecutorDeleted", message)));
+        }
+        let namespace = execution.namespace().unwrap_or_default();
+        let message = format!("BriqExecutor {name} does not exist in namespace {namespace}");
+        return Err(Refusal::Wait("ExecutorNotFound", message));
+    };
+    if let Some(verdict) = unable(executor, runner) {
+        return Err(Refusal::Fail(verdict));
+    }
+    let conditions = executor
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    if !conditions::is_true(conditions, READY) {
+        let why = conditions::find(conditions, READY)
+            .map(|c| c.message.as_str())
+            .unwrap_or_default();
+        let message = format!("BriqExecutor {name} is not ready: {why}");
+        return Err(Refusal::Wait("ExecutorNotReady", message));
+    }
+    Ok(executor)
+}
+
+async fn refuse<S>(
+    api: &Api<Execution>,
+    execution: &Execution,
+    status: ExecutionStatus,
+    refusal: Refusal,
+    ctx: &Context<S>,
+) -> Result<Action> {
+    match refusal {
+        Refusal::Fail(verdict) => conclude(api, execution, status, &verdict, None, ctx).await,
+        Refusal::Wait(reason, message) => wait(api, execution, reason, message).await,
+    }
 }
 
 /// Why `executor` can take no more Executions, if it cannot.

@@ -24,15 +24,15 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{
-        Controller,
+        Controller, WatchStreamExt,
         events::{Recorder, Reporter},
-        reflector::{ObjectRef, Store},
+        reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
@@ -388,9 +388,8 @@ pub async fn run_observed<S>(
     });
 
     let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Execution>>();
-    let execution_controller =
-        Controller::new(executions, watcher::Config::default().any_semantic());
-    let execution_store: Store<Execution> = execution_controller.store();
+    let (execution_store, execution_writer) = reflector::store::<Execution>();
+    let (executor_store, executor_writer) = reflector::store::<BriqExecutor>();
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -403,11 +402,26 @@ pub async fn run_observed<S>(
         sandboxes,
         settings,
         failures: Mutex::default(),
-        executions: execution::Runner::new(execution_store.clone(), wake_tx),
+        executions: execution::Runner::new(
+            execution_store.clone(),
+            executor_store.clone(),
+            wake_tx,
+        ),
         metrics: observer.metrics.clone(),
         stopping,
     });
 
+    // A deleted Execution is not reconciled, but the one queued behind it must hear of it.
+    let runner = ctx.clone();
+    let execution_events = watcher(executions, watcher::Config::default().any_semantic())
+        .reflect(execution_writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(gone) = event {
+                runner.executions.wake_next(gone);
+            }
+        })
+        .applied_objects();
+    let execution_controller = Controller::for_stream(execution_events, execution_store.clone());
     let waiting_on = execution_store.clone();
     let execution_loop = execution_controller
         .watches(
@@ -435,8 +449,11 @@ pub async fn run_observed<S>(
                 warn!(%error, "execution reconcile failed");
             }
         });
-    let executor_controller = Controller::new(executors, watcher::Config::default().any_semantic());
-    let _reporting = Reporting::start(&observer, executor_controller.store(), execution_store);
+    let executor_events = watcher(executors, watcher::Config::default().any_semantic())
+        .reflect(executor_writer)
+        .applied_objects();
+    let executor_controller = Controller::for_stream(executor_events, executor_store.clone());
+    let _reporting = Reporting::start(&observer, executor_store, execution_store);
     let executor_loop = executor_controller
         .graceful_shutdown_on(executor_stop)
         .run(

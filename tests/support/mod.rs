@@ -6,7 +6,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Arc, Mutex, OnceLock},
 };
 
 use briq_operator::control_plane::{self, ControlPlane};
@@ -62,12 +62,57 @@ async fn start_cluster() -> Cluster {
     }
 }
 
-async fn client_for(kubeconfig: &Path) -> Client {
+async fn config_for(kubeconfig: &Path) -> kube::Config {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
-        .expect("kube config");
-    Client::try_from(config).expect("kube client")
+        .expect("kube config")
+}
+
+async fn client_for(kubeconfig: &Path) -> Client {
+    Client::try_from(config_for(kubeconfig).await).expect("kube client")
+}
+
+/// Every request a client sent, as `METHOD path?query`: what an operator asked of the API server.
+#[derive(Clone, Default)]
+pub struct RequestLog(Arc<Mutex<Vec<String>>>);
+
+impl RequestLog {
+    /// An admin client, like [`TestEnv::client`], whose requests land in this log.
+    pub async fn client(&self, env: &TestEnv) -> Client {
+        let log = self.clone();
+        let record = tower::util::MapRequestLayer::new(move |request: http::Request<_>| {
+            log.0.lock().expect("request log").push(format!(
+                "{} {}",
+                request.method(),
+                request.uri()
+            ));
+            request
+        });
+        kube::client::ClientBuilder::try_from(config_for(&env.kubeconfig).await)
+            .expect("kube client")
+            .with_layer(&record)
+            .build()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("request log").len()
+    }
+
+    /// The reads (get, list; not watches) of `resource` since the first `skip` requests.
+    pub fn reads_since(&self, skip: usize, resource: &str) -> Vec<String> {
+        self.0.lock().expect("request log")[skip..]
+            .iter()
+            .filter(|request| {
+                let Some(target) = request.strip_prefix("GET ") else {
+                    return false;
+                };
+                let (path, query) = target.split_once('?').unwrap_or((target, ""));
+                !query.contains("watch=true") && path.split('/').any(|part| part == resource)
+            })
+            .cloned()
+            .collect()
+    }
 }
 
 /// One test's view of the cluster: an admin client and a namespace of its own. Without
@@ -168,6 +213,15 @@ impl Operator {
         env: &TestEnv,
         adjust: impl FnOnce(&mut briq_operator::controller::Settings),
     ) -> Operator {
+        Operator::start_as(env, env.client.clone(), adjust).await
+    }
+
+    /// [`Operator::start_with`], with `client` as the operator's client.
+    pub async fn start_as(
+        env: &TestEnv,
+        client: Client,
+        adjust: impl FnOnce(&mut briq_operator::controller::Settings),
+    ) -> Operator {
         use briq_operator::{briq::ApiKey, controller::Settings, local_server};
         // The operator's logs go to stderr, past the test harness's capture: only when asked.
         if std::env::var_os("RUST_LOG").is_some() {
@@ -190,7 +244,7 @@ impl Operator {
         let mut operator = Operator {
             server,
             settings,
-            client: env.client.clone(),
+            client,
             task: None,
         };
         operator.resume();
