@@ -231,7 +231,7 @@ fn run_order(execution: &Execution) -> (Option<k8s_openapi::jiff::Timestamp>, St
     )
 }
 
-fn finished(execution: &Execution) -> bool {
+pub(super) fn finished(execution: &Execution) -> bool {
     execution
         .status
         .as_ref()

@@ -8,6 +8,7 @@
 //! status of every Execution ([`EXECUTOR_MANAGER`]). Each applies its complete set every time,
 //! so no manager ever drops another's fields.
 
+mod cache;
 mod conditions;
 mod execution;
 mod executor;
@@ -414,6 +415,7 @@ pub async fn run_observed<S>(
     // A deleted Execution is not reconciled, but the one queued behind it must hear of it.
     let runner = ctx.clone();
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
+        .modify(cache::compact_execution)
         .reflect(execution_writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(gone) = event {
@@ -450,6 +452,7 @@ pub async fn run_observed<S>(
             }
         });
     let executor_events = watcher(executors, watcher::Config::default().any_semantic())
+        .modify(cache::compact)
         .reflect(executor_writer)
         .applied_objects();
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone());

@@ -1,0 +1,93 @@
+//! What the controllers keep of the objects they watch. Their caches hold every watched object
+//! for the operator's lifetime, so what no reconcile reads is dropped on the way in:
+//! server-side apply's bookkeeping, kubectl's copy of the last applied manifest, and the code
+//! and results of finished Executions (which are never run or written again).
+
+use kube::ResourceExt;
+
+use super::execution::finished;
+use crate::crd::Execution;
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+pub fn compact<K: ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    object.annotations_mut().remove(LAST_APPLIED);
+}
+
+pub fn compact_execution(execution: &mut Execution) {
+    compact(execution);
+    if !finished(execution) {
+        return;
+    }
+    execution.spec.code = String::new();
+    if let Some(status) = &mut execution.status {
+        status.logs = None;
+        status.output = None;
+        status.final_answer = None;
+        status.error = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use serde_json::json;
+
+    use super::*;
+
+    fn execution(succeeded: &str) -> Execution {
+        let mut execution: Execution = serde_json::from_value(json!({
+            "apiVersion": "briq.cloud/v1alpha1",
+            "kind": "Execution",
+            "metadata": {
+                "name": "step", "namespace": "ns",
+                "annotations": { LAST_APPLIED: "{…}", "team": "a" },
+            },
+            "spec": { "executorRef": { "name": "py" }, "code": "x = 1" },
+            "status": {
+                "conditions": [{
+                    "type": "Succeeded", "status": succeeded, "reason": "Completed",
+                    "message": "", "lastTransitionTime": "2026-12-02T00:00:00Z",
+                }],
+                "logs": "hello", "output": "1", "finalAnswer": "safe:1",
+                "error": { "name": "E", "message": "m" },
+            },
+        }))
+        .unwrap();
+        execution
+            .managed_fields_mut()
+            .push(ManagedFieldsEntry::default());
+        execution
+    }
+
+    #[test]
+    fn finished_executions_keep_only_what_the_controller_reads() {
+        let mut finished = execution("True");
+        compact_execution(&mut finished);
+        assert!(finished.managed_fields().is_empty());
+        assert_eq!(finished.annotations().len(), 1, "only kubectl's copy goes");
+        assert_eq!(finished.spec.code, "");
+        assert_eq!(finished.spec.executor_ref.name, "py");
+        let status = finished.status.unwrap();
+        assert_eq!(
+            (
+                status.logs,
+                status.output,
+                status.final_answer,
+                status.error
+            ),
+            (None, None, None, None)
+        );
+        assert_eq!(status.conditions.len(), 1);
+    }
+
+    #[test]
+    fn unfinished_executions_keep_their_code() {
+        let mut running = execution("Unknown");
+        compact_execution(&mut running);
+        assert!(running.managed_fields().is_empty());
+        assert_eq!(running.spec.code, "x = 1");
+        assert_eq!(running.status.unwrap().logs.as_deref(), Some("hello"));
+    }
+}
