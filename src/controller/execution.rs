@@ -259,8 +259,14 @@ pub async fn reconcile<S: SandboxApi>(
     execution: Arc<Execution>,
     ctx: Arc<Context<S>>,
 ) -> Result<Action> {
+    // The watch cache can still show "Running" for an Execution this process just finished.
+    // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
+    // here, before the full reconcile's future (some 7 KiB) is allocated.
+    if ctx.executions.is_finished(&execution) {
+        return Ok(Action::await_change());
+    }
     let failures = failure_key(execution.as_ref());
-    let result = reconcile_one(&execution, &ctx).await;
+    let result = Box::pin(reconcile_one(&execution, &ctx)).await;
     if result.is_ok() {
         ctx.succeeded(&failures);
     }
@@ -304,10 +310,6 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
     let executors: Api<BriqExecutor> = Api::namespaced(ctx.client.clone(), &namespace);
     let runner = &ctx.executions;
     let status = execution.status.clone().unwrap_or_default();
-    // The watch cache can still show "Running" for an Execution this process just finished.
-    if runner.is_finished(execution) {
-        return Ok(Action::await_change());
-    }
     let uid = execution
         .uid()
         .ok_or_else(|| Error::Invariant("an Execution without uid".into()))?;
