@@ -17,9 +17,9 @@ use kube::{
     Api,
     api::{DeleteParams, ListParams, PostParams},
 };
-use ops::{Instance, create_execution, create_executor, finished, reason, until};
+use ops::{Instance, until};
 use serde_json::{Value, json};
-use support::{TestEnv, wait_deleted};
+use support::{TestEnv, create_execution, create_executor, finished, reason, wait_deleted};
 
 /// Every feature of the chart switched on.
 const ALL_FEATURES: &[&str] = &[
@@ -586,12 +586,12 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         json!({ "apiKeySecretRef": { "name": "briq-key" }, "executionHistoryLimit": 1 }),
     )
     .await;
-    ops::wait_ready(&env, "py").await;
+    support::wait_ready(&env, "py").await;
     create_execution(&env, "one", "py", "x = 1").await;
     assert_eq!(reason(&finished(&env, "one", 60).await), "Completed");
     create_execution(&env, "two", "py", "x + 1").await;
     let two = finished(&env, "two", 60).await;
-    assert_eq!(ops::output(&two), "2");
+    assert_eq!(support::output(&two), "2");
     wait_deleted(&env.api::<Execution>(), "one", 30).await; // pruned: executionHistoryLimit 1
 
     env.api::<BriqExecutor>()

@@ -15,11 +15,12 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, PostParams},
 };
-use serde_json::{Value, json};
-use support::{Operator, TestEnv, wait_deleted, wait_for};
+use serde_json::json;
+use support::{
+    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_execution_from,
+    create_executor, finished, reason, wait_deleted, wait_for, wait_ready,
+};
 
-/// Cold setup of a local sandbox (bridge upload, import check, kernel start) on a busy machine.
-const READY_SECONDS: u64 = 90;
 const RUN_SECONDS: u64 = 60;
 
 /// Mirrors the `final_answer` tool smolagents sends to remote executors: it raises
@@ -34,75 +35,14 @@ def final_answer(value):
     raise FinalAnswerException(SafeSerializer.dumps(value))
 "#;
 
-async fn create_executor(env: &TestEnv, name: &str, spec: Value) -> BriqExecutor {
-    let executor: BriqExecutor =
-        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
-    env.api::<BriqExecutor>()
-        .create(&PostParams::default(), &executor)
-        .await
-        .unwrap()
-}
-
 async fn ready_executor(env: &TestEnv, name: &str) -> BriqExecutor {
     create_executor(env, name, json!({})).await;
     wait_ready(env, name).await
 }
 
-async fn wait_ready(env: &TestEnv, name: &str) -> BriqExecutor {
-    wait_for(
-        &env.api::<BriqExecutor>(),
-        name,
-        READY_SECONDS,
-        |executor| condition(executor, "Ready").0 == "True",
-    )
-    .await
-}
-
-async fn create_execution(
-    env: &TestEnv,
-    name: &str,
-    executor: &str,
-    code: &str,
-    timeout: Option<u32>,
-) {
-    let mut spec = json!({ "executorRef": { "name": executor }, "code": code });
-    if let Some(timeout) = timeout {
-        spec["timeoutSeconds"] = json!(timeout);
-    }
-    let execution: Execution =
-        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
-    env.api::<Execution>()
-        .create(&PostParams::default(), &execution)
-        .await
-        .unwrap();
-}
-
-async fn finished(env: &TestEnv, name: &str) -> Execution {
-    wait_for(&env.api::<Execution>(), name, RUN_SECONDS, |execution| {
-        ["True", "False"].contains(&condition(execution, "Succeeded").0.as_str())
-    })
-    .await
-}
-
 async fn run(env: &TestEnv, name: &str, executor: &str, code: &str) -> Execution {
-    create_execution(env, name, executor, code, None).await;
-    finished(env, name).await
-}
-
-/// (status, reason, message) of a condition, or empty strings.
-fn condition<K: serde::Serialize>(object: &K, type_: &str) -> (String, String, String) {
-    let value = serde_json::to_value(object).unwrap();
-    let found = value["status"]["conditions"]
-        .as_array()
-        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
-        .cloned()
-        .unwrap_or_default();
-    let text = |key: &str| found[key].as_str().unwrap_or_default().to_owned();
-    (text("status"), text("reason"), text("message"))
-}
-
-fn reason(execution: &Execution) -> String {
-    condition(execution, "Succeeded").1
+    create_execution(env, name, executor, code).await;
+    finished(env, name, RUN_SECONDS).await
 }
 
 #[tokio::test]
@@ -237,8 +177,13 @@ async fn a_timeout_makes_the_executor_unusable_for_good() {
     let operator = Operator::start(&env).await;
     ready_executor(&env, "py").await;
 
-    create_execution(&env, "spin", "py", "while True:\n    pass", Some(2)).await;
-    let spin = finished(&env, "spin").await;
+    let spin = json!({
+        "executorRef": { "name": "py" },
+        "code": "while True:\n    pass",
+        "timeoutSeconds": 2,
+    });
+    create_execution_from(&env, "spin", spin).await;
+    let spin = finished(&env, "spin", RUN_SECONDS).await;
     assert_eq!(reason(&spin), "Timeout");
 
     let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
@@ -292,11 +237,15 @@ async fn executions_run_one_at_a_time_in_creation_order() {
             "t0 = time.monotonic()\ntime.sleep(0.1)\nspans.append(({i}, t0, time.monotonic()))"
         );
         let env = &env;
-        async move { create_execution(env, name, "py", &code, None).await }
+        async move { create_execution(env, name, "py", &code).await }
     });
     futures::future::join_all(creates).await;
     for name in &names {
-        assert_eq!(reason(&finished(&env, name).await), "Completed", "{name}");
+        assert_eq!(
+            reason(&finished(&env, name, RUN_SECONDS).await),
+            "Completed",
+            "{name}"
+        );
     }
     let check = "order = [i for i, _, _ in spans]\n\
                  overlaps = sum(1 for a, b in zip(spans, spans[1:]) if b[1] < a[2])\n\
@@ -329,7 +278,7 @@ async fn an_execution_interrupted_by_an_operator_crash_is_never_run_again() {
         ))
         .await
         .unwrap();
-    create_execution(&env, "victim", "py", "print('ran')", None).await;
+    create_execution(&env, "victim", "py", "print('ran')").await;
     wait_for(&env.api::<Execution>(), "victim", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
@@ -349,7 +298,7 @@ async fn an_execution_interrupted_by_an_operator_crash_is_never_run_again() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     operator.resume();
 
-    let victim = finished(&env, "victim").await;
+    let victim = finished(&env, "victim", RUN_SECONDS).await;
     assert_eq!(reason(&victim), "Interrupted");
     let stats = operator.admin().stats().await.unwrap();
     assert_eq!(
@@ -481,12 +430,12 @@ async fn queued_executions_of_a_deleted_executor_fail_clearly() {
     let env = TestEnv::new("e2e-deleted").await;
     let _operator = Operator::start(&env).await;
     ready_executor(&env, "py").await;
-    create_execution(&env, "busy", "py", "import time\ntime.sleep(3)", None).await;
+    create_execution(&env, "busy", "py", "import time\ntime.sleep(3)").await;
     wait_for(&env.api::<Execution>(), "busy", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
     .await;
-    create_execution(&env, "queued", "py", "1 + 1", None).await;
+    create_execution(&env, "queued", "py", "1 + 1").await;
     wait_for(&env.api::<Execution>(), "queued", RUN_SECONDS, |e| {
         reason(e) == "Queued"
     })
@@ -495,7 +444,7 @@ async fn queued_executions_of_a_deleted_executor_fail_clearly() {
         .delete("py", &DeleteParams::default())
         .await
         .unwrap();
-    let queued = finished(&env, "queued").await;
+    let queued = finished(&env, "queued", RUN_SECONDS).await;
     assert_eq!(
         reason(&queued),
         "ExecutorDeleted",
@@ -582,7 +531,7 @@ async fn executions_cannot_reach_an_executor_in_another_namespace() {
     let _operator = Operator::start(&env).await;
     let _other_operator = Operator::start(&other).await;
     ready_executor(&env, "py").await;
-    create_execution(&other, "stray", "py", "1 + 1", None).await;
+    create_execution(&other, "stray", "py", "1 + 1").await;
     let stray = wait_for(&other.api::<Execution>(), "stray", 30, |e| {
         reason(e) == "ExecutorNotFound"
     })
@@ -667,14 +616,14 @@ async fn queued_executions_wait_without_reading_from_the_api_server() {
     let client = requests.client(&env).await;
     let _operator = Operator::start_as(&env, client, |_| {}).await;
     ready_executor(&env, "py").await;
-    create_execution(&env, "busy", "py", "import time\ntime.sleep(15)", None).await;
+    create_execution(&env, "busy", "py", "import time\ntime.sleep(15)").await;
     wait_for(&env.api::<Execution>(), "busy", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
     .await;
     let queued: Vec<String> = (0..5).map(|i| format!("queued-{i}")).collect();
     for name in &queued {
-        create_execution(&env, name, "py", "1 + 1", None).await;
+        create_execution(&env, name, "py", "1 + 1").await;
     }
     for name in &queued {
         wait_for(&env.api::<Execution>(), name, RUN_SECONDS, |e| {
@@ -699,6 +648,10 @@ async fn queued_executions_wait_without_reading_from_the_api_server() {
         );
     }
     for name in &queued {
-        assert_eq!(reason(&finished(&env, name).await), "Completed", "{name}");
+        assert_eq!(
+            reason(&finished(&env, name, RUN_SECONDS).await),
+            "Completed",
+            "{name}"
+        );
     }
 }

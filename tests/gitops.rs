@@ -13,9 +13,11 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams},
 };
 use mlua::{LuaSerdeExt, serde::SerializeOptions};
-use ops::{condition, create_execution, create_executor, finished};
+
 use serde_json::{Value, json};
-use support::{Operator, TestEnv, wait_for};
+use support::{
+    Operator, TestEnv, condition, create_execution, create_executor, finished, wait_for,
+};
 
 fn health_dir() -> std::path::PathBuf {
     ops::chart_dir().join("health/briq.cloud")
@@ -154,7 +156,7 @@ async fn kstatus_and_argo_cd_read_real_objects_as_documented() {
     )
     .await;
     create_executor(&env, "gone", json!({})).await;
-    ops::wait_ready(&env, "py").await;
+    support::wait_ready(&env, "py").await;
     create_execution(&env, "ok", "py", "1 + 1").await;
     finished(&env, "ok", 60).await;
     create_execution(&env, "raises", "py", "1 / 0").await;

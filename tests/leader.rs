@@ -19,11 +19,9 @@ use briq_operator::{
     local_server::{Fault, FaultRule, Operation},
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use ops::{
-    Instance, LEASE_SECONDS, create_execution, create_executor, finished, output, reason, until,
-};
+use ops::{Instance, LEASE_SECONDS, until};
 use serde_json::json;
-use support::{TestEnv, wait_for};
+use support::{TestEnv, create_execution, create_executor, finished, output, reason, wait_for};
 
 const RUN_SECONDS: u64 = 60;
 
@@ -126,7 +124,7 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     assert!(body.contains("standby"), "{body}");
 
     create_executor(&env, "py", json!({})).await;
-    ops::wait_ready(&env, "py").await;
+    support::wait_ready(&env, "py").await;
     create_execution(&env, "setup", "py", "ran = []").await;
     assert_eq!(
         reason(&finished(&env, "setup", RUN_SECONDS).await),
@@ -225,7 +223,7 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
     until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
     let b = start("replica-b").await;
     create_executor(&env, "py", json!({})).await;
-    ops::wait_ready(&env, "py").await;
+    support::wait_ready(&env, "py").await;
 
     // The exec is held at the server long enough to kill the leader while it waits.
     server
@@ -254,7 +252,7 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
     assert_eq!(reason(&second), "ExecutorUnusable");
     assert_eq!(execs(&server).await, before + 1, "the code was sent once");
     wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
-        ops::condition(executor, "Stalled").0 == "True"
+        support::condition(executor, "Stalled").0 == "True"
     })
     .await;
 }
@@ -277,7 +275,7 @@ async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_on
     until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
     let b = start("replica-b").await;
     create_executor(&env, "py", json!({})).await;
-    ops::wait_ready(&env, "py").await;
+    support::wait_ready(&env, "py").await;
 
     server
         .admin()

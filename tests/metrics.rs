@@ -10,9 +10,9 @@ use std::{
 };
 
 use briq_operator::metrics::TERMINAL_REASONS;
-use ops::{Instance, create_execution, create_executor, finished, reason, until};
+use ops::{Instance, until};
 use serde_json::json;
-use support::TestEnv;
+use support::{TestEnv, create_execution, create_executor, finished, reason};
 
 /// Every sample of an OpenMetrics text: series (name and labels) → value.
 fn samples(text: &str) -> BTreeMap<String, f64> {
@@ -63,7 +63,7 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
         create_executor(&env, executor, json!({})).await;
     }
     for executor in ["left", "right"] {
-        ops::wait_ready(&env, executor).await;
+        support::wait_ready(&env, executor).await;
     }
 
     // 100 Executions over two executors: 80 succeed, 20 raise.

@@ -14,15 +14,13 @@ use std::{
 use briq_operator::{
     briq::{ApiKey, BriqClient, ClientOptions},
     controller::{Observer, Settings},
-    crd::{BriqExecutor, Execution},
     http::{Health, Role},
     leader::LeaseConfig,
     local_server::{self, LocalServer},
     metrics::Metrics,
     operator::{self, Options},
 };
-use kube::api::PostParams;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::{sync::oneshot, task::JoinHandle};
 
 use crate::support::{self, TestEnv};
@@ -278,63 +276,4 @@ pub async fn until(timeout: Duration, what: &str, mut check: impl FnMut() -> boo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     started.elapsed()
-}
-
-pub async fn create_executor(env: &TestEnv, name: &str, spec: Value) {
-    let executor: BriqExecutor =
-        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
-    env.api::<BriqExecutor>()
-        .create(&PostParams::default(), &executor)
-        .await
-        .unwrap();
-}
-
-pub async fn create_execution(env: &TestEnv, name: &str, executor: &str, code: &str) {
-    let execution: Execution = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "executorRef": { "name": executor }, "code": code },
-    }))
-    .unwrap();
-    env.api::<Execution>()
-        .create(&PostParams::default(), &execution)
-        .await
-        .unwrap();
-}
-
-/// (status, reason, message) of a condition, or empty strings.
-pub fn condition<K: serde::Serialize>(object: &K, type_: &str) -> (String, String, String) {
-    let value = serde_json::to_value(object).unwrap();
-    let found = value["status"]["conditions"]
-        .as_array()
-        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
-        .cloned()
-        .unwrap_or_default();
-    let text = |key: &str| found[key].as_str().unwrap_or_default().to_owned();
-    (text("status"), text("reason"), text("message"))
-}
-
-pub async fn wait_ready(env: &TestEnv, name: &str) -> BriqExecutor {
-    support::wait_for(&env.api::<BriqExecutor>(), name, 90, |executor| {
-        condition(executor, "Ready").0 == "True"
-    })
-    .await
-}
-
-pub async fn finished(env: &TestEnv, name: &str, seconds: u64) -> Execution {
-    support::wait_for(&env.api::<Execution>(), name, seconds, |execution| {
-        ["True", "False"].contains(&condition(execution, "Succeeded").0.as_str())
-    })
-    .await
-}
-
-pub fn reason(execution: &Execution) -> String {
-    condition(execution, "Succeeded").1
-}
-
-pub fn output(execution: &Execution) -> String {
-    execution
-        .status
-        .as_ref()
-        .and_then(|s| s.output.clone())
-        .unwrap_or_default()
 }

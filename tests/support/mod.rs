@@ -10,8 +10,13 @@ use std::{
 };
 
 use briq_operator::control_plane::{self, ControlPlane};
+use briq_operator::crd::{BriqExecutor, Execution};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client, api::PostParams};
+use serde_json::{Value, json};
+
+/// Cold setup of a local sandbox (bridge upload, import check, kernel start) on a busy machine.
+pub const READY_SECONDS: u64 = 90;
 
 struct Cluster {
     kubeconfig: PathBuf,
@@ -356,4 +361,68 @@ where
             api.get_opt(name).await
         );
     }
+}
+
+pub async fn create_executor(env: &TestEnv, name: &str, spec: Value) -> BriqExecutor {
+    let executor: BriqExecutor =
+        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
+    env.api::<BriqExecutor>()
+        .create(&PostParams::default(), &executor)
+        .await
+        .unwrap()
+}
+
+pub async fn wait_ready(env: &TestEnv, name: &str) -> BriqExecutor {
+    wait_for(
+        &env.api::<BriqExecutor>(),
+        name,
+        READY_SECONDS,
+        |executor| condition(executor, "Ready").0 == "True",
+    )
+    .await
+}
+
+pub async fn create_execution(env: &TestEnv, name: &str, executor: &str, code: &str) {
+    let spec = json!({ "executorRef": { "name": executor }, "code": code });
+    create_execution_from(env, name, spec).await;
+}
+
+pub async fn create_execution_from(env: &TestEnv, name: &str, spec: Value) {
+    let execution: Execution =
+        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
+    env.api::<Execution>()
+        .create(&PostParams::default(), &execution)
+        .await
+        .unwrap();
+}
+
+pub async fn finished(env: &TestEnv, name: &str, seconds: u64) -> Execution {
+    wait_for(&env.api::<Execution>(), name, seconds, |execution| {
+        ["True", "False"].contains(&condition(execution, "Succeeded").0.as_str())
+    })
+    .await
+}
+
+/// (status, reason, message) of a condition, or empty strings.
+pub fn condition<K: serde::Serialize>(object: &K, type_: &str) -> (String, String, String) {
+    let value = serde_json::to_value(object).unwrap();
+    let found = value["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or_default();
+    let text = |key: &str| found[key].as_str().unwrap_or_default().to_owned();
+    (text("status"), text("reason"), text("message"))
+}
+
+pub fn reason(execution: &Execution) -> String {
+    condition(execution, "Succeeded").1
+}
+
+pub fn output(execution: &Execution) -> String {
+    execution
+        .status
+        .as_ref()
+        .and_then(|s| s.output.clone())
+        .unwrap_or_default()
 }
