@@ -12,7 +12,10 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
@@ -43,6 +46,18 @@ use crate::{
 /// (it reads only the caches).
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
 const API_KEY_RECHECK: Duration = Duration::from_secs(30);
+
+/// How long after its creationTimestamp (whole seconds) the head of a burst of Executions
+/// created in one second waits before it runs: siblings of that second may still be arriving.
+const BURST_SETTLE: SignedDuration = SignedDuration::from_secs(2);
+
+/// Where an Execution stands in its executor's queue.
+enum Turn {
+    Mine,
+    Behind,
+    /// First so far, but of a burst that may still grow: ask again after this long.
+    Settling(Duration),
+}
 
 /// In-process bookkeeping of the execution controller.
 pub struct Runner {
@@ -139,7 +154,7 @@ impl Runner {
     /// delivers Executions in the order the API server stored them, so a cached Execution comes
     /// with every one stored before it; but the run order breaks ties within one
     /// creationTimestamp second by name, so an Execution stored a moment later may still come
-    /// first: the head confirms with [`Runner::is_first`].
+    /// first: the head confirms with [`Runner::turn`].
     fn heads_queue(&self, execution: &Execution) -> bool {
         let namespace = execution.namespace().unwrap_or_default();
         self.queue(&namespace, &execution.spec.executor_ref.name)
@@ -147,10 +162,9 @@ impl Runner {
             .is_some_and(|head| head.uid() == execution.uid())
     }
 
-    /// Whether `execution` is the oldest unfinished Execution of its executor, asked of the API
-    /// server (metadata only, selected by executor): the watch cache may not hold yet an
-    /// Execution created a moment ago.
-    async fn is_first(&self, api: &Api<Execution>, execution: &Execution) -> Result<bool> {
+    /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
+    /// executor): the watch cache may not hold yet an Execution created a moment ago.
+    async fn turn(&self, api: &Api<Execution>, execution: &Execution) -> Result<Turn> {
         let selector = format!("spec.executorRef.name={}", execution.spec.executor_ref.name);
         let siblings = api
             .list_metadata(&ListParams::default().fields(&selector))
@@ -161,19 +175,32 @@ impl Runner {
             .into_iter()
             .filter_map(|e| e.uid().map(|uid| (uid, e)))
             .collect();
-        Ok(siblings.items.iter().all(|sibling| {
-            let order = (
-                sibling.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                sibling.name_any(),
-            );
+        let mut burst = false;
+        for sibling in &siblings.items {
             // Not in the cache yet means not known to be finished: it counts as waiting.
-            order >= mine
-                || sibling.metadata.deletion_timestamp.is_some()
+            let done = sibling.metadata.deletion_timestamp.is_some()
                 || sibling
                     .uid()
                     .and_then(|uid| cached.get(&uid).cloned())
-                    .is_some_and(|e| self.is_finished(&e))
-        }))
+                    .is_some_and(|e| self.is_finished(&e));
+            if sibling.uid() == execution.uid() || done {
+                continue;
+            }
+            let created = sibling.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            if (created, sibling.name_any()) < mine {
+                return Ok(Turn::Behind);
+            }
+            burst |= created == mine.0;
+        }
+        // Created in the same second as others still waiting: one that sorts before it by name
+        // may still be on its way. Let the second settle first.
+        let settled = mine
+            .0
+            .and_then(|created| created.checked_add(BURST_SETTLE).ok());
+        match settled.map(|at| Timestamp::now().duration_until(at)) {
+            Some(left) if burst && left.is_positive() => Ok(Turn::Settling(left.unsigned_abs())),
+            _ => Ok(Turn::Mine),
+        }
     }
 
     /// Every cached Execution of the same executor, finished or not.
@@ -224,7 +251,7 @@ impl Runner {
     }
 }
 
-fn run_order(execution: &Execution) -> (Option<k8s_openapi::jiff::Timestamp>, String) {
+fn run_order(execution: &Execution) -> (Option<Timestamp>, String) {
     (
         execution.metadata.creation_timestamp.as_ref().map(|t| t.0),
         execution.name_any(),
@@ -363,8 +390,13 @@ async fn reconcile_one<S: SandboxApi>(execution: &Execution, ctx: &Context<S>) -
     //    afresh: its turn (the API server may hold a sibling the cache does not yet), then its
     //    executor (the cache can lag behind a deletion). It alone waits for the lock, briefly,
     //    while its predecessor writes its result.
-    if !runner.heads_queue(execution) || !runner.is_first(&api, execution).await? {
-        return queued(&api, execution).await;
+    if !runner.heads_queue(execution) {
+        return queued(&api, execution, QUEUED_RECHECK).await;
+    }
+    match runner.turn(&api, execution).await? {
+        Turn::Mine => {}
+        Turn::Behind => return queued(&api, execution, QUEUED_RECHECK).await,
+        Turn::Settling(left) => return queued(&api, execution, left).await,
     }
     let fresh = executors.get_opt(executor_name).await?;
     let executor = match admit(execution, fresh.as_ref(), runner) {
@@ -683,11 +715,11 @@ async fn conclude<S>(
     Ok(Action::await_change())
 }
 
-async fn queued(api: &Api<Execution>, execution: &Execution) -> Result<Action> {
+async fn queued(api: &Api<Execution>, execution: &Execution, recheck: Duration) -> Result<Action> {
     let executor = &execution.spec.executor_ref.name;
     let message = format!("waiting for earlier Executions of BriqExecutor {executor}");
     wait(api, execution, "Queued", message).await?;
-    Ok(Action::requeue(QUEUED_RECHECK))
+    Ok(Action::requeue(recheck))
 }
 
 /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so.
