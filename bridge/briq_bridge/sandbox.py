@@ -736,32 +736,38 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
 
     client = connect(state, shell=True, iopub=True)
     try:
-        if not await_iopub(client, pid, deadline):
-            lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
-            return result_envelope("kernel_lost", error=lost), 0
-        started = time.monotonic()
-        msg_id = client.execute(
-            code,
-            silent=False,
-            store_history=True,
-            user_expressions={},
-            allow_stdin=False,
-            # With the default (True) a request after an error may come back aborted.
-            stop_on_error=False,
-        )
-        execution = Execution(msg_id)
-        outcome = collect(client, execution, pid, deadline)
-        recovered = None
-        if outcome == "deadline":
-            # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGINT)
-            grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
-            recovered = execution.idle and grace_outcome != "lost"
-        duration_ms = round((time.monotonic() - started) * 1000)
+        return execute_action(client, pid, code, deadline, args.timeout), 0
     finally:
         client.stop_channels()
-    return summarize(execution, outcome, recovered, args.timeout, pid, duration_ms), 0
+
+
+def execute_action(client: Any, pid: int, code: str, deadline: float, timeout: float) -> dict:
+    """Run `code` in kernel `pid` over the connected `client` (shell and iopub) and describe the
+    outcome as a result envelope."""
+    if not await_iopub(client, pid, deadline):
+        lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
+        return result_envelope("kernel_lost", error=lost)
+    started = time.monotonic()
+    msg_id = client.execute(
+        code,
+        silent=False,
+        store_history=True,
+        user_expressions={},
+        allow_stdin=False,
+        # With the default (True) a request after an error may come back aborted.
+        stop_on_error=False,
+    )
+    execution = Execution(msg_id)
+    outcome = collect(client, execution, pid, deadline)
+    recovered = None
+    if outcome == "deadline":
+        # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGINT)
+        grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
+        recovered = execution.idle and grace_outcome != "lost"
+    duration_ms = round((time.monotonic() - started) * 1000)
+    return summarize(execution, outcome, recovered, timeout, pid, duration_ms)
 
 
 def summarize(
