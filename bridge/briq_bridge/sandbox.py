@@ -10,6 +10,11 @@ Every command prints exactly one framed JSON envelope on stdout (the contract is
 ``.briq/results/<nonce>.out`` and a small ``spilled`` envelope points at it. Only the standard
 library is imported at module level, because ``setup`` has to run before jupyter_client is
 installed.
+
+``start-kernel`` also starts the kernel's *runner* (the internal ``serve`` command): a detached
+process that keeps one connected kernel client and executes ``run`` requests it receives on the
+Unix socket ``<state-dir>/runner.sock``. ``run`` hands its action to the runner when one listens
+(without importing jupyter_client at all) and runs it over its own connection otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ import json
 import os
 import re
 import secrets
+import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -60,6 +68,24 @@ INTERRUPT_GRACE_S = 2.0
 ANSWER_WAIT_S = 5.0
 # How often we look at the kernel's pid while waiting, so a dead kernel is noticed quickly.
 PID_CHECK_INTERVAL_S = 0.2
+
+# The runner (`serve`). How much longer than timeout + INTERRUPT_GRACE_S `run` waits for the
+# runner's answer before it reports the outcome as unknown (the operator allows 5 s in all).
+RUNNER_ANSWER_MARGIN_S = 1.5
+# Largest request the runner reads (a path and a few numbers) and largest answer `run` reads
+# (a result envelope is at most a few MB of escaped JSON).
+RUNNER_MAX_REQUEST_BYTES = 65_536
+RUNNER_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# How long the runner waits for a connected client to send its request.
+RUNNER_REQUEST_WAIT_S = 5.0
+# How long a ping waits for the runner's answer.
+RUNNER_PING_WAIT_S = 1.0
+# How long start-kernel waits for a runner it started to answer.
+RUNNER_START_WAIT_S = 10.0
+# How long a new runner waits for an exiting one to release the runner lock.
+RUNNER_LOCK_WAIT_S = 3.0
+# How often an idle runner checks that its kernel is still the one in the state dir.
+RUNNER_CHECK_INTERVAL_S = 0.5
 
 # (import name, distribution, pip requirement, acceptable release tuple); mirrors the
 # requirements that setup installs so that "already importable" means "pip would do nothing".
@@ -291,18 +317,17 @@ class KernelState:
         self.connection_file = self.dir / "kernel.json"
         self.pid_file = self.dir / "kernel.pid"
         self.log_file = self.dir / "kernel.log"
+        # The runner (`serve`): its socket, pid, log, and the lock that keeps it alone.
+        self.runner_socket = self.dir / "runner.sock"
+        self.runner_pid_file = self.dir / "runner.pid"
+        self.runner_log_file = self.dir / "runner.log"
+        self.runner_lock_file = self.dir / "runner.lock"
 
     def read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return read_pid_file(self.pid_file)
 
     def write_pid(self, pid: int) -> None:
-        # Write-then-rename: a reader never sees a half-written pid.
-        tmp = self.pid_file.with_suffix(".tmp")
-        tmp.write_text(f"{pid}\n")
-        os.replace(tmp, self.pid_file)
+        write_pid_file(self.pid_file, pid)
 
     def live_pid(self) -> int | None:
         """The kernel's pid if its process is running and the connection file exists."""
@@ -337,6 +362,40 @@ class KernelState:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def read_pid_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    # Write-then-rename: a reader never sees a half-written pid.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
+def running_cmdline(pid: int) -> bytes | None:
+    """The NUL-separated command line of `pid` while it runs (not a zombie), else None; empty
+    when there is no procfs to read it from, or the process has only just been spawned."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return None
+    if not Path("/proc/self").exists():
+        return b""  # no procfs: signal 0 is all we can know
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    state = stat.rpartition(")")[2].split()[0]
+    if state in ("Z", "X", "x"):
+        return None
+    return cmdline
+
+
 def process_is_kernel(pid: int) -> bool:
     """True while `pid` is a running (not zombie) ipykernel process.
 
@@ -344,23 +403,19 @@ def process_is_kernel(pid: int) -> bool:
     sandbox may never reap it: a SIGKILLed kernel can linger as a zombie that still accepts
     signal 0. After a sandbox restart the pid may also belong to some unrelated process.
     """
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    if not Path("/proc/self").exists():
-        return True  # no procfs: signal 0 is all we can know
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    state = stat.rpartition(")")[2].split()[0]
-    if state in ("Z", "X", "x"):
-        return False
+    cmdline = running_cmdline(pid)
     # A process that has only just been spawned can show an empty cmdline for a moment: it is
     # still starting, not some other program that reused the pid.
-    return not cmdline or b"ipykernel" in cmdline
+    return cmdline is not None and (not cmdline or b"ipykernel" in cmdline)
+
+
+def process_is_runner(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) bridge `serve` process (a runner)."""
+    cmdline = running_cmdline(pid)
+    if cmdline is None:
+        return False
+    arguments = cmdline.split(b"\0")
+    return not cmdline or (b"serve" in arguments and b"--kernel-pid" in arguments)
 
 
 def kill_kernel_group(pid: int) -> None:
@@ -427,13 +482,26 @@ def kernel_answers(state: KernelState, pid: int, until: float, channel_name: str
         client.stop_channels()
 
 
+def drain(client: Any, limit: int = 10_000) -> None:
+    """Drop messages already waiting on `client`'s iopub and shell channels.
+
+    A fresh client has none; the runner's long-lived one may hold leftovers of earlier requests
+    (kernel_info replies, output that came after a timeout), which belong to nobody now.
+    """
+    for channel in (client.iopub_channel, client.shell_channel):
+        for _ in range(limit):
+            if receive(channel, 0) is None:
+                break
+
+
 def await_iopub(client: Any, pid: int, until: float) -> bool:
     """Wait until our fresh iopub subscription receives messages.
 
     ZeroMQ drops PUB messages until a new SUB connection is established ("slow joiner"), and
     every `run` is a new process with a new subscription: executing before that would lose the
     start of the output. Each kernel_info request makes the kernel publish busy/idle, so the
-    first iopub message we see proves the subscription is live.
+    first iopub message we see proves the subscription is live. On the runner's long-lived
+    client the subscription is live already and this is one round trip proving the kernel is.
     """
     wait = 0.01
     while time.monotonic() < until:
@@ -691,11 +759,14 @@ def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
         if old is not None and process_is_kernel(old):
             until = min(deadline, time.monotonic() + ANSWER_WAIT_S)
             if state.connection_file.exists() and kernel_answers(state, old, until, "control"):
-                return kernel_envelope(True, False, old, "kernel already running"), 0
+                runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
+                message = "kernel already running" + ensure_runner(state, old, runner_until)
+                return kernel_envelope(True, False, old, message), 0
             kill_kernel_group(old)  # never leave an unreachable kernel behind
             note = f"; replaced kernel {old}, which was not answering"
         elif old is not None:
             note = f"; previous kernel {old} was gone"
+        stop_runner(state)  # it served the old kernel
         state.forget()
 
         # Two attempts: a randomly chosen port can be taken before the kernel binds it, and
@@ -703,7 +774,9 @@ def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
         for _attempt in range(2):
             pid = launch_kernel(state)
             if kernel_answers(state, pid, deadline, "shell"):
-                return kernel_envelope(True, True, pid, "kernel started" + note), 0
+                runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
+                message = "kernel started" + note + ensure_runner(state, pid, runner_until)
+                return kernel_envelope(True, True, pid, message), 0
             if process_is_kernel(pid) or time.monotonic() >= deadline:
                 break
         kill_kernel_group(pid)
@@ -734,16 +807,26 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
         lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
         return result_envelope("kernel_lost", error=lost), 0
 
-    client = connect(state, shell=True, iopub=True)
+    # The runner answers, declines (nothing ran) or leaves the outcome unknown (OutcomeUnknown
+    # propagates: the code must not run a second time here).
+    answer = run_through_runner(state, pid, args.code, args.timeout)
+    if answer is not None:
+        return answer
     try:
-        return execute_action(client, pid, code, deadline, args.timeout), 0
+        client = connect(state, shell=True, iopub=True)
+        try:
+            return execute_action(client, pid, code, deadline, args.timeout), 0
+        finally:
+            client.stop_channels()
     finally:
-        client.stop_channels()
+        # For the next run; it starts (or finds another runner and leaves) in the background.
+        spawn_runner(state, pid)
 
 
 def execute_action(client: Any, pid: int, code: str, deadline: float, timeout: float) -> dict:
     """Run `code` in kernel `pid` over the connected `client` (shell and iopub) and describe the
-    outcome as a result envelope."""
+    outcome as a result envelope. Shared by `run` (a fresh client) and the runner (its own)."""
+    drain(client)
     if not await_iopub(client, pid, deadline):
         lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
         return result_envelope("kernel_lost", error=lost)
@@ -822,6 +905,412 @@ def summarize(
 
 
 # --------------------------------------------------------------------------------------------
+# The runner: one long-lived kernel client per kernel, behind a Unix socket
+# --------------------------------------------------------------------------------------------
+#
+# `run` pays for importing jupyter_client and for a fresh iopub subscription on every call; the
+# runner (`serve`, started by start-kernel) pays once. One JSON object per line each way, one
+# request per connection, one connection at a time:
+#   {"op":"ping"}                                          -> {"kernel_pid":N}
+#   {"op":"run","code":ABS_PATH,"timeout":S,"kernel_pid":N} -> {"envelope":{...},"exit_code":0|1}
+#                                                             or {"declined":"why"} (nothing ran)
+# A request that does not parse gets a BridgeError result envelope with exit code 1.
+
+
+class OutcomeUnknown(Exception):
+    """The runner may have received a `run` request but gave no answer: the code may or may not
+    have run, so it must not run again and no envelope may claim either way."""
+
+
+def failure_message(exc: BaseException) -> str:
+    return f"bridge error: {type(exc).__name__}: {exc}"
+
+
+def runner_log(message: str) -> None:
+    """One line in the runner log (the runner's stderr)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(f"{stamp} runner {os.getpid()}: {message}", file=sys.stderr, flush=True)
+
+
+def is_result_envelope(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.get("kind") == "result"
+        and set(value) == set(result_envelope("ok"))
+    )
+
+
+def send_line(sock: socket.socket, message: dict, timeout: float) -> None:
+    sock.settimeout(timeout)
+    sock.sendall(json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n")
+
+
+def read_line(sock: socket.socket, limit: int, until: float) -> bytes:
+    """The bytes before the first newline. Raises OSError when the connection closes or `until`
+    passes first, ValueError when more than `limit` bytes come without a newline."""
+    data = bytearray()
+    searched = 0
+    while (end := data.find(b"\n", searched)) < 0:
+        if len(data) > limit:
+            raise ValueError(f"no newline within {limit} bytes")
+        searched = len(data)
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("timed out waiting for a complete line")
+        sock.settimeout(remaining)
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("connection closed before a complete line")
+        data += chunk
+    return bytes(data[:end])
+
+
+def open_runner(state: KernelState, timeout: float) -> socket.socket | None:
+    """A connection to the runner socket, or None when nobody listens there (nothing sent)."""
+    try:
+        address = str(state.runner_socket)
+        # AF_UNIX addresses are short (108 bytes on Linux): prefer the path relative to the cwd.
+        relative = os.path.relpath(address)
+        if len(relative) < len(address):
+            address = relative
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+    except OSError:  # no socket file, ECONNREFUSED (runner gone), backlog full, path too long
+        sock.close()
+        return None
+    return sock
+
+
+def ping_runner(state: KernelState) -> int | None:
+    """The pid of the kernel the runner serves, or None when no runner answers."""
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            send_line(sock, {"op": "ping"}, RUNNER_PING_WAIT_S)
+            answer = json.loads(read_line(sock, 4_096, time.monotonic() + RUNNER_PING_WAIT_S))
+        except (OSError, ValueError):
+            return None
+    pid = answer.get("kernel_pid") if isinstance(answer, dict) else None
+    return pid if type(pid) is int else None
+
+
+def run_through_runner(
+    state: KernelState, pid: int, code_path: str, timeout: float
+) -> tuple[dict, int] | None:
+    """The runner's (envelope, exit code) for the action, or None when no runner listens or it
+    declined: then nothing ran and the caller may run the code itself.
+
+    Raises OutcomeUnknown once the request may have reached the runner and no valid answer came
+    back within timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S.
+    """
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return None
+    request = {
+        "op": "run",
+        "code": os.path.abspath(code_path),
+        "timeout": timeout,
+        "kernel_pid": pid,
+    }
+    until = time.monotonic() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
+    with sock:
+        # From here on the code may run: any failure is an unknown outcome, never a fallback.
+        try:
+            send_line(sock, request, RUNNER_PING_WAIT_S)
+            answer = json.loads(read_line(sock, RUNNER_MAX_ANSWER_BYTES, until))
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
+            raise OutcomeUnknown(f"the runner gave no answer ({problem})") from exc
+    if isinstance(answer, dict) and set(answer) == {"declined"}:
+        print(f"bridge: runner declined: {clip(str(answer['declined']), 1_000)}", file=sys.stderr)
+        return None
+    if isinstance(answer, dict) and set(answer) == {"envelope", "exit_code"}:
+        envelope, exit_code = answer["envelope"], answer["exit_code"]
+        if is_result_envelope(envelope) and type(exit_code) is int and exit_code in (0, 1):
+            return envelope, exit_code
+    raise OutcomeUnknown("the runner's answer is malformed")
+
+
+def launch_runner(state: KernelState, pid: int) -> subprocess.Popen:
+    """Start a detached runner for kernel `pid`; its output goes to the runner log only."""
+    command = [
+        sys.executable, os.path.abspath(__file__), "serve",
+        "--state-dir", str(state.dir), "--kernel-pid", str(pid),
+    ]  # fmt: skip
+    with open(state.runner_log_file, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def spawn_runner(state: KernelState, pid: int) -> None:
+    """Start a runner for later runs without waiting for it, unless one is running (perhaps
+    still starting) or the kernel is gone; never fails."""
+    runner = read_pid_file(state.runner_pid_file)
+    if (runner is not None and process_is_runner(runner)) or not process_is_kernel(pid):
+        return
+    try:
+        launch_runner(state, pid)
+    except Exception as exc:  # the run at hand does not depend on it
+        print(f"bridge: could not start a runner: {failure_message(exc)}", file=sys.stderr)
+
+
+def stop_runner(state: KernelState) -> None:
+    """Kill the runner recorded in the state dir, if it runs, and wait (briefly) until it is gone,
+    so that its lock is free for the next one."""
+    pid = read_pid_file(state.runner_pid_file)
+    if pid is None or pid == os.getpid() or not process_is_runner(pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    until = time.monotonic() + 2.0
+    while process_is_runner(pid) and time.monotonic() < until:
+        time.sleep(0.01)
+
+
+def ensure_runner(state: KernelState, pid: int, until: float) -> str:
+    """Make sure a runner serves kernel `pid`, (re)starting it when none answers; waits until
+    `until` for a new one. Returns "" when one answers, else a note for the kernel message (runs
+    then connect to the kernel themselves)."""
+    if ping_runner(state) == pid:
+        return ""
+    stop_runner(state)  # it runs but does not answer, or serves another kernel
+    try:
+        process = launch_runner(state, pid)
+    except Exception as exc:
+        return f"; no runner ({failure_message(exc)}), runs connect directly"
+    while True:
+        exited = process.poll() is not None
+        if ping_runner(state) == pid:
+            return ""
+        if exited or time.monotonic() >= until:
+            return "; the runner did not answer (see runner.log), runs connect directly"
+        time.sleep(0.02)
+
+
+def parse_request(line: bytes) -> dict:
+    """A well-formed runner request, or ValueError saying what is wrong with it."""
+    try:
+        request = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(request, dict):
+        raise ValueError("not a JSON object")
+    if request == {"op": "ping"}:
+        return request
+    if request.get("op") != "run" or set(request) != {"op", "code", "timeout", "kernel_pid"}:
+        raise ValueError("expected a ping or a run request (op, code, timeout, kernel_pid)")
+    code, timeout, pid = request["code"], request["timeout"], request["kernel_pid"]
+    if not (isinstance(code, str) and os.path.isabs(code) and "\0" not in code):
+        raise ValueError("code must be an absolute path")
+    if type(timeout) not in (int, float) or not 0 < timeout < 86_400:
+        raise ValueError("timeout must be a number of seconds in (0, 86400)")
+    if type(pid) is not int or pid <= 0:
+        raise ValueError("kernel_pid must be a positive integer")
+    return request
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket, when the platform says."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    try:
+        credentials = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", credentials)[1]
+
+
+def peer_hung_up(conn: socket.socket) -> bool:
+    """Whether the client closed its end (it gave up waiting) before we started its request."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class Runner:
+    """Serves the requests for kernel `pid` on `listener`, one connection at a time, over one
+    kernel client that stays connected (shell and iopub)."""
+
+    def __init__(
+        self, state: KernelState, pid: int, client: Any, listener: socket.socket, inode: int
+    ) -> None:
+        self.state = state
+        self.pid = pid
+        self.client = client
+        self.listener = listener
+        self.inode = inode
+
+    def why_stop(self) -> str | None:
+        if self.state.live_pid() != self.pid:
+            return f"kernel {self.pid} is gone or was replaced"
+        try:
+            inode = os.stat(self.state.runner_socket).st_ino
+        except OSError:
+            return "the socket file is gone"
+        return "the socket file was replaced" if inode != self.inode else None
+
+    def serve(self) -> str:
+        """Answer connections until the runner is not wanted any more; returns why."""
+        while True:
+            reason = self.why_stop()
+            if reason is not None:
+                return reason
+            readable, _, _ = select.select([self.listener], [], [], RUNNER_CHECK_INTERVAL_S)
+            if not readable:
+                continue
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                continue
+            with conn:
+                reason = self.handle(conn)
+            if reason is not None:
+                return reason
+
+    def reply(self, conn: socket.socket, message: dict) -> None:
+        with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+            send_line(conn, message, RUNNER_REQUEST_WAIT_S)
+
+    def handle(self, conn: socket.socket) -> str | None:
+        """Answer one connection; returns a reason to stop when the kernel client may be broken."""
+        uid = peer_uid(conn)
+        if uid is not None and uid != os.getuid():
+            return None  # the socket is 0600; whoever got in anyway gets nothing
+        try:
+            until = time.monotonic() + RUNNER_REQUEST_WAIT_S
+            request = parse_request(read_line(conn, RUNNER_MAX_REQUEST_BYTES, until))
+        except (OSError, ValueError) as exc:
+            message = f"bridge error: the runner refused the request: {clip(str(exc), 1_000)}"
+            self.reply(conn, {"envelope": bridge_failure("result", message), "exit_code": 1})
+            return None
+        if request["op"] == "ping":
+            self.reply(conn, {"kernel_pid": self.pid})
+            return None
+        if request["kernel_pid"] != self.pid:
+            declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
+            self.reply(conn, {"declined": declined})
+            return None
+        if peer_hung_up(conn):
+            # It waited in the backlog until its client gave up and reported an unknown outcome;
+            # running it now would be a surprise to everyone.
+            runner_log("a client hung up before its request started; not running it")
+            return None
+        deadline = time.monotonic() + request["timeout"]
+        stop = None
+        try:
+            code = Path(request["code"]).read_text(encoding="utf-8")
+        except Exception as exc:
+            envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
+        else:
+            try:
+                envelope = execute_action(self.client, self.pid, code, deadline, request["timeout"])
+                exit_code = 0
+            except Exception as exc:
+                envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
+                stop = f"kernel client failed: {failure_message(exc)}"
+        self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
+        return stop
+
+
+def acquire_runner_lock(state: KernelState) -> Any:
+    """The open runner lock file, locked; None when another runner keeps it locked for
+    RUNNER_LOCK_WAIT_S. Held for the runner's life, so at most one runner serves a state dir."""
+    import fcntl
+
+    handle = open(state.runner_lock_file, "a")  # held (locked) until the runner exits
+    until = time.monotonic() + RUNNER_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= until:
+                handle.close()
+                return None
+            time.sleep(0.05)
+
+
+def bind_runner_socket(state: KernelState) -> tuple[socket.socket, int]:
+    """Listen on the runner socket (mode 0600), atomically replacing a stale socket file; returns
+    the listener and the inode of its file."""
+    # Bind by a short name relative to the state dir: AF_UNIX addresses are short.
+    os.chdir(state.dir)
+    temporary = f".runner.{os.getpid()}.sock"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        umask = os.umask(0o177)  # the file is created 0600: only our user may connect
+        try:
+            listener.bind(temporary)
+        finally:
+            os.umask(umask)
+        listener.listen(8)
+        os.replace(temporary, state.runner_socket)
+        inode = os.stat(state.runner_socket).st_ino
+    except BaseException:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return listener, inode
+
+
+def serve_kernel(state: KernelState, pid: int) -> str:
+    """Connect to kernel `pid`, then serve requests until not wanted; returns why it stopped."""
+    if state.live_pid() != pid:
+        return f"kernel {pid} is not the live kernel in {state.dir}"
+    client = connect(state, shell=True, iopub=True)
+    try:
+        if not await_iopub(client, pid, time.monotonic() + ANSWER_WAIT_S):
+            return f"kernel {pid} did not answer within {ANSWER_WAIT_S:g} s"
+        listener, inode = bind_runner_socket(state)
+        try:
+            runner_log(f"serving kernel {pid} on {state.runner_socket}")
+            return Runner(state, pid, client, listener, inode).serve()
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                if os.stat(state.runner_socket).st_ino == inode:
+                    state.runner_socket.unlink()
+    finally:
+        client.stop_channels()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The runner of kernel `args.kernel_pid` (internal: start-kernel and run start it)."""
+    state = KernelState(args.state_dir)
+    lock = acquire_runner_lock(state)
+    if lock is None:
+        runner_log("another runner holds the lock; leaving")
+        return 0
+    with lock:
+        write_pid_file(state.runner_pid_file, os.getpid())
+        try:
+            reason = serve_kernel(state, args.kernel_pid)
+        finally:
+            if read_pid_file(state.runner_pid_file) == os.getpid():
+                state.runner_pid_file.unlink(missing_ok=True)
+    runner_log(f"exiting: {reason}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
 
@@ -873,19 +1362,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", default=".briq/state")
     run.add_argument("--code", required=True)
     run.add_argument("--timeout", type=seconds_type, default=30.0)
+
+    # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
+    # no envelope; its output goes to the runner log.
+    serve = commands.add_parser("serve")
+    serve.add_argument("--state-dir", default=".briq/state")
+    serve.add_argument("--kernel-pid", type=int, required=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
     envelope_stream = sys.stdout
     # Anything else that writes to sys.stdout (imported libraries, warnings) goes to stderr, so
     # the envelope is the only thing this process puts on stdout.
     with contextlib.redirect_stdout(sys.stderr):
         try:
             envelope, exit_code = args.handler(args)
+        except OutcomeUnknown as exc:
+            # No envelope at all: whatever it said could be wrong. The operator reads a missing
+            # envelope as malformed and stops using this executor.
+            print(f"bridge error: {exc}; the code may or may not have run", file=sys.stderr)
+            return 1
         except Exception as exc:
-            envelope = bridge_failure(args.kind, f"bridge error: {type(exc).__name__}: {exc}")
+            envelope = bridge_failure(args.kind, failure_message(exc))
             exit_code = 1
     try:
         text = envelope_text(args.nonce, envelope)
