@@ -191,6 +191,16 @@ class Sandbox:
         except (OSError, ValueError):
             return None
 
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".briq" / "state"
+
+    def runner_pid(self) -> int | None:
+        try:
+            return int((self.state_dir / "runner.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
     def stop_kernel(self) -> None:
         pid = self.kernel_pid()
         if pid is not None:
