@@ -149,7 +149,7 @@ pub fn table(report: &Report) -> String {
             "1",
             "sandbox exec of `python3` importing the Jupyter client",
             l.python_import_jupyter_client_ms.as_ref(),
-            "what every bridge `run` imports".into(),
+            "what a bridge `run` would import without its runner".into(),
         ));
         rows.push(timing(
             "1",
