@@ -21,8 +21,10 @@ use crate::briq::api::{ExecOutput, MAX_OUTPUT_BYTES};
 pub(crate) const MARKER: &str = "BRIQ_LOCAL_SANDBOX";
 
 /// After the command exits, how long its output pipes may stay open (held by a background
-/// child) before the answer goes out with what was read so far.
-const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// child) before the answer goes out with what was read so far. Generous: on a loaded machine
+/// the readers may not run for a while after the exit, and output the command wrote before it
+/// exited must not be lost (100 ms lost whole envelopes with 100 sandboxes busy).
+const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Kill rounds before giving up on processes that keep forking.
 const KILL_ROUNDS: usize = 50;
