@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
@@ -21,9 +20,7 @@ use crate::briq::api::{ExecOutput, MAX_OUTPUT_BYTES};
 pub(crate) const MARKER: &str = "BRIQ_LOCAL_SANDBOX";
 
 /// After the command exits, how long its output pipes may stay open (held by a background
-/// child) before the answer goes out with what was read so far. Generous: on a loaded machine
-/// the readers may not run for a while after the exit, and output the command wrote before it
-/// exited must not be lost (100 ms lost whole envelopes with 100 sandboxes busy).
+/// child) before the answer goes out with what was read so far.
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Kill rounds before giving up on processes that keep forking.
@@ -79,29 +76,46 @@ pub(crate) async fn run(command: CommandSpec, still_wanted: impl FnOnce() -> boo
     {
         kill_group(group);
     }
-    let mut stdout = Tail::spawn(child.stdout.take());
-    let mut stderr = Tail::spawn(child.stderr.take());
+    let mut stdout = Tail::new(child.stdout.take());
+    let mut stderr = Tail::new(child.stderr.take());
     if let (Some(mut pipe), Some(input)) = (child.stdin.take(), command.stdin) {
         // Separate task: a command that never reads its stdin must not stall the exec.
         tokio::spawn(async move {
             let _ = pipe.write_all(input.as_bytes()).await;
         });
     }
-    let (exit_code, timed_out) = match tokio::time::timeout(command.timeout, child.wait()).await {
-        Ok(status) => (status.ok().and_then(|s| s.code()), false),
-        Err(_) => {
-            if let Some(group) = group {
-                kill_group(group);
+    // The pipes are read in this task, not in tasks of their own: whenever it runs, what the
+    // command wrote is read before any deadline is looked at, however late a busy runtime
+    // gets to it.
+    let (exit_code, timed_out) = {
+        let reading = async { tokio::join!(stdout.read_to_end(), stderr.read_to_end()) };
+        let mut reading = std::pin::pin!(reading);
+        let mut read_all = false;
+        let waited = tokio::time::timeout(command.timeout, async {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut reading, if !read_all => read_all = true,
+                    status = child.wait() => return status,
+                }
             }
-            let _ = child.wait().await;
-            (None, true)
+        })
+        .await;
+        let ended = match waited {
+            Ok(status) => (status.ok().and_then(|s| s.code()), false),
+            Err(_) => {
+                if let Some(group) = group {
+                    kill_group(group);
+                }
+                let _ = child.wait().await;
+                (None, true)
+            }
+        };
+        if !read_all {
+            let _ = tokio::time::timeout(DRAIN_GRACE, reading).await;
         }
+        ended
     };
-    let _ = tokio::time::timeout(DRAIN_GRACE, async {
-        stdout.finished().await;
-        stderr.finished().await;
-    })
-    .await;
     ExecOutput {
         exit_code,
         stdout: stdout.take(),
@@ -126,40 +140,36 @@ fn kill_group(group: i32) {
     }
 }
 
-/// The last [`MAX_OUTPUT_BYTES`] of one output stream, read by a background task.
-struct Tail {
-    bytes: Arc<Mutex<VecDeque<u8>>>,
-    reader: tokio::task::JoinHandle<()>,
+/// The last [`MAX_OUTPUT_BYTES`] of one output stream. Dropping it closes the read end: a
+/// background child still writing gets EPIPE, as it would when briq's exec ends.
+struct Tail<P> {
+    pipe: Option<P>,
+    bytes: VecDeque<u8>,
 }
 
-impl Tail {
-    fn spawn(pipe: Option<impl AsyncRead + Unpin + Send + 'static>) -> Self {
-        let bytes = Arc::new(Mutex::new(VecDeque::new()));
-        let sink = Arc::clone(&bytes);
-        let reader = tokio::spawn(async move {
-            let Some(mut pipe) = pipe else { return };
-            let mut chunk = vec![0; 16 * 1024];
-            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
-                let mut tail = sink.lock().unwrap_or_else(|p| p.into_inner());
-                tail.extend(&chunk[..n]);
-                let excess = tail.len().saturating_sub(MAX_OUTPUT_BYTES);
-                tail.drain(..excess);
-            }
-        });
-        Self { bytes, reader }
+impl<P: AsyncRead + Unpin> Tail<P> {
+    fn new(pipe: Option<P>) -> Self {
+        Tail {
+            pipe,
+            bytes: VecDeque::new(),
+        }
     }
 
-    /// Waits for end of file on the pipe (every holder closed it).
-    async fn finished(&mut self) {
-        let _ = (&mut self.reader).await;
+    /// Reads until end of file (every holder closed the pipe).
+    async fn read_to_end(&mut self) {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return;
+        };
+        let mut chunk = vec![0; 16 * 1024];
+        while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+            self.bytes.extend(&chunk[..n]);
+            let excess = self.bytes.len().saturating_sub(MAX_OUTPUT_BYTES);
+            self.bytes.drain(..excess);
+        }
     }
 
     fn take(self) -> String {
-        // Dropping the read end: a background child still writing gets EPIPE, as it would when
-        // briq's exec ends.
-        self.reader.abort();
-        let tail = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes: Vec<u8> = tail.iter().copied().collect();
+        let bytes: Vec<u8> = self.bytes.into_iter().collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
