@@ -616,7 +616,7 @@ async fn queued_executions_wait_without_reading_from_the_api_server() {
     let client = requests.client(&env).await;
     let _operator = Operator::start_as(&env, client, |_| {}).await;
     ready_executor(&env, "py").await;
-    create_execution(&env, "busy", "py", "import time\ntime.sleep(15)").await;
+    create_execution(&env, "busy", "py", "import time\ntime.sleep(20)").await;
     wait_for(&env.api::<Execution>(), "busy", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
