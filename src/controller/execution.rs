@@ -133,13 +133,7 @@ impl Runner {
 
     /// Unfinished Executions of the same executor, in run order.
     fn queue(&self, namespace: &str, executor: &str) -> Vec<Arc<Execution>> {
-        let mut queue: Vec<Arc<Execution>> = self
-            .store
-            .state()
-            .into_iter()
-            .filter(|e| {
-                e.namespace().as_deref() == Some(namespace) && e.spec.executor_ref.name == executor
-            })
+        let mut queue: Vec<Arc<Execution>> = of_executor(&self.store, namespace, executor)
             .filter(|e| e.metadata.deletion_timestamp.is_none() && !self.is_finished(e))
             .collect();
         queue.sort_by_key(|e| run_order(e));
@@ -170,11 +164,11 @@ impl Runner {
             .list_metadata(&ListParams::default().fields(&selector))
             .await?;
         let mine = run_order(execution);
-        let cached: HashMap<String, Arc<Execution>> = self
-            .queue_and_finished(execution)
-            .into_iter()
-            .filter_map(|e| e.uid().map(|uid| (uid, e)))
-            .collect();
+        let namespace = execution.namespace().unwrap_or_default();
+        let cached: HashMap<String, Arc<Execution>> =
+            of_executor(&self.store, &namespace, &execution.spec.executor_ref.name)
+                .filter_map(|e| e.uid().map(|uid| (uid, e)))
+                .collect();
         let mut burst = false;
         for sibling in &siblings.items {
             // Not in the cache yet means not known to be finished: it counts as waiting.
@@ -201,19 +195,6 @@ impl Runner {
             Some(left) if burst && left.is_positive() => Ok(Turn::Settling(left.unsigned_abs())),
             _ => Ok(Turn::Mine),
         }
-    }
-
-    /// Every cached Execution of the same executor, finished or not.
-    fn queue_and_finished(&self, execution: &Execution) -> Vec<Arc<Execution>> {
-        let namespace = execution.namespace();
-        self.store
-            .state()
-            .into_iter()
-            .filter(|e| {
-                e.namespace() == namespace
-                    && e.spec.executor_ref.name == execution.spec.executor_ref.name
-            })
-            .collect()
     }
 
     fn finish(&self, execution: &Execution) {
@@ -268,17 +249,22 @@ pub(super) fn finished(execution: &Execution) -> bool {
 
 /// The unfinished Executions that wait on `executor` (for the watch on executors).
 pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<ObjectRef<Execution>> {
-    let namespace = executor.namespace();
-    store
-        .state()
-        .into_iter()
-        .filter(|e| {
-            e.namespace() == namespace
-                && e.spec.executor_ref.name == executor.name_any()
-                && !finished(e)
-        })
+    let namespace = executor.namespace().unwrap_or_default();
+    of_executor(store, &namespace, &executor.name_any())
+        .filter(|e| !finished(e))
         .map(|e| ObjectRef::from_obj(e.as_ref()))
         .collect()
+}
+
+/// Every cached Execution of executor `namespace/name`, finished or not.
+fn of_executor<'a>(
+    store: &Store<Execution>,
+    namespace: &'a str,
+    name: &'a str,
+) -> impl Iterator<Item = Arc<Execution>> + 'a {
+    store.state().into_iter().filter(move |e| {
+        e.namespace().as_deref() == Some(namespace) && e.spec.executor_ref.name == name
+    })
 }
 
 #[instrument(skip_all, fields(namespace = execution.namespace(), name = execution.name_any()))]
@@ -792,12 +778,11 @@ async fn prune(api: &Api<Execution>, executor: &BriqExecutor, runner: &Runner) {
     let Some(limit) = executor.spec.execution_history_limit else {
         return;
     };
-    let namespace = executor.namespace();
-    let mut done: Vec<Arc<Execution>> = runner
-        .store
-        .state()
-        .into_iter()
-        .filter(|e| e.namespace() == namespace && e.spec.executor_ref.name == executor.name_any())
+    let (namespace, name) = (
+        executor.namespace().unwrap_or_default(),
+        executor.name_any(),
+    );
+    let mut done: Vec<Arc<Execution>> = of_executor(&runner.store, &namespace, &name)
         .filter(|e| e.metadata.deletion_timestamp.is_none() && runner.is_finished(e))
         .collect();
     done.sort_by_key(|e| run_order(e));
