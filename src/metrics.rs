@@ -1,12 +1,12 @@
 //! Prometheus metrics of the operator, served at `/metrics` (OpenMetrics text).
 //!
 //! Every label comes from a small fixed set: `controller` is `executor` or `execution`, `reason`
-//! is one of the Execution reasons documented in the README (anything else is counted as
-//! `Other`). Names, namespaces, UIDs and error strings never become labels, so the number of
+//! is an [`ExecutionReason`] that ends an Execution. Names, namespaces, UIDs and error strings never become labels, so the number of
 //! series does not grow with the number of objects.
 
 use std::{future::Future, sync::Mutex, time::Instant};
 
+use crate::crd::reasons::ExecutionReason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -30,30 +30,6 @@ impl ControllerKind {
     }
 }
 
-/// The terminal reasons of an Execution (its `Succeeded` condition when True or False).
-pub const TERMINAL_REASONS: &[&str] = &[
-    "Completed",
-    "FinalAnswer",
-    "CodeError",
-    "FinalAnswerRejected",
-    "Timeout",
-    "TransportError",
-    "MalformedResponse",
-    "KernelLost",
-    "ExecutorUnusable",
-    "ExecutorDeleted",
-    "Interrupted",
-];
-
-/// The label value for `reason`: itself when it is a known terminal reason, else `Other`.
-pub fn reason_label(reason: &str) -> &'static str {
-    TERMINAL_REASONS
-        .iter()
-        .find(|known| **known == reason)
-        .copied()
-        .unwrap_or("Other")
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: &'static str,
@@ -73,6 +49,9 @@ pub struct Live {
     pub running: i64,
     /// BriqExecutors that hold a sandbox.
     pub sandboxes: i64,
+    /// Entries of the controllers' in-process bookkeeping (backoffs, locks, results not yet
+    /// written, …); each goes with its object, so this falls back to 0 when the objects do.
+    pub bookkeeping: i64,
 }
 
 type LiveSource = Box<dyn Fn() -> Live + Send + Sync>;
@@ -90,6 +69,7 @@ pub struct Metrics {
     queued: Gauge,
     running: Gauge,
     sandboxes: Gauge,
+    bookkeeping: Gauge,
     leader: Gauge,
     live: Mutex<Option<LiveSource>>,
 }
@@ -117,7 +97,8 @@ impl Default for Metrics {
         let execution_duration =
             Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0]);
         let executions = Family::<ReasonLabels, Counter>::default();
-        let (queued, running, sandboxes, leader) = (
+        let (queued, running, sandboxes, bookkeeping, leader) = (
+            Gauge::default(),
             Gauge::default(),
             Gauge::default(),
             Gauge::default(),
@@ -169,6 +150,11 @@ impl Default for Metrics {
             sandboxes.clone(),
         );
         registry.register(
+            "bookkeeping_entries",
+            "Entries of the controllers' in-process bookkeeping (pruned with their objects)",
+            bookkeeping.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica runs the controllers (holds the lease, or runs without leader election)",
             leader.clone(),
@@ -182,8 +168,10 @@ impl Default for Metrics {
             let _ = reconcile_errors.get_or_create(&labels);
             let _ = reconcile_duration.get_or_create(&labels);
         }
-        for reason in TERMINAL_REASONS.iter().chain(&["Other"]) {
-            let _ = executions.get_or_create(&ReasonLabels { reason });
+        for reason in ExecutionReason::terminal() {
+            let _ = executions.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
         }
         Metrics {
             registry,
@@ -196,6 +184,7 @@ impl Default for Metrics {
             queued,
             running,
             sandboxes,
+            bookkeeping,
             leader,
             live: Mutex::default(),
         }
@@ -233,10 +222,15 @@ impl Metrics {
     }
 
     /// An Execution got its final status.
-    pub fn execution_finished(&self, reason: &str, started: Option<&Time>, ended: Option<&Time>) {
+    pub fn execution_finished(
+        &self,
+        reason: ExecutionReason,
+        started: Option<&Time>,
+        ended: Option<&Time>,
+    ) {
         self.executions
             .get_or_create(&ReasonLabels {
-                reason: reason_label(reason),
+                reason: reason.as_str(),
             })
             .inc();
         if let (Some(started), Some(ended)) = (started, ended) {
@@ -267,6 +261,7 @@ impl Metrics {
         self.queued.set(live.queued);
         self.running.set(live.running);
         self.sandboxes.set(live.sandboxes);
+        self.bookkeeping.set(live.bookkeeping);
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String never fails");
         out
@@ -277,19 +272,12 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    #[test]
-    fn unknown_reasons_collapse_into_other() {
-        assert_eq!(reason_label("Completed"), "Completed");
-        assert_eq!(reason_label("Interrupted"), "Interrupted");
-        assert_eq!(reason_label("connection refused by 10.0.0.1"), "Other");
-    }
-
     #[tokio::test]
     async fn series_stay_bounded_whatever_the_reasons() {
         let metrics = Metrics::default();
+        let terminal: Vec<ExecutionReason> = ExecutionReason::terminal().collect();
         for i in 0..500 {
-            let reason = format!("error #{i}");
-            metrics.execution_finished(&reason, None, None);
+            metrics.execution_finished(terminal[i % terminal.len()], None, None);
             let _ = metrics
                 .reconcile(ControllerKind::Execution, async { Err::<(), _>(i) })
                 .await;
@@ -299,9 +287,10 @@ mod tests {
             .lines()
             .filter(|line| line.starts_with("briq_operator_executions_finished_total{"))
             .collect::<Vec<_>>();
-        assert_eq!(finished.len(), TERMINAL_REASONS.len() + 1);
+        assert_eq!(finished.len(), terminal.len());
         assert!(
-            finished.contains(&"briq_operator_executions_finished_total{reason=\"Other\"} 500")
+            finished
+                .contains(&"briq_operator_executions_finished_total{reason=\"Interrupted\"} 45")
         );
         assert!(
             text.contains("briq_operator_reconcile_errors_total{controller=\"execution\"} 500")

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use briq_operator::metrics::TERMINAL_REASONS;
+use briq_operator::crd::reasons::ExecutionReason;
 use ops::{Instance, until};
 use serde_json::json;
 use support::{TestEnv, create_execution, create_executor, finished, reason};
@@ -132,8 +132,7 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
     assert_eq!(value("briq_operator_leader"), 1.0);
 
     // Labels come from fixed sets only: never a name, namespace, UID or error text.
-    let allowed_reasons: BTreeSet<&str> =
-        TERMINAL_REASONS.iter().copied().chain(["Other"]).collect();
+    let allowed_reasons: BTreeSet<&str> = ExecutionReason::terminal().map(|r| r.as_str()).collect();
     for series in samples.keys() {
         let (name, labels) = parse(series);
         assert!(name.starts_with("briq_operator_"), "{series}");

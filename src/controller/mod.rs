@@ -8,6 +8,7 @@
 //! status of every Execution ([`EXECUTOR_MANAGER`]). Each applies its complete set every time,
 //! so no manager ever drops another's fields.
 
+mod backoff;
 mod cache;
 mod conditions;
 mod execution;
@@ -17,9 +18,8 @@ pub mod session;
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -69,6 +69,26 @@ pub enum Error {
     Invariant(String),
 }
 
+impl Error {
+    /// How long briq asked us to wait before calling again, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        use kube::runtime::finalizer::Error as Finalizer;
+        match self {
+            Error::Briq(error) | Error::Bridge(session::CallError::Briq(error)) => {
+                error.retry_after()
+            }
+            Error::Bridge(session::CallError::Upload(error)) => error.retry_after(),
+            Error::Finalizer(error) => match error.as_ref() {
+                Finalizer::ApplyFailed(inner) | Finalizer::CleanupFailed(inner) => {
+                    inner.retry_after()
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Settings of a controller run.
@@ -79,7 +99,8 @@ pub struct Settings {
     /// How often a ready executor checks that its sandbox still runs (a cheap GET, which does
     /// not count as use, so idle sandboxes still go to sleep as configured).
     pub probe_interval: Duration,
-    /// First retry delay after a failed reconcile; doubles per consecutive failure.
+    /// First retry delay after a failed reconcile; doubles per consecutive failure, and is never
+    /// shorter than briq's `Retry-After`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
     /// Watch only this namespace; all namespaces when `None`.
@@ -98,67 +119,48 @@ impl Default for Settings {
     }
 }
 
-/// What both controllers share.
-pub struct Context<S> {
+/// What both controllers use and neither owns: the clients, the settings and where they
+/// report. Each controller keeps its own state in a context of its own.
+pub struct Shared<S> {
     pub client: Client,
     pub sandboxes: S,
     pub settings: Settings,
     recorder: Recorder,
-    /// Consecutive reconcile failures per object, for exponential backoff; reset on success.
-    failures: Mutex<HashMap<String, u32>>,
-    executions: execution::Runner,
     metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
     stopping: Arc<AtomicBool>,
 }
 
-impl<S> Context<S> {
+impl<S> Shared<S> {
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    fn backoff(&self, key: String) -> Duration {
-        let mut failures = self.failures.lock().expect("failure counts poisoned");
-        let count = failures.entry(key).or_default();
-        *count = count.saturating_add(1);
-        let factor = 2u32.saturating_pow(count.saturating_sub(1).min(16));
-        let delay = self
-            .settings
-            .backoff_base
-            .saturating_mul(factor)
-            .min(self.settings.backoff_max);
-        // Jitter keeps many failing objects from retrying in lockstep.
-        delay.mul_f64(0.8 + rand::random::<f64>() * 0.4)
-    }
-
-    fn succeeded(&self, key: &str) {
-        self.failures
-            .lock()
-            .expect("failure counts poisoned")
-            .remove(key);
+    fn backoff(&self) -> backoff::Backoff {
+        backoff::Backoff::new(self.settings.backoff_base, self.settings.backoff_max)
     }
 }
 
-fn failure_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+/// The key of `object` in a controller's bookkeeping.
+fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     format!(
-        "{}/{}/{}",
-        K::kind(&()),
+        "{}/{}",
         object.namespace().unwrap_or_default(),
         object.name_any()
     )
 }
 
 /// The API key of `executor`: from its Secret, or the operator's default.
-async fn api_key<S>(ctx: &Context<S>, executor: &BriqExecutor) -> Result<ApiKey> {
+async fn api_key<S>(shared: &Shared<S>, executor: &BriqExecutor) -> Result<ApiKey> {
     let Some(reference) = &executor.spec.api_key_secret_ref else {
-        return ctx.settings.default_api_key.clone().ok_or_else(|| {
+        return shared.settings.default_api_key.clone().ok_or_else(|| {
             Error::ApiKey(
                 "no apiKeySecretRef is set and the operator has no default briq API key".into(),
             )
         });
     };
     let namespace = executor.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(shared.client.clone(), &namespace);
     let secret = secrets.get_opt(&reference.name).await?.ok_or_else(|| {
         Error::ApiKey(format!(
             "Secret {namespace}/{} does not exist",
@@ -219,14 +221,13 @@ where
 }
 
 /// Marks `executor` unusable, for good: it never runs code again.
-async fn mark_unusable<S>(ctx: &Context<S>, executor: &BriqExecutor, reason: &str) -> Result<()> {
-    ctx.executions.forget_usable(executor);
+async fn mark_unusable<S>(shared: &Shared<S>, executor: &BriqExecutor, reason: &str) -> Result<()> {
     if executor.status.as_ref().is_some_and(|s| s.unusable) {
         return Ok(());
     }
     warn!(executor = %executor.name_any(), reason, "executor is now unusable");
     let api: Api<BriqExecutor> = Api::namespaced(
-        ctx.client.clone(),
+        shared.client.clone(),
         &executor.namespace().unwrap_or_default(),
     );
     let status = json!({ "unusable": true, "unusableReason": conditions::clip(reason.to_owned()) });
@@ -235,7 +236,7 @@ async fn mark_unusable<S>(ctx: &Context<S>, executor: &BriqExecutor, reason: &st
 
 /// Publishes an event about `object`; a failure to publish is logged, never fatal.
 async fn publish<S, K: Resource<DynamicType = ()>>(
-    ctx: &Context<S>,
+    shared: &Shared<S>,
     object: &K,
     type_: kube::runtime::events::EventType,
     reason: &str,
@@ -250,7 +251,11 @@ async fn publish<S, K: Resource<DynamicType = ()>>(
         action: action.to_owned(),
         secondary: None,
     };
-    if let Err(error) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
+    if let Err(error) = shared
+        .recorder
+        .publish(&event, &object.object_ref(&()))
+        .await
+    {
         warn!(%error, reason, "could not publish an event");
     }
 }
@@ -275,14 +280,20 @@ pub async fn run<S>(
     run_observed(client, sandboxes, settings, shutdown, Observer::default()).await
 }
 
-/// Unfinished Executions (queued, running) and executors holding a sandbox, from the caches.
-fn live(executors: &Store<BriqExecutor>, executions: &Store<Execution>) -> Live {
-    let mut live = Live::default();
+/// Unfinished Executions (queued, running) and executors holding a sandbox, from the caches;
+/// `bookkeeping` entries held by the controllers.
+fn live(
+    executors: &Store<BriqExecutor>,
+    executions: &Store<Execution>,
+    bookkeeping: usize,
+) -> Live {
+    let mut live = Live {
+        bookkeeping: bookkeeping as i64,
+        ..Live::default()
+    };
     for execution in executions.state() {
         let status = execution.status.clone().unwrap_or_default();
-        let finished = conditions::find(&status.conditions, conditions::SUCCEEDED)
-            .is_some_and(|c| c.status != "Unknown");
-        if finished || execution.metadata.deletion_timestamp.is_some() {
+        if execution::finished(&execution) || execution.metadata.deletion_timestamp.is_some() {
             continue;
         }
         if status.attempt_id.is_some() {
@@ -299,6 +310,8 @@ fn live(executors: &Store<BriqExecutor>, executions: &Store<Execution>) -> Live 
     live
 }
 
+type Count = Box<dyn Fn() -> usize + Send + Sync>;
+
 /// Reports the controllers' state to the observer; undoes it when the controllers stop (or are
 /// dropped, as when the lease is lost).
 struct Reporting {
@@ -311,10 +324,11 @@ impl Reporting {
         observer: &Observer,
         executors: Store<BriqExecutor>,
         executions: Store<Execution>,
+        bookkeeping: Count,
     ) -> Reporting {
         let (cached_executors, cached_executions) = (executors.clone(), executions.clone());
         observer.metrics.set_live(Some(Box::new(move || {
-            live(&cached_executors, &cached_executions)
+            live(&cached_executors, &cached_executions, bookkeeping())
         })));
         let health = observer.health.clone();
         let synced = tokio::spawn(async move {
@@ -388,10 +402,7 @@ pub async fn run_observed<S>(
         let _ = shutdown_tx.send(());
     });
 
-    let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Execution>>();
-    let (execution_store, execution_writer) = reflector::store::<Execution>();
-    let (executor_store, executor_writer) = reflector::store::<BriqExecutor>();
-    let ctx = Arc::new(Context {
+    let shared = Arc::new(Shared {
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -402,71 +413,92 @@ pub async fn run_observed<S>(
         client: client.clone(),
         sandboxes,
         settings,
-        failures: Mutex::default(),
-        executions: execution::Runner::new(
-            execution_store.clone(),
-            executor_store.clone(),
-            wake_tx,
-        ),
         metrics: observer.metrics.clone(),
         stopping,
     });
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Execution>>();
+    let (execution_store, execution_writer) = reflector::store::<Execution>();
+    let (executor_store, executor_writer) = reflector::store::<BriqExecutor>();
+    let execution_ctx = Arc::new(execution::Context::new(
+        shared.clone(),
+        execution_store.clone(),
+        executor_store.clone(),
+        wake_tx,
+    ));
+    let executor_ctx = Arc::new(executor::Context::new(shared.clone()));
 
-    // A deleted Execution is not reconciled, but the one queued behind it must hear of it.
-    let runner = ctx.clone();
+    // A deleted Execution is not reconciled, but the one queued behind it must hear of it, and
+    // what the controller kept of it goes.
+    let on_execution_event = execution_ctx.clone();
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(cache::compact_execution)
         .reflect(execution_writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(gone) = event {
-                runner.executions.wake_next(gone);
+                on_execution_event.deleted(gone);
             }
         })
         .applied_objects();
-    let execution_controller = Controller::for_stream(execution_events, execution_store.clone());
+    // Executions wait on their executor; an executor's deletion ends what was kept of it.
+    let on_executor_event = execution_ctx.clone();
+    let executor_changes = watcher(executors.clone(), watcher::Config::default().any_semantic())
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(gone) = event {
+                on_executor_event.executor_deleted(gone);
+            }
+        })
+        .touched_objects();
     let waiting_on = execution_store.clone();
-    let execution_loop = execution_controller
-        .watches(
-            executors.clone(),
-            watcher::Config::default().any_semantic(),
-            move |executor| execution::waiting_on(&waiting_on, &executor),
-        )
+    let execution_loop = Controller::for_stream(execution_events, execution_store.clone())
+        .watches_stream(executor_changes, move |executor| {
+            execution::waiting_on(&waiting_on, &executor)
+        })
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
         .graceful_shutdown_on(execution_stop)
         .run(
             |execution, ctx| async move {
-                let metrics = ctx.metrics.clone();
+                let metrics = ctx.shared.metrics.clone();
                 let reconcile = execution::reconcile(execution, ctx);
                 metrics
                     .reconcile(ControllerKind::Execution, reconcile)
                     .await
             },
             execution::error_policy,
-            ctx.clone(),
+            execution_ctx.clone(),
         )
         .for_each(|result| async move {
             if let Err(error) = result {
                 warn!(%error, "execution reconcile failed");
             }
         });
+    let on_executor_deleted = executor_ctx.clone();
     let executor_events = watcher(executors, watcher::Config::default().any_semantic())
         .modify(cache::compact)
         .reflect(executor_writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(gone) = event {
+                on_executor_deleted.deleted(gone);
+            }
+        })
         .applied_objects();
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone());
-    let _reporting = Reporting::start(&observer, executor_store, execution_store);
+    let bookkeeping: Count = {
+        let (executor_ctx, execution_ctx) = (executor_ctx.clone(), execution_ctx.clone());
+        Box::new(move || executor_ctx.bookkeeping() + execution_ctx.bookkeeping())
+    };
+    let _reporting = Reporting::start(&observer, executor_store, execution_store, bookkeeping);
     let executor_loop = executor_controller
         .graceful_shutdown_on(executor_stop)
         .run(
             |executor, ctx| async move {
-                let metrics = ctx.metrics.clone();
+                let metrics = ctx.shared.metrics.clone();
                 let reconcile = executor::reconcile(executor, ctx);
                 metrics.reconcile(ControllerKind::Executor, reconcile).await
             },
             executor::error_policy,
-            ctx.clone(),
+            executor_ctx,
         )
         .for_each(|result| async move {
             if let Err(error) = result {

@@ -4,6 +4,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::{
+    MAX_EXECUTION_TIMEOUT_SECONDS,
+    reasons::{ExecutionReason, describe},
+};
+
 /// Largest accepted `spec.code`, in characters. The code travels as a file upload (briq takes
 /// 1 MiB per file) and the object must stay far below etcd's 1.5 MiB request limit.
 pub const MAX_CODE_CHARS: usize = 262_144;
@@ -39,13 +44,13 @@ pub struct ExecutionSpec {
 
     /// Python source run in the executor's kernel. State (variables, imports) persists across
     /// Executions of one executor. The value of a final expression is returned as `output`.
-    #[schemars(length(min = 1, max = 262144))]
+    #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
     pub code: String,
 
     /// Deadline in seconds (1 to 40); defaults to the executor's `executionTimeoutSeconds`.
     /// Running past it interrupts the kernel and makes the executor unusable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 40))]
+    #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u32>,
 }
 
@@ -68,11 +73,10 @@ pub struct ExecutionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Succeeded`: Unknown while queued (`Queued`, `ExecutorNotFound`, `ExecutorNotReady`) or
-    /// `Running`; True with `Completed` or `FinalAnswer`; False with `CodeError`, `Timeout`,
-    /// `TransportError`, `MalformedResponse`, `FinalAnswerRejected`, `ExecutorUnusable`,
-    /// `ExecutorDeleted`, `KernelLost` or `Interrupted`.
+    /// `Succeeded`: Unknown while waiting or running, True once the code ran, False when it
+    /// failed or could not run. Its reasons:
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = list_execution_reasons)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
@@ -134,4 +138,12 @@ pub struct ExecutionError {
     /// Traceback text, without terminal colour codes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceback: Option<String>,
+}
+
+/// Appends the Execution reasons, with their meaning, to the conditions' description.
+fn list_execution_reasons(schema: &mut schemars::Schema) {
+    super::append_description(
+        schema,
+        &describe(ExecutionReason::ALL, ExecutionReason::description),
+    );
 }

@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::reasons::{ExecutorReason, describe};
+
 pub const DEFAULT_IMAGE: &str = "python:3.12-slim";
 pub const DEFAULT_SLEEP: &str = "30m";
 pub const DEFAULT_EXECUTION_TIMEOUT_SECONDS: u32 = 30;
@@ -67,7 +69,7 @@ pub struct BriqExecutorSpec {
     /// Default deadline of one Execution, in seconds (1 to 40). An Execution that runs longer is
     /// interrupted and the executor becomes unusable.
     #[serde(default = "default_execution_timeout")]
-    #[schemars(range(min = 1, max = 40))]
+    #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_SECONDS))]
     pub execution_timeout_seconds: u32,
 
     /// Deadline of the cold setup (pip install of the bridge's dependencies), in seconds. briq's
@@ -142,9 +144,10 @@ pub struct BriqExecutorStatus {
     pub observed_generation: Option<i64>,
 
     /// `Ready` is True while the kernel answers and the executor accepts Executions. `Stalled` is
-    /// True when the executor can never become ready (unusable, setup failed, bad credentials):
-    /// create a new executor. `Terminating` is set while the sandbox is being destroyed.
+    /// True when the executor can never become ready (unusable, setup failed): create a new
+    /// executor. Their reasons:
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = list_executor_reasons)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
@@ -192,4 +195,12 @@ fn default_setup_timeout() -> u32 {
 }
 fn default_api_key_secret_key() -> String {
     DEFAULT_API_KEY_SECRET_KEY.to_owned()
+}
+
+/// Appends the executor reasons, with their meaning, to the conditions' description.
+fn list_executor_reasons(schema: &mut schemars::Schema) {
+    super::append_description(
+        schema,
+        &describe(ExecutorReason::ALL, ExecutorReason::description),
+    );
 }

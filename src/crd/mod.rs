@@ -2,6 +2,7 @@
 
 mod execution;
 mod executor;
+pub mod reasons;
 
 pub use execution::*;
 pub use executor::*;
@@ -9,12 +10,38 @@ pub use executor::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+/// Adds `text` as a paragraph of `schema`'s description (kept apart from the paragraph joining
+/// below by a blank line, and listed one reason per line).
+fn append_description(schema: &mut schemars::Schema, text: &str) {
+    let current = schema
+        .get("description")
+        .and_then(|d| d.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    schema.insert(
+        "description".into(),
+        format!("{current}\n\n{text}").trim().into(),
+    );
+}
+
 /// Every CRD this operator serves, in install order.
 pub fn all() -> Vec<CustomResourceDefinition> {
     [BriqExecutor::crd(), Execution::crd()]
         .into_iter()
         .map(unwrap_descriptions)
         .collect()
+}
+
+/// One paragraph's wrapped lines as one line; a list keeps one item per line.
+fn join_lines(paragraph: &str) -> String {
+    let mut joined = String::new();
+    for line in paragraph.split('\n') {
+        if !joined.is_empty() {
+            joined.push(if line.starts_with("- ") { '\n' } else { ' ' });
+        }
+        joined.push_str(line);
+    }
+    joined
 }
 
 /// Doc comments are wrapped at 100 columns; `kubectl explain` wraps again on its own. Join the
@@ -28,9 +55,7 @@ fn unwrap_descriptions(crd: CustomResourceDefinition) -> CustomResourceDefinitio
                         serde_json::Value::String(text) if key == "description" => {
                             *text = text
                                 .split("\n\n")
-                                .map(|paragraph| {
-                                    paragraph.split('\n').collect::<Vec<_>>().join(" ")
-                                })
+                                .map(join_lines)
                                 .collect::<Vec<_>>()
                                 .join("\n\n");
                         }

@@ -1,0 +1,155 @@
+//! What the execution controller keeps in memory between reconciles. Every entry belongs to one
+//! Execution or one executor (by uid) and goes when that object is deleted, so the bookkeeping
+//! never outgrows the objects that exist.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
+
+use crate::crd::ExecutionStatus;
+
+#[derive(Default)]
+pub struct Bookkeeping {
+    /// One lock per executor: at most one Execution runs in it at a time.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Executors this process made unusable, before its cache says so.
+    unusable: Mutex<HashSet<String>>,
+    /// Execution counts per executor, continued from the executor's status.
+    counts: Mutex<HashMap<String, u64>>,
+    /// Executions this process finished, before its cache says so.
+    finished: Mutex<HashSet<String>>,
+    /// Results whose status write failed: written on the next reconcile instead of
+    /// "Interrupted".
+    unwritten: Mutex<HashMap<String, ExecutionStatus>>,
+}
+
+impl Bookkeeping {
+    pub fn lock(&self, executor: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("poisoned")
+            .entry(executor.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn made_unusable(&self, executor: &str) {
+        self.unusable
+            .lock()
+            .expect("poisoned")
+            .insert(executor.to_owned());
+    }
+
+    pub fn is_unusable(&self, executor: &str) -> bool {
+        self.unusable.lock().expect("poisoned").contains(executor)
+    }
+
+    /// The next execution count of `executor`, continued from `recorded` (its status).
+    pub fn next_count(&self, executor: &str, recorded: u64) -> u64 {
+        let mut counts = self.counts.lock().expect("poisoned");
+        let count = counts.entry(executor.to_owned()).or_insert(recorded);
+        *count += 1;
+        *count
+    }
+
+    pub fn finished(&self, execution: &str) {
+        self.finished
+            .lock()
+            .expect("poisoned")
+            .insert(execution.to_owned());
+    }
+
+    /// Whether this process finished `execution`. Once the cache shows it finished
+    /// (`cache_says_finished`), the entry is no longer needed.
+    pub fn is_finished(&self, execution: &str, cache_says_finished: bool) -> bool {
+        let mut finished = self.finished.lock().expect("poisoned");
+        if cache_says_finished {
+            finished.remove(execution);
+            return true;
+        }
+        finished.contains(execution)
+    }
+
+    pub fn keep_unwritten(&self, execution: &str, status: ExecutionStatus) {
+        self.unwritten
+            .lock()
+            .expect("poisoned")
+            .insert(execution.to_owned(), status);
+    }
+
+    pub fn unwritten(&self, execution: &str) -> Option<ExecutionStatus> {
+        self.unwritten
+            .lock()
+            .expect("poisoned")
+            .get(execution)
+            .cloned()
+    }
+
+    pub fn written(&self, execution: &str) {
+        self.unwritten.lock().expect("poisoned").remove(execution);
+    }
+
+    pub fn execution_deleted(&self, execution: &str) {
+        self.finished.lock().expect("poisoned").remove(execution);
+        self.written(execution);
+    }
+
+    pub fn executor_deleted(&self, executor: &str) {
+        self.locks.lock().expect("poisoned").remove(executor);
+        self.unusable.lock().expect("poisoned").remove(executor);
+        self.counts.lock().expect("poisoned").remove(executor);
+    }
+
+    /// How many entries are kept, all maps together.
+    pub fn len(&self) -> usize {
+        self.locks.lock().expect("poisoned").len()
+            + self.unusable.lock().expect("poisoned").len()
+            + self.counts.lock().expect("poisoned").len()
+            + self.finished.lock().expect("poisoned").len()
+            + self.unwritten.lock().expect("poisoned").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deleting_a_thousand_objects_leaves_nothing_behind() {
+        let kept = Bookkeeping::default();
+        for i in 0..1_000 {
+            let (executor, execution) = (format!("executor-{i}"), format!("execution-{i}"));
+            drop(kept.lock(&executor));
+            kept.made_unusable(&executor);
+            kept.next_count(&executor, 7);
+            kept.finished(&execution);
+            kept.keep_unwritten(&execution, ExecutionStatus::default());
+        }
+        assert_eq!(kept.len(), 5_000);
+        for i in 0..1_000 {
+            kept.execution_deleted(&format!("execution-{i}"));
+            kept.executor_deleted(&format!("executor-{i}"));
+        }
+        assert_eq!(kept.len(), 0);
+    }
+
+    #[test]
+    fn counts_continue_from_the_recorded_total() {
+        let kept = Bookkeeping::default();
+        assert_eq!(kept.next_count("a", 41), 42);
+        assert_eq!(kept.next_count("a", 0), 43, "this process's count wins");
+        kept.executor_deleted("a");
+        assert_eq!(kept.next_count("a", 0), 1);
+    }
+
+    #[test]
+    fn a_finished_entry_lasts_until_the_cache_catches_up() {
+        let kept = Bookkeeping::default();
+        assert!(!kept.is_finished("x", false));
+        kept.finished("x");
+        assert!(kept.is_finished("x", false));
+        assert!(kept.is_finished("x", true));
+        assert_eq!(kept.len(), 0);
+    }
+}

@@ -1,0 +1,400 @@
+//! What an `Execution` needs next, decided from what was observed: pure functions, tested with
+//! exact expected outputs. The reconciler ([`super`]) observes and acts.
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
+
+use crate::{
+    bridge::{RunResult, RunStatus},
+    briq::ErrorClass,
+    controller::{
+        conditions::{self, READY, STALLED, SUCCEEDED, desired},
+        session::CallError,
+    },
+    crd::{
+        BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
+        reasons::{ExecutionReason, Phase},
+    },
+};
+
+/// How long after its creationTimestamp (whole seconds) the head of a burst of Executions
+/// created in one second waits before it runs: siblings of that second may still be arriving.
+pub const BURST_SETTLE: SignedDuration = SignedDuration::from_secs(2);
+
+/// How an Execution ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub reason: ExecutionReason,
+    pub message: String,
+    /// Set when the executor must never run code again.
+    pub unusable: Option<String>,
+}
+
+impl Verdict {
+    pub fn new(reason: ExecutionReason, message: impl Into<String>) -> Verdict {
+        Verdict {
+            reason,
+            message: message.into(),
+            unusable: None,
+        }
+    }
+
+    fn poisons(mut self, why: impl Into<String>) -> Verdict {
+        self.unusable = Some(why.into());
+        self
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.reason.phase() == Phase::Succeeded
+    }
+}
+
+/// Why an Execution cannot run in its executor now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Never: the Execution fails.
+    Fail(Verdict),
+    /// Not yet: the Execution waits, with this reason and message.
+    Wait(ExecutionReason, String),
+}
+
+/// Where an Execution stands in its executor's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    Mine,
+    Behind,
+    /// First so far, but of a burst that may still grow: ask again after this long.
+    Settling(Duration),
+}
+
+/// The next step of an unfinished Execution, judged from the caches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// This process has a result it could not write yet: write it.
+    WriteResult,
+    /// Recorded as running without a result: the code may have run. Never send it again.
+    Interrupt,
+    Refuse(Refusal),
+    /// Not at the head of its executor's queue: wait there.
+    Queue,
+    /// At the head of the cached queue: confirm the turn and the executor afresh, then run.
+    ConfirmTurn,
+}
+
+/// What the execution controller observed of an unfinished Execution, from its caches.
+pub struct Observed<'a> {
+    pub executor_name: &'a str,
+    pub namespace: &'a str,
+    /// Whether this process holds an unwritten result for it.
+    pub unwritten_result: bool,
+    pub attempt_recorded: bool,
+    /// Whether the Execution has an owner reference to an executor of its executor's name: it
+    /// was adopted once, so its executor existed.
+    pub adopted: bool,
+    pub executor: Option<&'a BriqExecutor>,
+    /// This process made the executor unusable; its cache may not show it yet.
+    pub executor_known_unusable: bool,
+    pub heads_queue: bool,
+}
+
+pub fn decide(observed: &Observed) -> Step {
+    if observed.unwritten_result {
+        return Step::WriteResult;
+    }
+    if observed.attempt_recorded {
+        return Step::Interrupt;
+    }
+    if let Err(refusal) = admit(observed) {
+        return Step::Refuse(refusal);
+    }
+    if observed.heads_queue {
+        Step::ConfirmTurn
+    } else {
+        Step::Queue
+    }
+}
+
+/// Whether the Execution may run in its executor now, as far as the executor is concerned.
+pub fn admit(observed: &Observed) -> Result<(), Refusal> {
+    let name = observed.executor_name;
+    let Some(executor) = observed.executor else {
+        if observed.adopted {
+            let message = format!("BriqExecutor {name} was deleted");
+            return Err(Refusal::Fail(Verdict::new(
+                ExecutionReason::ExecutorDeleted,
+                message,
+            )));
+        }
+        let message = format!(
+            "BriqExecutor {name} does not exist in namespace {}",
+            observed.namespace
+        );
+        return Err(Refusal::Wait(ExecutionReason::ExecutorNotFound, message));
+    };
+    if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
+        return Err(Refusal::Fail(verdict));
+    }
+    let conditions = executor
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    if !conditions::is_true(conditions, READY) {
+        let why = conditions::find(conditions, READY)
+            .map(|c| c.message.as_str())
+            .unwrap_or_default();
+        let message = format!("BriqExecutor {name} is not ready: {why}");
+        return Err(Refusal::Wait(ExecutionReason::ExecutorNotReady, message));
+    }
+    Ok(())
+}
+
+/// Why `executor` can take no more Executions, if it cannot.
+pub fn unable(executor: &BriqExecutor, known_unusable: bool) -> Option<Verdict> {
+    let name = executor.metadata.name.as_deref().unwrap_or_default();
+    if executor.metadata.deletion_timestamp.is_some() {
+        return Some(Verdict::new(
+            ExecutionReason::ExecutorDeleted,
+            format!("BriqExecutor {name} is being deleted"),
+        ));
+    }
+    let status = executor.status.clone().unwrap_or_default();
+    if status.unusable || known_unusable {
+        let why = status
+            .unusable_reason
+            .unwrap_or_else(|| "an earlier Execution made it unusable".into());
+        return Some(Verdict::new(
+            ExecutionReason::ExecutorUnusable,
+            format!("BriqExecutor {name} is unusable ({why}); create a new BriqExecutor"),
+        ));
+    }
+    conditions::find(&status.conditions, STALLED)
+        .filter(|c| c.status == "True")
+        .map(|stalled| {
+            Verdict::new(
+                ExecutionReason::ExecutorUnusable,
+                format!(
+                    "BriqExecutor {name} cannot run code ({}: {}); create a new BriqExecutor",
+                    stalled.reason, stalled.message
+                ),
+            )
+        })
+}
+
+/// An Execution's place in its executor's queue: creationTimestamp (whole seconds), then name.
+pub type RunOrder = (Option<Timestamp>, String);
+
+/// Another Execution of the same executor, as the API server lists it.
+#[derive(Debug, Clone)]
+pub struct Sibling {
+    pub uid: Option<String>,
+    pub order: RunOrder,
+    /// Deleted, or known (to the cache or this process) to have finished.
+    pub done: bool,
+}
+
+/// Whether it is the turn of the Execution `uid` at `mine` among `siblings`, at `now`. A sibling
+/// not known to be finished counts as waiting.
+pub fn turn(uid: Option<&str>, mine: &RunOrder, siblings: &[Sibling], now: Timestamp) -> Turn {
+    let mut burst = false;
+    for sibling in siblings {
+        if sibling.uid.as_deref() == uid || sibling.done {
+            continue;
+        }
+        if sibling.order < *mine {
+            return Turn::Behind;
+        }
+        burst |= sibling.order.0 == mine.0;
+    }
+    // Created in the same second as others still waiting: one that sorts before it by name
+    // may still be on its way. Let the second settle first.
+    let settled = mine
+        .0
+        .and_then(|created| created.checked_add(BURST_SETTLE).ok());
+    match settled.map(|at| now.duration_until(at)) {
+        Some(left) if burst && left.is_positive() => Turn::Settling(left.unsigned_abs()),
+        _ => Turn::Mine,
+    }
+}
+
+/// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s.
+pub fn timeout_seconds(execution: Option<u32>, executor_default: u32) -> u32 {
+    execution
+        .unwrap_or(executor_default)
+        .clamp(1, MAX_EXECUTION_TIMEOUT_SECONDS)
+}
+
+/// Maps what the bridge answered to the Execution's outcome.
+pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, Option<RunResult>) {
+    use ExecutionReason::*;
+    let result = match outcome {
+        Ok(result) => result,
+        Err(CallError::Upload(error)) => {
+            let message = format!("could not upload the code, so it did not run: {error}");
+            return (Verdict::new(TransportError, message), None);
+        }
+        Err(CallError::TimedOut(waited)) => {
+            let message = format!(
+                "the sandbox command did not return within {waited:?}; the executor is now unusable"
+            );
+            let verdict =
+                Verdict::new(Timeout, message).poisons("an Execution's command timed out");
+            return (verdict, None);
+        }
+        Err(error @ (CallError::Malformed(_) | CallError::UnexpectedKind(_))) => {
+            let message =
+                format!("malformed answer from the bridge ({error}); the executor is now unusable");
+            let verdict = Verdict::new(MalformedResponse, message)
+                .poisons("the bridge answered malformed output");
+            return (verdict, None);
+        }
+        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
+            let message = format!("the sandbox is gone ({error}); the executor is now unusable");
+            let verdict = Verdict::new(KernelLost, message).poisons("its sandbox no longer exists");
+            return (verdict, None);
+        }
+        Err(error) if !error.is_uncertain() => {
+            let message = format!("briq refused to run the code, so it did not run: {error}");
+            return (Verdict::new(TransportError, message), None);
+        }
+        Err(error) => {
+            let message = format!("the outcome is unknown ({error}); the executor is now unusable");
+            let verdict = Verdict::new(TransportError, message)
+                .poisons("a transport failure left an Execution's outcome unknown");
+            return (verdict, None);
+        }
+    };
+    let error_text = |fallback: &str| {
+        result
+            .error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.name, e.message))
+            .unwrap_or_else(|| fallback.to_owned())
+    };
+    let verdict = match result.status {
+        RunStatus::Ok => Verdict::new(Completed, "the code ran"),
+        RunStatus::FinalAnswer => Verdict::new(FinalAnswer, "the code returned a final answer"),
+        RunStatus::Error => Verdict::new(CodeError, error_text("the code raised an error")),
+        RunStatus::FinalAnswerRejected => Verdict::new(
+            FinalAnswerRejected,
+            error_text("the final answer was rejected"),
+        ),
+        RunStatus::Timeout => Verdict::new(
+            Timeout,
+            format!(
+                "the code ran past its {timeout}s deadline; the kernel was interrupted and the executor is now unusable"
+            ),
+        )
+        .poisons(format!("an Execution ran past its {timeout}s deadline")),
+        RunStatus::KernelLost => Verdict::new(
+            KernelLost,
+            "the kernel is gone (the sandbox slept or restarted) and its Python state with it; the executor is now unusable",
+        )
+        .poisons("its kernel was lost (the sandbox slept or restarted)"),
+    };
+    (verdict, Some(result))
+}
+
+/// The status of an Execution that waits (Succeeded=Unknown), or `None` when `current`
+/// already says so.
+pub fn waiting_status(
+    current: &ExecutionStatus,
+    generation: Option<i64>,
+    reason: ExecutionReason,
+    message: String,
+) -> Option<ExecutionStatus> {
+    let want = [desired(SUCCEEDED, "Unknown", reason.as_str(), message)];
+    if conditions::satisfied(&current.conditions, &want, generation)
+        && current.observed_generation == generation
+    {
+        return None;
+    }
+    Some(ExecutionStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&current.conditions, &want, generation),
+        ..Default::default()
+    })
+}
+
+/// The status recorded before the code is sent: `attempt` identifies the one try.
+pub fn running_status(
+    current: &ExecutionStatus,
+    generation: Option<i64>,
+    executor: &str,
+    attempt: String,
+    now: Time,
+) -> ExecutionStatus {
+    let running = desired(
+        SUCCEEDED,
+        "Unknown",
+        ExecutionReason::Running.as_str(),
+        format!("running in BriqExecutor {executor}"),
+    );
+    ExecutionStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&current.conditions, &[running], generation),
+        attempt_id: Some(attempt),
+        start_time: Some(now),
+        ..Default::default()
+    }
+}
+
+/// The final status of an Execution: `base`'s attempt and start, the verdict, and the result
+/// if the bridge gave one.
+pub fn final_status(
+    base: &ExecutionStatus,
+    generation: Option<i64>,
+    verdict: &Verdict,
+    result: Option<RunResult>,
+    now: Time,
+) -> ExecutionStatus {
+    let succeeded = desired(
+        SUCCEEDED,
+        if verdict.succeeded() { "True" } else { "False" },
+        verdict.reason.as_str(),
+        verdict.message.clone(),
+    );
+    let mut status = ExecutionStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&base.conditions, &[succeeded], generation),
+        attempt_id: base.attempt_id.clone(),
+        start_time: base.start_time.clone(),
+        completion_time: Some(now),
+        ..Default::default()
+    };
+    if let Some(result) = result {
+        status.logs = Some(result.logs).filter(|logs| !logs.is_empty());
+        status.output = result.output;
+        status.is_final_answer = result.status == RunStatus::FinalAnswer;
+        status.final_answer = result.final_answer;
+        status.truncated = result.truncated;
+        status.display_outputs_dropped = Some(result.display_dropped).filter(|n| *n > 0);
+        status.duration_millis = Some(result.duration_ms);
+        status.error = result.error.map(|e| ExecutionError {
+            name: e.name,
+            message: e.message,
+            traceback: Some(e.traceback).filter(|t| !t.is_empty()),
+        });
+    } else if !verdict.succeeded() {
+        status.error = Some(ExecutionError {
+            name: verdict.reason.as_str().to_owned(),
+            message: verdict.message.clone(),
+            traceback: None,
+        });
+    }
+    status
+}
+
+/// Which finished Executions to delete so that `limit` remain: the oldest first.
+pub fn beyond_history<T>(mut finished: Vec<(RunOrder, T)>, limit: usize) -> Vec<T> {
+    finished.sort_by(|a, b| a.0.cmp(&b.0));
+    let excess = finished.len().saturating_sub(limit);
+    finished.into_iter().take(excess).map(|(_, t)| t).collect()
+}
+
+#[cfg(test)]
+mod tests;

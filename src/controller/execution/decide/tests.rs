@@ -1,0 +1,517 @@
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+use crate::{
+    bridge::{CodeError, Malformed},
+    briq::{self, api::ErrorCode},
+};
+
+fn executor(status: serde_json::Value, deleting: bool) -> BriqExecutor {
+    let mut metadata = json!({ "name": "py", "namespace": "ns", "uid": "u-py" });
+    if deleting {
+        metadata["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1",
+        "kind": "BriqExecutor",
+        "metadata": metadata,
+        "spec": {},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> serde_json::Value {
+    json!({
+        "type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": "2026-12-03T00:00:00Z",
+    })
+}
+
+fn ready() -> BriqExecutor {
+    executor(
+        json!({ "conditions": [
+            condition("Ready", "True", "KernelReady", "the kernel answers"),
+            condition("Stalled", "False", "KernelReady", ""),
+        ], "sandboxId": "bq_1" }),
+        false,
+    )
+}
+
+fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
+    Observed {
+        executor_name: "py",
+        namespace: "ns",
+        unwritten_result: false,
+        attempt_recorded: false,
+        adopted: false,
+        executor,
+        executor_known_unusable: false,
+        heads_queue: true,
+    }
+}
+
+fn fail(reason: ExecutionReason, message: &str) -> Step {
+    Step::Refuse(Refusal::Fail(Verdict::new(reason, message)))
+}
+
+#[test]
+fn decide_table() {
+    use ExecutionReason::*;
+    let ready = ready();
+    let deleting = executor(json!({}), true);
+    let unusable = executor(
+        json!({ "unusable": true, "unusableReason": "an Execution ran past its 30s deadline",
+                "conditions": [condition("Ready", "True", "KernelReady", "")] }),
+        false,
+    );
+    let setup_failed = executor(
+        json!({ "conditions": [
+            condition("Ready", "False", "SetupFailed", "pip failed"),
+            condition("Stalled", "True", "SetupFailed", "pip failed"),
+        ] }),
+        false,
+    );
+    let provisioning = executor(
+        json!({ "conditions": [condition("Ready", "Unknown", "Provisioning", "creating the sandbox")] }),
+        false,
+    );
+    let cases: Vec<(&str, Observed, Step)> = vec![
+        (
+            "an unwritten result comes first",
+            Observed {
+                unwritten_result: true,
+                attempt_recorded: true,
+                ..observed(None)
+            },
+            Step::WriteResult,
+        ),
+        (
+            "running without a result is never sent again",
+            Observed {
+                attempt_recorded: true,
+                ..observed(Some(&ready))
+            },
+            Step::Interrupt,
+        ),
+        (
+            "no executor yet",
+            observed(None),
+            Step::Refuse(Refusal::Wait(
+                ExecutorNotFound,
+                "BriqExecutor py does not exist in namespace ns".into(),
+            )),
+        ),
+        (
+            "the executor it was adopted by is gone",
+            Observed {
+                adopted: true,
+                ..observed(None)
+            },
+            fail(ExecutorDeleted, "BriqExecutor py was deleted"),
+        ),
+        (
+            "executor being deleted",
+            observed(Some(&deleting)),
+            fail(ExecutorDeleted, "BriqExecutor py is being deleted"),
+        ),
+        (
+            "executor unusable",
+            observed(Some(&unusable)),
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py is unusable (an Execution ran past its 30s deadline); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor made unusable by this process, the cache does not say so yet",
+            Observed {
+                executor_known_unusable: true,
+                ..observed(Some(&ready))
+            },
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py is unusable (an earlier Execution made it unusable); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor stalled",
+            observed(Some(&setup_failed)),
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py cannot run code (SetupFailed: pip failed); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor still provisioning",
+            observed(Some(&provisioning)),
+            Step::Refuse(Refusal::Wait(
+                ExecutorNotReady,
+                "BriqExecutor py is not ready: creating the sandbox".into(),
+            )),
+        ),
+        (
+            "behind others",
+            Observed {
+                heads_queue: false,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "head of the queue",
+            observed(Some(&ready)),
+            Step::ConfirmTurn,
+        ),
+    ];
+    for (name, observed, expected) in cases {
+        assert_eq!(decide(&observed), expected, "{name}");
+    }
+}
+
+fn at(seconds: &str) -> Timestamp {
+    format!("2026-12-03T00:00:{seconds}Z").parse().unwrap()
+}
+
+fn order(seconds: &str, name: &str) -> RunOrder {
+    (Some(at(seconds)), name.to_owned())
+}
+
+fn sibling(uid: &str, seconds: &str, name: &str, done: bool) -> Sibling {
+    Sibling {
+        uid: Some(uid.into()),
+        order: order(seconds, name),
+        done,
+    }
+}
+
+#[test]
+fn turn_table() {
+    let me = order("10", "b");
+    let myself = sibling("me", "10", "b", false);
+    let cases: Vec<(&str, Vec<Sibling>, Timestamp, Turn)> = vec![
+        ("alone", vec![myself.clone()], at("20"), Turn::Mine),
+        (
+            "an older one waits",
+            vec![sibling("x", "09", "z", false), myself.clone()],
+            at("20"),
+            Turn::Behind,
+        ),
+        (
+            "an older one finished",
+            vec![sibling("x", "09", "z", true), myself.clone()],
+            at("20"),
+            Turn::Mine,
+        ),
+        (
+            "same second, sorts first by name",
+            vec![sibling("x", "10", "a", false)],
+            at("20"),
+            Turn::Behind,
+        ),
+        (
+            "same second, sorts after: the second settles first",
+            vec![sibling("x", "10", "c", false)],
+            at("11"),
+            Turn::Settling(Duration::from_secs(1)),
+        ),
+        (
+            "same second, settled",
+            vec![sibling("x", "10", "c", false)],
+            at("12"),
+            Turn::Mine,
+        ),
+        (
+            "a later second does not hold it back",
+            vec![sibling("x", "11", "a", false)],
+            at("10"),
+            Turn::Mine,
+        ),
+        (
+            "a listed sibling without a creation time sorts first",
+            vec![Sibling {
+                uid: Some("x".into()),
+                order: (None, "z".into()),
+                done: false,
+            }],
+            at("20"),
+            Turn::Behind,
+        ),
+    ];
+    for (name, siblings, now, expected) in cases {
+        assert_eq!(turn(Some("me"), &me, &siblings, now), expected, "{name}");
+    }
+}
+
+#[test]
+fn timeout_table() {
+    for (own, default, expected) in [
+        (None, 30, 30),
+        (Some(5), 30, 5),
+        (Some(40), 30, 40),
+        (Some(0), 30, 1),
+        (Some(400), 30, 40),
+        (None, 99, 40),
+    ] {
+        assert_eq!(timeout_seconds(own, default), expected, "{own:?} {default}");
+    }
+}
+
+fn result(status: RunStatus, error: Option<(&str, &str)>) -> RunResult {
+    RunResult {
+        status,
+        logs: "hi\n".into(),
+        output: Some("2".into()),
+        truncated: false,
+        final_answer: None,
+        error: error.map(|(name, message)| CodeError {
+            name: name.into(),
+            message: message.into(),
+            traceback: "Traceback …".into(),
+        }),
+        display_dropped: 0,
+        duration_ms: 7,
+    }
+}
+
+fn briq_error(status: u16, code: ErrorCode) -> briq::Error {
+    briq::Error::Rejected {
+        status,
+        code,
+        message: "no".into(),
+        request_id: None,
+    }
+}
+
+/// (outcome, reason, poisons the executor, keeps the result)
+type JudgeCase = (Result<RunResult, CallError>, ExecutionReason, bool, bool);
+
+#[test]
+fn judge_table() {
+    use ExecutionReason::*;
+    let cases: Vec<JudgeCase> = vec![
+        (Ok(result(RunStatus::Ok, None)), Completed, false, true),
+        (
+            Ok(result(RunStatus::FinalAnswer, None)),
+            FinalAnswer,
+            false,
+            true,
+        ),
+        (
+            Ok(result(
+                RunStatus::Error,
+                Some(("ZeroDivisionError", "division by zero")),
+            )),
+            CodeError,
+            false,
+            true,
+        ),
+        (
+            Ok(result(
+                RunStatus::FinalAnswerRejected,
+                Some(("TypeError", "ndarray")),
+            )),
+            FinalAnswerRejected,
+            false,
+            true,
+        ),
+        (Ok(result(RunStatus::Timeout, None)), Timeout, true, true),
+        (
+            Ok(result(RunStatus::KernelLost, None)),
+            KernelLost,
+            true,
+            true,
+        ),
+        (
+            Err(CallError::Upload(briq_error(
+                413,
+                ErrorCode::InvalidRequest,
+            ))),
+            TransportError,
+            false,
+            false,
+        ),
+        (
+            Err(CallError::TimedOut(Duration::from_secs(35))),
+            Timeout,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Malformed(Malformed::Repeated)),
+            MalformedResponse,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::UnexpectedKind("setup")),
+            MalformedResponse,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(briq::Error::NotFound {
+                message: "gone".into(),
+                request_id: None,
+            })),
+            KernelLost,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(briq_error(400, ErrorCode::InvalidRequest))),
+            TransportError,
+            false,
+            false,
+        ),
+        (
+            Err(CallError::Briq(briq::Error::Malformed {
+                detail: "not JSON".into(),
+                request_id: None,
+            })),
+            TransportError,
+            true,
+            false,
+        ),
+    ];
+    for (outcome, reason, poisons, keeps_result) in cases {
+        let shown = format!("{outcome:?}");
+        let (verdict, kept) = judge(outcome, 30);
+        assert_eq!(verdict.reason, reason, "{shown}");
+        assert_eq!(verdict.unusable.is_some(), poisons, "{shown}");
+        assert_eq!(kept.is_some(), keeps_result, "{shown}");
+    }
+}
+
+#[test]
+fn judge_messages_say_what_happened_to_the_code() {
+    let (verdict, _) = judge(
+        Ok(result(
+            RunStatus::Error,
+            Some(("NameError", "x is not defined")),
+        )),
+        30,
+    );
+    assert_eq!(verdict.message, "NameError: x is not defined");
+    let (verdict, _) = judge(Ok(result(RunStatus::Timeout, None)), 12);
+    assert_eq!(
+        verdict.message,
+        "the code ran past its 12s deadline; the kernel was interrupted and the executor is now unusable"
+    );
+    assert_eq!(
+        verdict.unusable.as_deref(),
+        Some("an Execution ran past its 12s deadline")
+    );
+}
+
+fn time(seconds: &str) -> Time {
+    Time(at(seconds))
+}
+
+#[test]
+fn a_waiting_status_is_written_once() {
+    let first = waiting_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        ExecutionReason::Queued,
+        "waiting".into(),
+    )
+    .expect("a first write");
+    assert_eq!(first.observed_generation, Some(1));
+    assert_eq!(first.conditions[0].reason, "Queued");
+    assert_eq!(first.conditions[0].status, "Unknown");
+    assert_eq!(
+        waiting_status(&first, Some(1), ExecutionReason::Queued, "waiting".into()),
+        None
+    );
+    assert!(
+        waiting_status(
+            &first,
+            Some(1),
+            ExecutionReason::ExecutorNotReady,
+            "waiting".into()
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn the_final_status_keeps_the_attempt_and_carries_the_result() {
+    let running = running_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        "py",
+        "00000000000000aa".into(),
+        time("01"),
+    );
+    assert_eq!(running.conditions[0].reason, "Running");
+    assert_eq!(running.conditions[0].message, "running in BriqExecutor py");
+
+    let (verdict, kept) = judge(
+        Ok(result(RunStatus::Error, Some(("ValueError", "bad")))),
+        30,
+    );
+    let done = final_status(&running, Some(1), &verdict, kept, time("02"));
+    assert_eq!(
+        done,
+        ExecutionStatus {
+            observed_generation: Some(1),
+            conditions: done.conditions.clone(),
+            attempt_id: Some("00000000000000aa".into()),
+            logs: Some("hi\n".into()),
+            output: Some("2".into()),
+            error: Some(ExecutionError {
+                name: "ValueError".into(),
+                message: "bad".into(),
+                traceback: Some("Traceback …".into()),
+            }),
+            start_time: Some(time("01")),
+            completion_time: Some(time("02")),
+            duration_millis: Some(7),
+            ..Default::default()
+        }
+    );
+    let succeeded = &done.conditions[0];
+    assert_eq!(
+        (succeeded.status.as_str(), succeeded.reason.as_str()),
+        ("False", "CodeError")
+    );
+
+    let refused = Verdict::new(
+        ExecutionReason::ExecutorDeleted,
+        "BriqExecutor py was deleted",
+    );
+    let never_ran = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &refused,
+        None,
+        time("03"),
+    );
+    assert_eq!(never_ran.attempt_id, None);
+    assert_eq!(
+        never_ran.error,
+        Some(ExecutionError {
+            name: "ExecutorDeleted".into(),
+            message: "BriqExecutor py was deleted".into(),
+            traceback: None,
+        })
+    );
+}
+
+#[test]
+fn history_keeps_the_newest() {
+    let finished = vec![
+        (order("03", "c"), "c"),
+        (order("01", "a"), "a"),
+        (order("02", "b"), "b"),
+        (order("01", "z"), "z"),
+    ];
+    assert_eq!(beyond_history(finished.clone(), 2), vec!["a", "z"]);
+    assert_eq!(
+        beyond_history(finished.clone(), 0),
+        vec!["a", "z", "b", "c"]
+    );
+    assert_eq!(beyond_history(finished, 10), Vec::<&str>::new());
+}

@@ -1,0 +1,574 @@
+//! The `Execution` reconciler: runs each Execution at most once, one at a time per executor, in
+//! creation order.
+//!
+//! kube-runtime never reconciles one object twice at once, but reconciles different
+//! Executions concurrently; the per-executor lock and the turn check here serialize them.
+//! "Running" is recorded with an attempt id *before* the code is sent, so an Execution found
+//! running without a result (the operator stopped mid-run) is never sent again.
+//!
+//! Each reconcile observes (the caches first; only the head of a queue reads afresh), asks
+//! [`decide`] what comes next, and performs it.
+
+mod bookkeeping;
+mod decide;
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams},
+    runtime::{
+        controller::Action,
+        reflector::{ObjectRef, Store},
+    },
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, instrument, warn};
+
+use self::{
+    bookkeeping::Bookkeeping,
+    decide::{Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
+};
+use super::{
+    EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
+    backoff::Backoff,
+    conditions::{self, SUCCEEDED},
+    mark_unusable, object_key,
+    session::Session,
+};
+use crate::{
+    briq::SandboxApi,
+    crd::{BriqExecutor, Execution, ExecutionStatus, reasons::ExecutionReason},
+};
+
+/// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
+/// (it reads only the caches).
+const QUEUED_RECHECK: Duration = Duration::from_secs(5);
+const API_KEY_RECHECK: Duration = Duration::from_secs(30);
+
+/// The execution controller's context: what it shares with the other controller, its caches
+/// and its own bookkeeping.
+pub struct Context<S> {
+    pub shared: Arc<Shared<S>>,
+    store: Store<Execution>,
+    /// The executor controller's cache: Executions that cannot run yet are judged from it, so
+    /// waiting costs the API server nothing.
+    executors: Store<BriqExecutor>,
+    wake: mpsc::UnboundedSender<ObjectRef<Execution>>,
+    kept: Bookkeeping,
+    backoff: Backoff,
+}
+
+impl<S> Context<S> {
+    pub fn new(
+        shared: Arc<Shared<S>>,
+        store: Store<Execution>,
+        executors: Store<BriqExecutor>,
+        wake: mpsc::UnboundedSender<ObjectRef<Execution>>,
+    ) -> Self {
+        Context {
+            backoff: shared.backoff(),
+            shared,
+            store,
+            executors,
+            wake,
+            kept: Bookkeeping::default(),
+        }
+    }
+
+    /// An Execution is gone: what was kept of it goes, and the next in its queue may run.
+    pub fn deleted(&self, execution: &Execution) {
+        if let Some(uid) = execution.uid() {
+            self.kept.execution_deleted(&uid);
+        }
+        self.backoff.forget(&object_key(execution));
+        self.wake_next(execution);
+    }
+
+    /// An executor is gone: what was kept of it goes.
+    pub fn executor_deleted(&self, executor: &BriqExecutor) {
+        if let Some(uid) = executor.uid() {
+            self.kept.executor_deleted(&uid);
+        }
+    }
+
+    pub fn bookkeeping(&self) -> usize {
+        self.kept.len() + self.backoff.len()
+    }
+
+    fn is_finished(&self, execution: &Execution) -> bool {
+        match execution.uid() {
+            Some(uid) => self.kept.is_finished(&uid, finished(execution)),
+            None => finished(execution),
+        }
+    }
+
+    fn is_unusable(&self, executor: &BriqExecutor) -> bool {
+        executor
+            .uid()
+            .is_some_and(|uid| self.kept.is_unusable(&uid))
+    }
+
+    /// Unfinished Executions of the same executor, in run order.
+    fn queue(&self, namespace: &str, executor: &str) -> Vec<Arc<Execution>> {
+        let mut queue: Vec<Arc<Execution>> = of_executor(&self.store, namespace, executor)
+            .filter(|e| e.metadata.deletion_timestamp.is_none() && !self.is_finished(e))
+            .collect();
+        queue.sort_by_key(|e| run_order(e));
+        queue
+    }
+
+    fn cached_executor(&self, namespace: &str, name: &str) -> Option<Arc<BriqExecutor>> {
+        self.executors.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Whether the cache puts `execution` at the head of its executor's queue. The watch
+    /// delivers Executions in the order the API server stored them, so a cached Execution comes
+    /// with every one stored before it; but the run order breaks ties within one
+    /// creationTimestamp second by name, so an Execution stored a moment later may still come
+    /// first: the head confirms with [`Context::turn`].
+    fn heads_queue(&self, execution: &Execution) -> bool {
+        let namespace = execution.namespace().unwrap_or_default();
+        self.queue(&namespace, &execution.spec.executor_ref.name)
+            .first()
+            .is_some_and(|head| head.uid() == execution.uid())
+    }
+
+    /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
+    /// executor): the watch cache may not hold yet an Execution created a moment ago.
+    async fn turn(&self, api: &Api<Execution>, execution: &Execution) -> Result<Turn> {
+        let selector = format!("spec.executorRef.name={}", execution.spec.executor_ref.name);
+        let listed = api
+            .list_metadata(&ListParams::default().fields(&selector))
+            .await?;
+        let namespace = execution.namespace().unwrap_or_default();
+        let cached: std::collections::HashMap<String, Arc<Execution>> =
+            of_executor(&self.store, &namespace, &execution.spec.executor_ref.name)
+                .filter_map(|e| e.uid().map(|uid| (uid, e)))
+                .collect();
+        let siblings: Vec<Sibling> = listed
+            .items
+            .iter()
+            .map(|sibling| Sibling {
+                uid: sibling.uid(),
+                order: (
+                    sibling.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    sibling.name_any(),
+                ),
+                done: sibling.metadata.deletion_timestamp.is_some()
+                    || sibling
+                        .uid()
+                        .and_then(|uid| cached.get(&uid))
+                        .is_some_and(|e| self.is_finished(e)),
+            })
+            .collect();
+        Ok(decide::turn(
+            execution.uid().as_deref(),
+            &run_order(execution),
+            &siblings,
+            Timestamp::now(),
+        ))
+    }
+
+    fn finish(&self, execution: &Execution) {
+        if let Some(uid) = execution.uid() {
+            self.kept.finished(&uid);
+        }
+        self.wake_next(execution);
+    }
+
+    /// Reconciles the head of the queue `execution` was in, now that it has left it (finished
+    /// or deleted), rather than at the head's next re-check.
+    fn wake_next(&self, execution: &Execution) {
+        let namespace = execution.namespace().unwrap_or_default();
+        if let Some(next) = self
+            .queue(&namespace, &execution.spec.executor_ref.name)
+            .first()
+        {
+            let _ = self.wake.send(ObjectRef::from_obj(next.as_ref()));
+        }
+    }
+}
+
+fn run_order(execution: &Execution) -> RunOrder {
+    (
+        execution.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        execution.name_any(),
+    )
+}
+
+pub(super) fn finished(execution: &Execution) -> bool {
+    execution
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, SUCCEEDED))
+        .is_some_and(|c| c.status != "Unknown")
+}
+
+/// The unfinished Executions that wait on `executor` (for the watch on executors).
+pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<ObjectRef<Execution>> {
+    let namespace = executor.namespace().unwrap_or_default();
+    of_executor(store, &namespace, &executor.name_any())
+        .filter(|e| !finished(e))
+        .map(|e| ObjectRef::from_obj(e.as_ref()))
+        .collect()
+}
+
+/// Every cached Execution of executor `namespace/name`, finished or not.
+fn of_executor<'a>(
+    store: &Store<Execution>,
+    namespace: &'a str,
+    name: &'a str,
+) -> impl Iterator<Item = Arc<Execution>> + 'a {
+    store.state().into_iter().filter(move |e| {
+        e.namespace().as_deref() == Some(namespace) && e.spec.executor_ref.name == name
+    })
+}
+
+#[instrument(skip_all, fields(namespace = execution.namespace(), name = execution.name_any()))]
+pub async fn reconcile<S: SandboxApi>(
+    execution: Arc<Execution>,
+    ctx: Arc<Context<S>>,
+) -> Result<Action> {
+    // The watch cache can still show "Running" for an Execution this process just finished.
+    // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
+    // here, before the full reconcile's future (some 7 KiB) is allocated.
+    if ctx.is_finished(&execution) {
+        return Ok(Action::await_change());
+    }
+    let result = Box::pin(Actor::new(&execution, &ctx).reconcile()).await;
+    if result.is_ok() {
+        ctx.backoff.forget(&object_key(execution.as_ref()));
+    }
+    result
+}
+
+pub fn error_policy<S>(execution: Arc<Execution>, error: &Error, ctx: Arc<Context<S>>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&object_key(execution.as_ref()), error.retry_after());
+    warn!(execution = %execution.name_any(), %error, ?delay, "execution reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// Performs one Execution's steps.
+struct Actor<'a, S> {
+    execution: &'a Execution,
+    ctx: &'a Context<S>,
+    api: Api<Execution>,
+    executors: Api<BriqExecutor>,
+    namespace: String,
+}
+
+impl<'a, S: SandboxApi> Actor<'a, S> {
+    fn new(execution: &'a Execution, ctx: &'a Context<S>) -> Self {
+        let namespace = execution.namespace().unwrap_or_default();
+        let client = ctx.shared.client.clone();
+        Actor {
+            execution,
+            ctx,
+            api: Api::namespaced(client.clone(), &namespace),
+            executors: Api::namespaced(client, &namespace),
+            namespace,
+        }
+    }
+
+    fn executor_name(&self) -> &str {
+        &self.execution.spec.executor_ref.name
+    }
+
+    fn status(&self) -> ExecutionStatus {
+        self.execution.status.clone().unwrap_or_default()
+    }
+
+    fn observed<'b>(&'b self, executor: Option<&'b BriqExecutor>, uid: &str) -> Observed<'b> {
+        let name = self.executor_name();
+        Observed {
+            executor_name: name,
+            namespace: &self.namespace,
+            unwritten_result: self.ctx.kept.unwritten(uid).is_some(),
+            attempt_recorded: self.status().attempt_id.is_some(),
+            adopted: self
+                .execution
+                .owner_references()
+                .iter()
+                .any(|owner| owner.kind == "BriqExecutor" && owner.name == name),
+            executor,
+            executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
+            heads_queue: self.ctx.heads_queue(self.execution),
+        }
+    }
+
+    async fn reconcile(&self) -> Result<Action> {
+        let uid = self
+            .execution
+            .uid()
+            .ok_or_else(|| Error::Invariant("an Execution without uid".into()))?;
+        // Waiting costs the API server nothing: the cache decides, and only an executor missing
+        // from it is read (it may have been created a moment ago).
+        let executor = match self
+            .ctx
+            .cached_executor(&self.namespace, self.executor_name())
+        {
+            Some(executor) => Some(executor),
+            None => self
+                .executors
+                .get_opt(self.executor_name())
+                .await?
+                .map(Arc::new),
+        };
+        let executor = executor.as_deref();
+        match decide::decide(&self.observed(executor, &uid)) {
+            Step::WriteResult => {
+                let result = self.ctx.kept.unwritten(&uid).unwrap_or_default();
+                self.write(&result).await?;
+                self.ctx.kept.written(&uid);
+                self.ctx.finish(self.execution);
+                Ok(Action::await_change())
+            }
+            Step::Interrupt => self.interrupt().await,
+            Step::Refuse(refusal) => self.refuse(refusal).await,
+            Step::Queue => {
+                self.adopt(executor).await?;
+                self.queued(QUEUED_RECHECK).await
+            }
+            Step::ConfirmTurn => {
+                self.adopt(executor).await?;
+                self.take_turn(&uid).await
+            }
+        }
+    }
+
+    /// At the head of the cached queue: confirm the turn and the executor afresh (the cache can
+    /// lag behind a sibling's creation or the executor's deletion), then run under the
+    /// executor's lock.
+    async fn take_turn(&self, uid: &str) -> Result<Action> {
+        match self.ctx.turn(&self.api, self.execution).await? {
+            Turn::Mine => {}
+            Turn::Behind => return self.queued(QUEUED_RECHECK).await,
+            Turn::Settling(left) => return self.queued(left).await,
+        }
+        let fresh = self.executors.get_opt(self.executor_name()).await?;
+        let observed = self.observed(fresh.as_ref(), uid);
+        if let Err(refusal) = decide::admit(&observed) {
+            return self.refuse(refusal).await;
+        }
+        let executor = fresh.as_ref().expect("an admitted executor exists");
+        let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
+        let _turn = lock.lock().await;
+        if self.ctx.shared.stopping() {
+            // Shutting down: nothing new starts; the next operator (or leader) runs it.
+            return Ok(Action::await_change());
+        }
+        // Another Execution may have made the executor unusable while this one waited.
+        if let Some(verdict) = decide::unable(executor, self.ctx.is_unusable(executor)) {
+            return self.conclude(self.status(), &verdict, None).await;
+        }
+        self.run(executor).await
+    }
+
+    /// Records the attempt, then sends the code: at most once.
+    async fn run(&self, executor: &BriqExecutor) -> Result<Action> {
+        let key = match api_key(&self.ctx.shared, executor).await {
+            Ok(key) => key,
+            Err(Error::ApiKey(message)) => {
+                self.wait(ExecutionReason::ExecutorNotReady, message)
+                    .await?;
+                return Ok(Action::requeue(API_KEY_RECHECK));
+            }
+            Err(error) => return Err(error),
+        };
+        let sandbox_id = executor
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox_id.clone())
+            .ok_or_else(|| {
+                Error::Invariant(format!(
+                    "BriqExecutor {} is ready without a sandbox",
+                    self.executor_name()
+                ))
+            })?;
+        let attempt = format!("{:016x}", rand::random::<u64>());
+        let running = decide::running_status(
+            &self.status(),
+            self.execution.metadata.generation,
+            self.executor_name(),
+            attempt.clone(),
+            conditions::now(),
+        );
+        self.write(&running).await?;
+        let timeout = decide::timeout_seconds(
+            self.execution.spec.timeout_seconds,
+            executor.spec.execution_timeout_seconds,
+        );
+        let session = Session {
+            api: &self.ctx.shared.sandboxes,
+            key: &key,
+            sandbox_id: &sandbox_id,
+        };
+        let outcome = session
+            .run(
+                &attempt,
+                &self.execution.spec.code,
+                Duration::from_secs(timeout.into()),
+            )
+            .await;
+        let (verdict, result) = decide::judge(outcome, timeout);
+        info!(reason = %verdict.reason, "execution finished");
+
+        // Poison the executor before anyone else can take the next turn.
+        if let Some(why) = &verdict.unusable {
+            self.poison(executor, why).await?;
+        }
+        let recorded = executor
+            .status
+            .as_ref()
+            .and_then(|s| s.executions_total)
+            .unwrap_or(0);
+        let total = self
+            .ctx
+            .kept
+            .next_count(&executor.uid().unwrap_or_default(), recorded);
+        let counters = json!({ "executionsTotal": total, "lastExecutionTime": conditions::now() });
+        if let Err(error) =
+            apply_status(&self.executors, executor, EXECUTIONS_MANAGER, counters).await
+        {
+            warn!(%error, "could not update the executor's execution count");
+        }
+        let action = self.conclude(running, &verdict, result).await?;
+        self.prune(executor).await;
+        Ok(action)
+    }
+
+    /// Recorded as running, but no result: the code may have run. Never send it again.
+    async fn interrupt(&self) -> Result<Action> {
+        if let Some(executor) = self.executors.get_opt(self.executor_name()).await? {
+            let why = format!(
+                "Execution {} was interrupted mid-run; the kernel state is uncertain",
+                self.execution.name_any()
+            );
+            self.poison(&executor, &why).await?;
+        }
+        let verdict = Verdict::new(
+            ExecutionReason::Interrupted,
+            "the operator stopped while this Execution was running; it is not run again because it may have run",
+        );
+        self.conclude(self.status(), &verdict, None).await
+    }
+
+    async fn poison(&self, executor: &BriqExecutor, why: &str) -> Result<()> {
+        if let Some(uid) = executor.uid() {
+            self.ctx.kept.made_unusable(&uid);
+        }
+        mark_unusable(&self.ctx.shared, executor, why).await
+    }
+
+    async fn refuse(&self, refusal: Refusal) -> Result<Action> {
+        match refusal {
+            Refusal::Fail(verdict) => self.conclude(self.status(), &verdict, None).await,
+            Refusal::Wait(reason, message) => self.wait(reason, message).await,
+        }
+    }
+
+    /// Writes the final status and lets the next Execution of the executor go.
+    async fn conclude(
+        &self,
+        base: ExecutionStatus,
+        verdict: &Verdict,
+        result: Option<crate::bridge::RunResult>,
+    ) -> Result<Action> {
+        let status = decide::final_status(
+            &base,
+            self.execution.metadata.generation,
+            verdict,
+            result,
+            conditions::now(),
+        );
+        if let Err(error) = self.write(&status).await {
+            // Keep the result: the retry writes it rather than calling the Execution interrupted.
+            if let Some(uid) = self.execution.uid() {
+                self.ctx.kept.keep_unwritten(&uid, status);
+            }
+            return Err(error);
+        }
+        self.ctx.shared.metrics.execution_finished(
+            verdict.reason,
+            status.start_time.as_ref(),
+            status.completion_time.as_ref(),
+        );
+        self.ctx.finish(self.execution);
+        Ok(Action::await_change())
+    }
+
+    async fn queued(&self, recheck: Duration) -> Result<Action> {
+        let message = format!(
+            "waiting for earlier Executions of BriqExecutor {}",
+            self.executor_name()
+        );
+        self.wait(ExecutionReason::Queued, message).await?;
+        Ok(Action::requeue(recheck))
+    }
+
+    /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so.
+    async fn wait(&self, reason: ExecutionReason, message: String) -> Result<Action> {
+        let generation = self.execution.metadata.generation;
+        if let Some(waiting) = decide::waiting_status(&self.status(), generation, reason, message) {
+            self.write(&waiting).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    async fn write(&self, status: &ExecutionStatus) -> Result<()> {
+        let status = serde_json::to_value(status).expect("status serializes");
+        apply_status(&self.api, self.execution, EXECUTOR_MANAGER, status).await
+    }
+
+    /// Makes the executor the Execution's owner, so that deleting an executor deletes its
+    /// history.
+    async fn adopt(&self, executor: Option<&BriqExecutor>) -> Result<()> {
+        let Some(uid) = executor.and_then(|e| e.uid()) else {
+            return Ok(());
+        };
+        let executor = executor.expect("an executor with a uid");
+        let mut owners = self.execution.owner_references().to_vec();
+        if owners.iter().any(|owner| owner.uid == uid) {
+            return Ok(());
+        }
+        owners.push(OwnerReference {
+            api_version: BriqExecutor::api_version(&()).into_owned(),
+            kind: BriqExecutor::kind(&()).into_owned(),
+            name: executor.name_any(),
+            uid,
+            // Not the controller reference: users and GitOps tools may have set their own.
+            controller: None,
+            block_owner_deletion: None,
+        });
+        let patch = json!({ "metadata": { "ownerReferences": owners } });
+        self.api
+            .patch(
+                &self.execution.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the oldest finished Executions beyond the executor's `executionHistoryLimit`.
+    async fn prune(&self, executor: &BriqExecutor) {
+        let Some(limit) = executor.spec.execution_history_limit else {
+            return;
+        };
+        let done = of_executor(&self.ctx.store, &self.namespace, self.executor_name())
+            .filter(|e| e.metadata.deletion_timestamp.is_none() && self.ctx.is_finished(e))
+            .map(|e| (run_order(&e), e.name_any()))
+            .collect();
+        for old in decide::beyond_history(done, limit as usize) {
+            if let Err(error) = self.api.delete(&old, &DeleteParams::default()).await {
+                warn!(%error, execution = %old, "could not prune an old Execution");
+            }
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! What a `BriqExecutor` needs next, decided from what was observed: pure functions, tested
+//! with exact expected outputs. The reconciler ([`super`]) observes and acts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::{
+    briq::{self, ErrorClass, SandboxState},
+    controller::{
+        conditions::{self, Desired, READY, STALLED, desired},
+        session::{CallError, SetupError},
+    },
+    crd::{BriqExecutorStatus, reasons::ExecutorReason},
+};
+
+/// Set before a sandbox is created and removed once its id is recorded: if the operator stops in
+/// between, the next reconcile looks the sandbox up by its deterministic name instead of
+/// creating a second one.
+pub const CREATE_PENDING_ANNOTATION: &str = "briq.cloud/sandbox-create-pending";
+/// The sandbox id, kept in metadata too so that it survives a lost or rewritten status.
+pub const SANDBOX_ID_ANNOTATION: &str = "briq.cloud/sandbox-id";
+
+/// The next step of a live (not deleted) executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Unusable is final: report it and never touch the sandbox again (deletion destroys it).
+    ReportUnusable { why: String },
+    /// Setup failed for good: destroy the sandbox if one is still recorded, and report it.
+    FinishFailedSetup {
+        leftover: Option<String>,
+        message: String,
+    },
+    /// No sandbox recorded: create one; when an earlier create has no recorded outcome
+    /// (`pending`), first look for the sandbox it may have made.
+    CreateSandbox { pending: bool },
+    /// The sandbox exists, the kernel is not ready: install the bridge and start the kernel.
+    Provision { sandbox: String },
+    /// Ready: check that the sandbox still runs.
+    Probe { sandbox: String },
+}
+
+impl Step {
+    /// Steps whose effect cannot be taken back (a second sandbox, a second setup) are decided
+    /// on a fresh read: the watch cache can lag behind this controller's own last write.
+    pub fn needs_fresh_read(&self) -> bool {
+        matches!(self, Step::CreateSandbox { .. } | Step::Provision { .. })
+    }
+}
+
+/// The sandbox an executor records: its status, else the annotation (which survives a lost or
+/// rewritten status).
+pub fn recorded_sandbox(
+    status: &BriqExecutorStatus,
+    annotations: &BTreeMap<String, String>,
+) -> Option<String> {
+    status
+        .sandbox_id
+        .clone()
+        .or_else(|| annotations.get(SANDBOX_ID_ANNOTATION).cloned())
+}
+
+fn stalled_reason(status: &BriqExecutorStatus) -> Option<&str> {
+    conditions::find(&status.conditions, STALLED)
+        .filter(|condition| condition.status == "True")
+        .map(|condition| condition.reason.as_str())
+}
+
+/// The next step of a live executor with this status and these annotations.
+pub fn decide(status: &BriqExecutorStatus, annotations: &BTreeMap<String, String>) -> Step {
+    if status.unusable {
+        let why = status.unusable_reason.as_deref().unwrap_or("unknown");
+        return Step::ReportUnusable { why: why.into() };
+    }
+    if stalled_reason(status) == Some(ExecutorReason::SetupFailed.as_str()) {
+        let message = conditions::find(&status.conditions, READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        return Step::FinishFailedSetup {
+            leftover: recorded_sandbox(status, annotations),
+            message,
+        };
+    }
+    match recorded_sandbox(status, annotations) {
+        None => Step::CreateSandbox {
+            pending: annotations.contains_key(CREATE_PENDING_ANNOTATION),
+        },
+        Some(sandbox) if conditions::is_true(&status.conditions, READY) => Step::Probe { sandbox },
+        Some(sandbox) => Step::Provision { sandbox },
+    }
+}
+
+/// What to do with the sandboxes found under the executor's deterministic name after an
+/// uncertain create: keep the oldest, destroy the rest. `None`: the create never took effect.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Adoption {
+    pub keep: String,
+    pub duplicates: Vec<String>,
+}
+
+pub fn adoption(mut found: Vec<briq::Sandbox>) -> Option<Adoption> {
+    found.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let mut ids = found.into_iter().map(|sandbox| sandbox.id);
+    let keep = ids.next()?;
+    Some(Adoption {
+        keep,
+        duplicates: ids.collect(),
+    })
+}
+
+/// How a provisioning attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SetupVerdict {
+    Ready,
+    /// The sandbox disappeared before it was ready: forget it and create another.
+    SandboxGone,
+    /// Nothing went wrong for good (briq unavailable, connection lost): try again later.
+    Retry,
+    /// Setup failed for good, with this message: destroy the sandbox.
+    Failed(String),
+}
+
+pub fn setup_verdict(outcome: &Result<(), SetupError>) -> SetupVerdict {
+    match outcome {
+        Ok(()) => SetupVerdict::Ready,
+        Err(SetupError::Call(CallError::Briq(error))) if error.class() == ErrorClass::NotFound => {
+            SetupVerdict::SandboxGone
+        }
+        // A bridge that answers nonsense will not answer better next time.
+        Err(SetupError::Call(CallError::Malformed(_) | CallError::UnexpectedKind(_))) => {
+            SetupVerdict::Failed(outcome.as_ref().unwrap_err().to_string())
+        }
+        Err(SetupError::Call(_)) => SetupVerdict::Retry,
+        Err(SetupError::Failed { message, pip_tail }) => SetupVerdict::Failed(match pip_tail {
+            Some(tail) if !tail.is_empty() => format!("{message}; pip output ends:\n{tail}"),
+            _ => message.clone(),
+        }),
+        Err(error @ SetupError::Kernel(_)) => SetupVerdict::Failed(error.to_string()),
+    }
+}
+
+/// What a probe of a ready executor's sandbox found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    Running,
+    /// The kernel and its Python state are lost: the executor becomes unusable.
+    Lost(String),
+    /// briq did not say: ask again later.
+    Retry,
+}
+
+pub fn probe_verdict(sandbox: &str, found: &Result<SandboxState, briq::Error>) -> ProbeVerdict {
+    match found {
+        Ok(SandboxState::Running) => ProbeVerdict::Running,
+        Ok(state) => ProbeVerdict::Lost(format!(
+            "sandbox {sandbox} is {state}: its kernel and Python state are lost"
+        )),
+        Err(error) if error.class() == ErrorClass::NotFound => {
+            ProbeVerdict::Lost(format!("sandbox {sandbox} no longer exists"))
+        }
+        Err(_) => ProbeVerdict::Retry,
+    }
+}
+
+/// The sandboxes a deleted executor may own: every recorded id, and those found by name when a
+/// create's outcome was never recorded.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Cleanup {
+    pub ids: BTreeSet<String>,
+    pub look_up_by_name: bool,
+}
+
+/// `None`: the executor owns no sandbox; its finalizer can go at once.
+pub fn cleanup(
+    status: &BriqExecutorStatus,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Cleanup> {
+    let ids: BTreeSet<String> = status
+        .sandbox_id
+        .iter()
+        .chain(annotations.get(SANDBOX_ID_ANNOTATION))
+        .cloned()
+        .collect();
+    let look_up_by_name = annotations.contains_key(CREATE_PENDING_ANNOTATION);
+    (!ids.is_empty() || look_up_by_name).then_some(Cleanup {
+        ids,
+        look_up_by_name,
+    })
+}
+
+/// The executor's state as its two conditions say it.
+pub fn state(
+    ready: &'static str,
+    stalled: bool,
+    reason: ExecutorReason,
+    message: impl Into<String>,
+) -> [Desired; 2] {
+    let message = message.into();
+    let reason = reason.as_str();
+    let stalled_condition = if stalled {
+        desired(STALLED, "True", reason, message.clone())
+    } else {
+        desired(STALLED, "False", reason, "")
+    };
+    [desired(READY, ready, reason, message), stalled_condition]
+}
+
+/// The state of an unusable executor.
+pub fn unusable_state(why: &str) -> [Desired; 2] {
+    let message =
+        format!("{why}. An unusable executor never runs code again: create a new BriqExecutor");
+    state("False", true, ExecutorReason::Unusable, message)
+}
+
+/// Fields the executor controller owns besides the conditions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SandboxFields {
+    pub id: Option<String>,
+    pub created: Option<Time>,
+    pub ready: Option<Time>,
+}
+
+impl SandboxFields {
+    pub fn of(status: &BriqExecutorStatus) -> SandboxFields {
+        SandboxFields {
+            id: status.sandbox_id.clone(),
+            created: status.sandbox_created_time.clone(),
+            ready: status.ready_time.clone(),
+        }
+    }
+}
+
+/// The executor controller's part of the status, or `None` when `current` already says it.
+pub fn status_update(
+    current: &BriqExecutorStatus,
+    generation: Option<i64>,
+    state: &[Desired; 2],
+    sandbox: SandboxFields,
+) -> Option<BriqExecutorStatus> {
+    if conditions::satisfied(&current.conditions, state, generation)
+        && current.observed_generation == generation
+        && SandboxFields::of(current) == sandbox
+    {
+        return None;
+    }
+    Some(BriqExecutorStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&current.conditions, state, generation),
+        sandbox_id: sandbox.id,
+        sandbox_created_time: sandbox.created,
+        ready_time: sandbox.ready,
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::{bridge::Malformed, briq::api::ErrorCode};
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn status(conditions: &[Desired], sandbox: Option<&str>) -> BriqExecutorStatus {
+        BriqExecutorStatus {
+            conditions: conditions::merge(&[], conditions, Some(1)),
+            sandbox_id: sandbox.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    fn ready() -> [Desired; 2] {
+        state(
+            "True",
+            false,
+            ExecutorReason::KernelReady,
+            "the kernel answers",
+        )
+    }
+
+    fn provisioning() -> [Desired; 2] {
+        state("Unknown", false, ExecutorReason::Provisioning, "creating")
+    }
+
+    fn setup_failed() -> [Desired; 2] {
+        state("False", true, ExecutorReason::SetupFailed, "pip failed")
+    }
+
+    #[test]
+    fn decide_table() {
+        let unusable = BriqExecutorStatus {
+            unusable: true,
+            unusable_reason: Some("timed out".into()),
+            ..status(&ready(), Some("bq_1"))
+        };
+        let none = annotations(&[]);
+        let pending = annotations(&[(CREATE_PENDING_ANNOTATION, "2026-12-03T00:00:00Z")]);
+        let by_annotation = annotations(&[(SANDBOX_ID_ANNOTATION, "bq_a")]);
+        let cases: Vec<(&str, BriqExecutorStatus, &BTreeMap<String, String>, Step)> = vec![
+            (
+                "unusable wins over everything",
+                unusable.clone(),
+                &by_annotation,
+                Step::ReportUnusable {
+                    why: "timed out".into(),
+                },
+            ),
+            (
+                "unusable without a reason",
+                BriqExecutorStatus {
+                    unusable_reason: None,
+                    ..unusable
+                },
+                &none,
+                Step::ReportUnusable {
+                    why: "unknown".into(),
+                },
+            ),
+            (
+                "failed setup with a sandbox left",
+                status(&setup_failed(), Some("bq_1")),
+                &none,
+                Step::FinishFailedSetup {
+                    leftover: Some("bq_1".into()),
+                    message: "pip failed".into(),
+                },
+            ),
+            (
+                "failed setup, sandbox already destroyed",
+                status(&setup_failed(), None),
+                &none,
+                Step::FinishFailedSetup {
+                    leftover: None,
+                    message: "pip failed".into(),
+                },
+            ),
+            (
+                "new executor",
+                BriqExecutorStatus::default(),
+                &none,
+                Step::CreateSandbox { pending: false },
+            ),
+            (
+                "a create without a recorded outcome",
+                status(&provisioning(), None),
+                &pending,
+                Step::CreateSandbox { pending: true },
+            ),
+            (
+                "sandbox recorded in the status, kernel not ready",
+                status(&provisioning(), Some("bq_1")),
+                &none,
+                Step::Provision {
+                    sandbox: "bq_1".into(),
+                },
+            ),
+            (
+                "status lost, the annotation still names the sandbox",
+                BriqExecutorStatus::default(),
+                &by_annotation,
+                Step::Provision {
+                    sandbox: "bq_a".into(),
+                },
+            ),
+            (
+                "the status wins over the annotation",
+                status(&ready(), Some("bq_1")),
+                &by_annotation,
+                Step::Probe {
+                    sandbox: "bq_1".into(),
+                },
+            ),
+            (
+                "ready",
+                status(&ready(), Some("bq_1")),
+                &none,
+                Step::Probe {
+                    sandbox: "bq_1".into(),
+                },
+            ),
+        ];
+        for (name, status, annotations, expected) in cases {
+            assert_eq!(decide(&status, annotations), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_irreversible_steps_need_a_fresh_read() {
+        let table = [
+            (Step::ReportUnusable { why: "x".into() }, false),
+            (
+                Step::FinishFailedSetup {
+                    leftover: None,
+                    message: "x".into(),
+                },
+                false,
+            ),
+            (Step::CreateSandbox { pending: false }, true),
+            (Step::CreateSandbox { pending: true }, true),
+            (
+                Step::Provision {
+                    sandbox: "x".into(),
+                },
+                true,
+            ),
+            (
+                Step::Probe {
+                    sandbox: "x".into(),
+                },
+                false,
+            ),
+        ];
+        for (step, fresh) in table {
+            assert_eq!(step.needs_fresh_read(), fresh, "{step:?}");
+        }
+    }
+
+    fn sandbox(id: &str, created: &str) -> briq::Sandbox {
+        briq::Sandbox {
+            id: id.into(),
+            name: "briq-x".into(),
+            state: SandboxState::Running,
+            image: "python:3.12-slim".into(),
+            size: None,
+            sleep: "30m".into(),
+            created_at: created.parse::<Timestamp>().unwrap(),
+        }
+    }
+
+    #[test]
+    fn adoption_keeps_the_oldest_and_destroys_the_rest() {
+        assert_eq!(adoption(vec![]), None);
+        assert_eq!(
+            adoption(vec![sandbox("bq_b", "2026-12-03T00:00:02Z")]),
+            Some(Adoption {
+                keep: "bq_b".into(),
+                duplicates: vec![]
+            })
+        );
+        assert_eq!(
+            adoption(vec![
+                sandbox("bq_c", "2026-12-03T00:00:03Z"),
+                sandbox("bq_z", "2026-12-03T00:00:01Z"),
+                sandbox("bq_a", "2026-12-03T00:00:03Z"),
+            ]),
+            Some(Adoption {
+                keep: "bq_z".into(),
+                duplicates: vec!["bq_a".into(), "bq_c".into()]
+            }),
+            "oldest first, ties broken by id"
+        );
+    }
+
+    fn not_found() -> briq::Error {
+        briq::Error::NotFound {
+            message: "no such sandbox".into(),
+            request_id: None,
+        }
+    }
+
+    fn unavailable() -> briq::Error {
+        briq::Error::Unavailable {
+            status: 503,
+            code: ErrorCode::Unavailable,
+            message: "busy".into(),
+            retry_after: None,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn setup_verdict_table() {
+        let cases: Vec<(Result<(), SetupError>, SetupVerdict)> = vec![
+            (Ok(()), SetupVerdict::Ready),
+            (
+                Err(SetupError::Call(CallError::Briq(not_found()))),
+                SetupVerdict::SandboxGone,
+            ),
+            (
+                Err(SetupError::Call(CallError::Briq(unavailable()))),
+                SetupVerdict::Retry,
+            ),
+            (
+                Err(SetupError::Call(CallError::TimedOut(
+                    std::time::Duration::from_secs(60),
+                ))),
+                SetupVerdict::Retry,
+            ),
+            (
+                Err(SetupError::Call(CallError::UnexpectedKind("result"))),
+                SetupVerdict::Failed(
+                    "the bridge answered with a result envelope where another kind was expected"
+                        .into(),
+                ),
+            ),
+            (
+                Err(SetupError::Call(CallError::Malformed(Malformed::Missing))),
+                SetupVerdict::Failed(Malformed::Missing.to_string()),
+            ),
+            (
+                Err(SetupError::Failed {
+                    message: "pip failed".into(),
+                    pip_tail: Some("ERROR: no such package".into()),
+                }),
+                SetupVerdict::Failed("pip failed; pip output ends:\nERROR: no such package".into()),
+            ),
+            (
+                Err(SetupError::Failed {
+                    message: "setup did not finish within 55s".into(),
+                    pip_tail: Some(String::new()),
+                }),
+                SetupVerdict::Failed("setup did not finish within 55s".into()),
+            ),
+            (
+                Err(SetupError::Kernel("no ipykernel".into())),
+                SetupVerdict::Failed("the kernel did not start: no ipykernel".into()),
+            ),
+        ];
+        for (outcome, expected) in cases {
+            assert_eq!(setup_verdict(&outcome), expected, "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn probe_verdict_table() {
+        let cases: Vec<(Result<SandboxState, briq::Error>, ProbeVerdict)> = vec![
+            (Ok(SandboxState::Running), ProbeVerdict::Running),
+            (
+                Ok(SandboxState::Sleeping),
+                ProbeVerdict::Lost(
+                    "sandbox bq_1 is sleeping: its kernel and Python state are lost".into(),
+                ),
+            ),
+            (
+                Ok(SandboxState::Starting),
+                ProbeVerdict::Lost(
+                    "sandbox bq_1 is starting: its kernel and Python state are lost".into(),
+                ),
+            ),
+            (
+                Err(not_found()),
+                ProbeVerdict::Lost("sandbox bq_1 no longer exists".into()),
+            ),
+            (Err(unavailable()), ProbeVerdict::Retry),
+        ];
+        for (found, expected) in cases {
+            assert_eq!(probe_verdict("bq_1", &found), expected, "{found:?}");
+        }
+    }
+
+    #[test]
+    fn cleanup_table() {
+        let both = annotations(&[
+            (SANDBOX_ID_ANNOTATION, "bq_a"),
+            (CREATE_PENDING_ANNOTATION, "t"),
+        ]);
+        let cases = [
+            (status(&ready(), None), annotations(&[]), None),
+            (
+                status(&ready(), Some("bq_1")),
+                annotations(&[(SANDBOX_ID_ANNOTATION, "bq_1")]),
+                Some(Cleanup {
+                    ids: ["bq_1".to_owned()].into(),
+                    look_up_by_name: false,
+                }),
+            ),
+            (
+                status(&ready(), Some("bq_1")),
+                both,
+                Some(Cleanup {
+                    ids: ["bq_1".to_owned(), "bq_a".to_owned()].into(),
+                    look_up_by_name: true,
+                }),
+            ),
+            (
+                BriqExecutorStatus::default(),
+                annotations(&[(CREATE_PENDING_ANNOTATION, "t")]),
+                Some(Cleanup {
+                    ids: BTreeSet::new(),
+                    look_up_by_name: true,
+                }),
+            ),
+        ];
+        for (status, annotations, expected) in cases {
+            assert_eq!(cleanup(&status, &annotations), expected, "{annotations:?}");
+        }
+    }
+
+    #[test]
+    fn a_status_that_already_says_it_is_not_written_again() {
+        let current = status(&ready(), Some("bq_1"));
+        let current = BriqExecutorStatus {
+            observed_generation: Some(1),
+            ..current
+        };
+        let same = SandboxFields::of(&current);
+        assert_eq!(
+            status_update(&current, Some(1), &ready(), same.clone()),
+            None
+        );
+        assert!(
+            status_update(&current, Some(2), &ready(), same.clone()).is_some(),
+            "a new generation"
+        );
+        let lost = unusable_state("its kernel was lost");
+        let update = status_update(&current, Some(1), &lost, same).expect("a change");
+        let ready_condition = conditions::find(&update.conditions, READY).unwrap();
+        assert_eq!(
+            (
+                ready_condition.status.as_str(),
+                ready_condition.reason.as_str()
+            ),
+            ("False", "Unusable")
+        );
+        assert_eq!(
+            ready_condition.message,
+            "its kernel was lost. An unusable executor never runs code again: create a new BriqExecutor"
+        );
+        assert!(conditions::is_true(&update.conditions, STALLED));
+        assert_eq!(update.sandbox_id.as_deref(), Some("bq_1"));
+    }
+}

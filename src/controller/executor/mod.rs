@@ -1,0 +1,569 @@
+//! The `BriqExecutor` reconciler: creates the sandbox exactly once, provisions the bridge and
+//! kernel, watches that the sandbox keeps running, and destroys it when the executor goes.
+//!
+//! Each reconcile observes the executor (from the cache, and afresh before any step that cannot
+//! be taken back), asks [`decide`] for the next step, and performs it.
+
+mod decide;
+
+pub use decide::{CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
+
+use std::{sync::Arc, time::Duration};
+
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        controller::Action,
+        events::EventType,
+        finalizer::{Event as FinalizerEvent, finalizer},
+    },
+};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use self::decide::{
+    Adoption, ProbeVerdict, SandboxFields, SetupVerdict, Step, state, unusable_state,
+};
+use super::{
+    EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
+    backoff::Backoff,
+    conditions, mark_unusable, object_key, publish,
+    session::{Session, SetupError},
+};
+use crate::{
+    briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
+    crd::{BriqExecutor, reasons::ExecutorReason},
+};
+
+pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
+/// How often an executor without a usable API key looks again.
+const API_KEY_RECHECK: Duration = Duration::from_secs(30);
+
+/// The executor controller's context: what it shares with the other controller, and its own
+/// bookkeeping.
+pub struct Context<S> {
+    pub shared: Arc<Shared<S>>,
+    backoff: Backoff,
+}
+
+impl<S> Context<S> {
+    pub fn new(shared: Arc<Shared<S>>) -> Self {
+        Context {
+            backoff: shared.backoff(),
+            shared,
+        }
+    }
+
+    /// The executor is gone: nothing kept of it may outlive it.
+    pub fn deleted(&self, executor: &BriqExecutor) {
+        self.backoff.forget(&object_key(executor));
+    }
+
+    pub fn bookkeeping(&self) -> usize {
+        self.backoff.len()
+    }
+}
+
+#[instrument(skip_all, fields(namespace = executor.namespace(), name = executor.name_any()))]
+pub async fn reconcile<S: SandboxApi>(
+    executor: Arc<BriqExecutor>,
+    ctx: Arc<Context<S>>,
+) -> Result<Action> {
+    let key = object_key(executor.as_ref());
+    let api: Api<BriqExecutor> = Api::namespaced(
+        ctx.shared.client.clone(),
+        &executor.namespace().unwrap_or_default(),
+    );
+    let actor = Actor {
+        shared: &ctx.shared,
+        api: &api,
+    };
+    let result = finalizer(&api, FINALIZER, executor, |event| async {
+        match event {
+            FinalizerEvent::Apply(executor) => actor.apply(&executor).await,
+            FinalizerEvent::Cleanup(executor) => actor.cleanup(&executor).await,
+        }
+    })
+    .await
+    .map_err(|error| Error::Finalizer(Box::new(error)));
+    if result.is_ok() {
+        ctx.backoff.forget(&key);
+    }
+    result
+}
+
+pub fn error_policy<S>(executor: Arc<BriqExecutor>, error: &Error, ctx: Arc<Context<S>>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&object_key(executor.as_ref()), error.retry_after());
+    warn!(executor = %executor.name_any(), %error, ?delay, "executor reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// Performs the executor's steps.
+struct Actor<'a, S> {
+    shared: &'a Shared<S>,
+    api: &'a Api<BriqExecutor>,
+}
+
+impl<S: SandboxApi> Actor<'_, S> {
+    async fn apply(&self, cached: &BriqExecutor) -> Result<Action> {
+        let mut step = decide::decide(&status_of(cached), cached.annotations());
+        let fresh;
+        let executor = if step.needs_fresh_read() {
+            fresh = self.api.get(&cached.name_any()).await?;
+            step = decide::decide(&status_of(&fresh), fresh.annotations());
+            &fresh
+        } else {
+            cached
+        };
+        match step {
+            Step::ReportUnusable { why } => {
+                self.report(executor, unusable_state(&why), sandbox_fields(executor))
+                    .await?;
+                Ok(Action::await_change())
+            }
+            Step::FinishFailedSetup { leftover, message } => {
+                if let Some(id) = leftover {
+                    self.destroy_failed_setup(executor, &id).await?;
+                }
+                let failed = state("False", true, ExecutorReason::SetupFailed, message);
+                self.report(executor, failed, SandboxFields::default())
+                    .await?;
+                Ok(Action::await_change())
+            }
+            Step::CreateSandbox { pending } => {
+                self.report_provisioning(executor, "creating the sandbox")
+                    .await?;
+                let Some(key) = self.credentials(executor).await? else {
+                    return Ok(Action::requeue(API_KEY_RECHECK));
+                };
+                let Some(id) = self.create_sandbox(executor, &key, pending).await? else {
+                    return Ok(Action::await_change());
+                };
+                let sandbox = SandboxFields {
+                    id: Some(id.clone()),
+                    created: Some(conditions::now()),
+                    ready: None,
+                };
+                self.provision(executor, &key, sandbox).await
+            }
+            Step::Provision { sandbox } => {
+                let Some(key) = self.credentials(executor).await? else {
+                    return Ok(Action::requeue(API_KEY_RECHECK));
+                };
+                let current = sandbox_fields(executor);
+                let fields = SandboxFields {
+                    id: Some(sandbox),
+                    created: current.created.or_else(|| Some(conditions::now())),
+                    ready: current.ready,
+                };
+                self.provision(executor, &key, fields).await
+            }
+            Step::Probe { sandbox } => {
+                let Some(key) = self.credentials(executor).await? else {
+                    return Ok(Action::requeue(API_KEY_RECHECK));
+                };
+                let fields = SandboxFields {
+                    id: Some(sandbox.clone()),
+                    ..sandbox_fields(executor)
+                };
+                self.probe(executor, &key, &sandbox, fields).await
+            }
+        }
+    }
+
+    /// The executor's API key; `None` (reported in the status) while there is none to use.
+    async fn credentials(&self, executor: &BriqExecutor) -> Result<Option<ApiKey>> {
+        match api_key(self.shared, executor).await {
+            Ok(key) => Ok(Some(key)),
+            Err(Error::ApiKey(message)) => {
+                let waiting = state("False", false, ExecutorReason::ApiKeyMissing, message);
+                self.report(executor, waiting, sandbox_fields(executor))
+                    .await?;
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Applies the executor controller's part of the status, unless it already says that.
+    async fn report(
+        &self,
+        executor: &BriqExecutor,
+        state: [conditions::Desired; 2],
+        sandbox: SandboxFields,
+    ) -> Result<()> {
+        let current = status_of(executor);
+        let Some(status) =
+            decide::status_update(&current, executor.metadata.generation, &state, sandbox)
+        else {
+            return Ok(());
+        };
+        let status = serde_json::to_value(status).expect("status serializes");
+        apply_status(self.api, executor, EXECUTOR_MANAGER, status).await
+    }
+
+    /// Says `Provisioning` once, when the executor has no `Ready` condition yet.
+    async fn report_provisioning(&self, executor: &BriqExecutor, message: &str) -> Result<()> {
+        if conditions::find(&status_of(executor).conditions, conditions::READY).is_some() {
+            return Ok(());
+        }
+        let provisioning = state("Unknown", false, ExecutorReason::Provisioning, message);
+        self.report(executor, provisioning, sandbox_fields(executor))
+            .await
+    }
+
+    /// Creates the executor's one sandbox, or adopts the one an uncertain create left. `None`:
+    /// briq refused for good (reported in the status).
+    async fn create_sandbox(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        pending: bool,
+    ) -> Result<Option<String>> {
+        let name = sandbox_name(
+            &executor.namespace().unwrap_or_default(),
+            &executor.name_any(),
+            &executor.uid().unwrap_or_default(),
+        );
+        if pending {
+            // An earlier create has no recorded outcome. The name is deterministic, so look.
+            let found = self
+                .shared
+                .sandboxes
+                .find_sandboxes_by_name(key, &name)
+                .await?;
+            if let Some(Adoption { keep, duplicates }) = decide::adoption(found) {
+                for duplicate in &duplicates {
+                    self.shared
+                        .sandboxes
+                        .destroy_sandbox(key, duplicate)
+                        .await?;
+                    warn!(sandbox = %duplicate, "destroyed a duplicate sandbox left by an uncertain create");
+                }
+                self.record_sandbox(executor, &keep).await?;
+                let note = format!("found sandbox {keep} created before a restart");
+                self.event(
+                    executor,
+                    EventType::Normal,
+                    "SandboxAdopted",
+                    "Create",
+                    note,
+                )
+                .await;
+                return Ok(Some(keep));
+            }
+            // Nothing by that name: the create never took effect, so creating now is safe.
+        } else {
+            let started = conditions::now().0.to_string();
+            self.annotate(executor, json!({ CREATE_PENDING_ANNOTATION: started }))
+                .await?;
+        }
+        let request = CreateSandbox {
+            name,
+            image: executor.spec.image.clone(),
+            size: executor.spec.size.clone(),
+            sleep: executor.spec.sleep.clone(),
+            env: executor
+                .spec
+                .env
+                .iter()
+                .flatten()
+                .map(|var| (var.name.clone(), var.value.clone()))
+                .collect(),
+        };
+        // On any error the pending marker stays, and the next attempt looks before it creates.
+        let sandbox = match self.shared.sandboxes.create_sandbox(key, &request).await {
+            Ok(sandbox) => sandbox,
+            Err(error) if error.class() == ErrorClass::Terminal => {
+                let refused = state(
+                    "False",
+                    false,
+                    ExecutorReason::BriqRefused,
+                    error.to_string(),
+                );
+                self.report(executor, refused, sandbox_fields(executor))
+                    .await?;
+                return Err(error.into());
+            }
+            Err(error) => return Err(error.into()),
+        };
+        self.record_sandbox(executor, &sandbox.id).await?;
+        let note = format!("created sandbox {}", sandbox.id);
+        self.event(
+            executor,
+            EventType::Normal,
+            "SandboxCreated",
+            "Create",
+            note,
+        )
+        .await;
+        info!(sandbox = %sandbox.id, "sandbox created");
+        Ok(Some(sandbox.id))
+    }
+
+    /// Installs the bridge and its dependencies and starts the kernel; a failed setup destroys
+    /// the sandbox.
+    async fn provision(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        sandbox: SandboxFields,
+    ) -> Result<Action> {
+        let id = sandbox.id.clone().unwrap_or_default();
+        let provisioning = state(
+            "Unknown",
+            false,
+            ExecutorReason::Provisioning,
+            "installing the bridge and starting the kernel",
+        );
+        self.report(executor, provisioning, sandbox.clone()).await?;
+        let session = Session {
+            api: &self.shared.sandboxes,
+            key,
+            sandbox_id: &id,
+        };
+        let deadline = Duration::from_secs(executor.spec.setup_timeout_seconds.into());
+        let packages = executor.spec.packages.clone().unwrap_or_default();
+        let outcome = session.provision(deadline, &packages).await;
+        match decide::setup_verdict(&outcome) {
+            SetupVerdict::Ready => {
+                let ready = SandboxFields {
+                    ready: Some(conditions::now()),
+                    ..sandbox
+                };
+                let kernel_ready = state(
+                    "True",
+                    false,
+                    ExecutorReason::KernelReady,
+                    "the kernel answers",
+                );
+                self.report(executor, kernel_ready, ready).await?;
+                let note = format!("sandbox {id} is ready");
+                self.event(executor, EventType::Normal, "Ready", "Provision", note)
+                    .await;
+                info!(sandbox = %id, "executor ready");
+                self.shared
+                    .metrics
+                    .executor_ready(executor.metadata.creation_timestamp.as_ref());
+                Ok(Action::requeue(self.shared.settings.probe_interval))
+            }
+            SetupVerdict::SandboxGone => {
+                self.forget_sandbox(executor).await?;
+                Err(retry_error(outcome))
+            }
+            SetupVerdict::Retry => Err(retry_error(outcome)),
+            SetupVerdict::Failed(failure) => {
+                // Say so first, so that a failed destroy is retried.
+                self.event(
+                    executor,
+                    EventType::Warning,
+                    "SetupFailed",
+                    "Provision",
+                    failure.clone(),
+                )
+                .await;
+                let failed = state("False", true, ExecutorReason::SetupFailed, failure);
+                self.report(executor, failed, sandbox).await?;
+                self.destroy_failed_setup(executor, &id).await?;
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// A sleeping, restarted or vanished sandbox has lost its kernel, and with it the Python
+    /// state the Executions rely on: the executor becomes unusable. The probe is a GET, which
+    /// does not count as use, so it does not keep an idle sandbox awake.
+    async fn probe(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        id: &str,
+        sandbox: SandboxFields,
+    ) -> Result<Action> {
+        let found = self
+            .shared
+            .sandboxes
+            .get_sandbox(key, id)
+            .await
+            .map(|found| found.state);
+        match decide::probe_verdict(id, &found) {
+            ProbeVerdict::Running => {
+                let ready = state(
+                    "True",
+                    false,
+                    ExecutorReason::KernelReady,
+                    "the kernel answers",
+                );
+                self.report(executor, ready, sandbox).await?;
+                Ok(Action::requeue(self.shared.settings.probe_interval))
+            }
+            ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),
+            ProbeVerdict::Lost(lost) => {
+                mark_unusable(self.shared, executor, &lost).await?;
+                self.event(
+                    executor,
+                    EventType::Warning,
+                    "KernelLost",
+                    "Probe",
+                    lost.clone(),
+                )
+                .await;
+                self.report(executor, unusable_state(&lost), sandbox)
+                    .await?;
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Destroys every sandbox this executor may own. The finalizer is removed only when all are
+    /// confirmed gone; each failure is an Event and a condition, and is retried with backoff.
+    async fn cleanup(&self, executor: &BriqExecutor) -> Result<Action> {
+        let Some(plan) = decide::cleanup(&status_of(executor), executor.annotations()) else {
+            return Ok(Action::await_change());
+        };
+        let sandbox = sandbox_fields(executor);
+        let mut ids = plan.ids;
+        let listed = ids.iter().cloned().collect::<Vec<_>>().join(", ");
+        let terminating = state(
+            "False",
+            false,
+            ExecutorReason::Terminating,
+            format!("destroying sandbox {listed}"),
+        );
+        // A failed destroy keeps saying so while it is retried.
+        let ready_reason = conditions::find(&status_of(executor).conditions, conditions::READY)
+            .map(|c| c.reason.clone());
+        if ready_reason.as_deref() != Some(ExecutorReason::DestroyFailed.as_str()) {
+            self.report(executor, terminating, sandbox.clone()).await?;
+        }
+        let outcome = async {
+            let key = api_key(self.shared, executor).await?;
+            if plan.look_up_by_name {
+                let name = sandbox_name(
+                    &executor.namespace().unwrap_or_default(),
+                    &executor.name_any(),
+                    &executor.uid().unwrap_or_default(),
+                );
+                let found = self.shared.sandboxes.find_sandboxes_by_name(&key, &name);
+                ids.extend(found.await?.into_iter().map(|s| s.id));
+            }
+            for id in &ids {
+                match self.shared.sandboxes.destroy_sandbox(&key, id).await? {
+                    DestroyOutcome::Destroyed => info!(sandbox = %id, "sandbox destroyed"),
+                    DestroyOutcome::AlreadyGone => info!(sandbox = %id, "sandbox was already gone"),
+                }
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        match outcome {
+            Ok(()) => {
+                let note = format!(
+                    "destroyed sandbox {}",
+                    ids.into_iter().collect::<Vec<_>>().join(", ")
+                );
+                self.event(
+                    executor,
+                    EventType::Normal,
+                    "SandboxDestroyed",
+                    "Destroy",
+                    note,
+                )
+                .await;
+                Ok(Action::await_change())
+            }
+            Err(error) => {
+                let message = format!("destroying the sandbox failed, retrying: {error}");
+                self.event(
+                    executor,
+                    EventType::Warning,
+                    "DestroyFailed",
+                    "Destroy",
+                    message.clone(),
+                )
+                .await;
+                let failed = state("False", false, ExecutorReason::DestroyFailed, message);
+                if let Err(report_error) = self.report(executor, failed, sandbox).await {
+                    warn!(%report_error, "could not report the failed destroy");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn destroy_failed_setup(&self, executor: &BriqExecutor, id: &str) -> Result<()> {
+        let key = api_key(self.shared, executor).await?;
+        self.shared.sandboxes.destroy_sandbox(&key, id).await?;
+        self.annotate(executor, json!({ SANDBOX_ID_ANNOTATION: null }))
+            .await?;
+        info!(sandbox = %id, "destroyed the sandbox of a failed setup");
+        Ok(())
+    }
+
+    async fn record_sandbox(&self, executor: &BriqExecutor, id: &str) -> Result<()> {
+        self.annotate(
+            executor,
+            json!({ SANDBOX_ID_ANNOTATION: id, CREATE_PENDING_ANNOTATION: null }),
+        )
+        .await
+    }
+
+    async fn forget_sandbox(&self, executor: &BriqExecutor) -> Result<()> {
+        self.annotate(
+            executor,
+            json!({ SANDBOX_ID_ANNOTATION: null, CREATE_PENDING_ANNOTATION: null }),
+        )
+        .await?;
+        let message = "the sandbox disappeared before it was ready; creating another";
+        let provisioning = state("Unknown", false, ExecutorReason::Provisioning, message);
+        self.report(executor, provisioning, SandboxFields::default())
+            .await
+    }
+
+    /// Merge-patches the executor's annotations (`null` removes one).
+    async fn annotate(
+        &self,
+        executor: &BriqExecutor,
+        annotations: serde_json::Value,
+    ) -> Result<()> {
+        let patch = json!({ "metadata": { "annotations": annotations } });
+        self.api
+            .patch(
+                &executor.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn event(
+        &self,
+        executor: &BriqExecutor,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        publish(self.shared, executor, type_, reason, action, note).await;
+    }
+}
+
+/// The error of a setup attempt that is retried: always a failed bridge call.
+fn retry_error(outcome: Result<(), SetupError>) -> Error {
+    match outcome {
+        Err(SetupError::Call(error)) => error.into(),
+        other => Error::Invariant(format!("setup retried after {other:?}")),
+    }
+}
+
+fn status_of(executor: &BriqExecutor) -> crate::crd::BriqExecutorStatus {
+    executor.status.clone().unwrap_or_default()
+}
+
+fn sandbox_fields(executor: &BriqExecutor) -> SandboxFields {
+    SandboxFields::of(&status_of(executor))
+}

@@ -1,0 +1,264 @@
+//! The one vocabulary of condition reasons. The controllers write these, the metrics label by
+//! them, the CRD descriptions list them, and the Python client reads them from a file generated
+//! from this module (`bridge/agent/briq_bridge/vocabulary.py`, drift-tested like `crds/`).
+
+use std::fmt;
+
+/// Declares a reason enum: each variant's string is its name, and its doc is the description
+/// the CRD and the generated Python file carry.
+macro_rules! reasons {
+    ($(#[$meta:meta])* $name:ident { $($(#[doc = $doc:literal])+ $variant:ident,)+ }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[doc = $doc])+ $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => stringify!($variant),)+
+                }
+            }
+
+            /// The reason's documentation, as one line.
+            pub fn description(self) -> String {
+                let lines: &[&str] = match self {
+                    $($name::$variant => &[$($doc),+],)+
+                };
+                lines.iter().map(|line| line.trim()).collect::<Vec<_>>().join(" ")
+            }
+
+            pub fn parse(text: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|reason| reason.as_str() == text)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Reasons of an Execution's `Succeeded` condition.
+    ExecutionReason {
+        /// Waiting for earlier Executions of the same executor.
+        Queued,
+        /// The referenced BriqExecutor does not exist (yet).
+        ExecutorNotFound,
+        /// The BriqExecutor is not Ready yet (provisioning, or no API key).
+        ExecutorNotReady,
+        /// The code was sent to the kernel; the result is not recorded yet.
+        Running,
+        /// The code ran.
+        Completed,
+        /// The code ran and returned a final answer.
+        FinalAnswer,
+        /// The code raised an exception.
+        CodeError,
+        /// The final answer was refused (not serializable, too large, an array or image).
+        FinalAnswerRejected,
+        /// The code ran past its deadline; the kernel was interrupted and the executor is
+        /// unusable.
+        Timeout,
+        /// briq could not be reached or refused the request; when the outcome is unknown the
+        /// executor is unusable.
+        TransportError,
+        /// The bridge answered with output that breaks the protocol; the executor is unusable.
+        MalformedResponse,
+        /// The kernel is gone (the sandbox slept, restarted or vanished); the executor is
+        /// unusable.
+        KernelLost,
+        /// The executor can run no more code (unusable, or it can never become ready).
+        ExecutorUnusable,
+        /// The executor was deleted.
+        ExecutorDeleted,
+        /// The operator stopped while the code ran; it is never run again.
+        Interrupted,
+    }
+}
+
+/// Where an Execution stands when its `Succeeded` condition has a given reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Succeeded=Unknown, nothing sent yet.
+    Waiting,
+    /// Succeeded=Unknown, the code may be running.
+    Running,
+    /// Succeeded=True.
+    Succeeded,
+    /// Succeeded=False.
+    Failed,
+}
+
+impl ExecutionReason {
+    pub const fn phase(self) -> Phase {
+        use ExecutionReason::*;
+        match self {
+            Queued | ExecutorNotFound | ExecutorNotReady => Phase::Waiting,
+            Running => Phase::Running,
+            Completed | FinalAnswer => Phase::Succeeded,
+            CodeError | FinalAnswerRejected | Timeout | TransportError | MalformedResponse
+            | KernelLost | ExecutorUnusable | ExecutorDeleted | Interrupted => Phase::Failed,
+        }
+    }
+
+    /// The reasons an Execution can end with: the `reason` label of the finished-Executions
+    /// metric takes exactly these values.
+    pub fn terminal() -> impl Iterator<Item = ExecutionReason> {
+        ExecutionReason::ALL
+            .iter()
+            .copied()
+            .filter(|reason| matches!(reason.phase(), Phase::Succeeded | Phase::Failed))
+    }
+
+    /// Whether a client should take this outcome to mean that the executor can run no more
+    /// code. `TransportError` counts, conservatively: it also covers requests briq refused,
+    /// after which the executor may still be usable, but a client cannot tell the two apart.
+    pub const fn ends_the_executor(self) -> bool {
+        use ExecutionReason::*;
+        matches!(
+            self,
+            Timeout
+                | TransportError
+                | MalformedResponse
+                | KernelLost
+                | ExecutorUnusable
+                | ExecutorDeleted
+                | Interrupted
+        )
+    }
+}
+
+reasons! {
+    /// Reasons of a BriqExecutor's `Ready` and `Stalled` conditions.
+    ExecutorReason {
+        /// Creating the sandbox, installing the bridge or starting the kernel.
+        Provisioning,
+        /// No usable briq API key (missing Secret or key, or no operator default).
+        ApiKeyMissing,
+        /// briq refused to create the sandbox.
+        BriqRefused,
+        /// The kernel answers: Executions run.
+        KernelReady,
+        /// Setup failed (pip, bridge or kernel); the sandbox was destroyed.
+        SetupFailed,
+        /// The executor will never run code again (timeout, lost kernel, uncertain outcome).
+        Unusable,
+        /// The executor is being deleted and its sandbox destroyed.
+        Terminating,
+        /// Destroying the sandbox failed; it is retried.
+        DestroyFailed,
+    }
+}
+
+/// The reasons of `reasons`, one per line, for a CRD description.
+pub fn describe<R: Copy + fmt::Display>(reasons: &[R], doc: impl Fn(R) -> String) -> String {
+    reasons
+        .iter()
+        .map(|reason| format!("- `{reason}`: {}", doc(*reason)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The Python module `bridge/agent/briq_bridge/vocabulary.py`: the limits and reasons the
+/// Python client shares with the operator, formatted as `ruff format` leaves it.
+pub fn python_module() -> String {
+    use super::{DEFAULT_EXECUTION_TIMEOUT_SECONDS, MAX_CODE_CHARS, MAX_EXECUTION_TIMEOUT_SECONDS};
+    let mut unusable: Vec<&str> = ExecutionReason::ALL
+        .iter()
+        .filter(|reason| reason.ends_the_executor())
+        .map(|reason| reason.as_str())
+        .collect();
+    unusable.sort_unstable();
+    let unusable: String = unusable
+        .iter()
+        .map(|reason| format!("        \"{reason}\",\n"))
+        .collect();
+    format!(
+        "# Generated from src/crd/reasons.rs by `cargo run -p briq-dev -- vocabulary`; do not edit.\n\
+         # A test fails when this file is stale.\n\
+         \"\"\"Reasons and limits shared by briq-operator and its Python client.\"\"\"\n\
+         \n\
+         MAX_CODE_CHARS = {MAX_CODE_CHARS}\n\
+         MAX_TIMEOUT_SECONDS = {MAX_EXECUTION_TIMEOUT_SECONDS}\n\
+         DEFAULT_TIMEOUT_SECONDS = {DEFAULT_EXECUTION_TIMEOUT_SECONDS}\n\
+         # Succeeded=False reasons after which the executor never runs code again.\n\
+         UNUSABLE_REASONS = frozenset(\n    {{\n{unusable}    }}\n)\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_parses_back_from_its_string() {
+        for reason in ExecutionReason::ALL {
+            assert_eq!(ExecutionReason::parse(reason.as_str()), Some(*reason));
+        }
+        for reason in ExecutorReason::ALL {
+            assert_eq!(ExecutorReason::parse(reason.as_str()), Some(*reason));
+        }
+        assert_eq!(ExecutionReason::parse("connection refused"), None);
+    }
+
+    #[test]
+    fn phases_of_the_execution_reasons() {
+        use ExecutionReason::*;
+        let table = [
+            (Queued, Phase::Waiting),
+            (ExecutorNotFound, Phase::Waiting),
+            (ExecutorNotReady, Phase::Waiting),
+            (Running, Phase::Running),
+            (Completed, Phase::Succeeded),
+            (FinalAnswer, Phase::Succeeded),
+            (CodeError, Phase::Failed),
+            (FinalAnswerRejected, Phase::Failed),
+            (Timeout, Phase::Failed),
+            (TransportError, Phase::Failed),
+            (MalformedResponse, Phase::Failed),
+            (KernelLost, Phase::Failed),
+            (ExecutorUnusable, Phase::Failed),
+            (ExecutorDeleted, Phase::Failed),
+            (Interrupted, Phase::Failed),
+        ];
+        assert_eq!(table.len(), ExecutionReason::ALL.len());
+        for (reason, phase) in table {
+            assert_eq!(reason.phase(), phase, "{reason}");
+        }
+    }
+
+    #[test]
+    fn an_outcome_that_can_only_follow_a_healthy_run_never_ends_the_executor() {
+        use ExecutionReason::*;
+        for reason in [Completed, FinalAnswer, CodeError, FinalAnswerRejected] {
+            assert!(!reason.ends_the_executor(), "{reason}");
+        }
+        for reason in ExecutionReason::ALL {
+            if reason.phase() != Phase::Failed {
+                assert!(!reason.ends_the_executor(), "{reason}");
+            }
+        }
+    }
+
+    #[test]
+    fn descriptions_are_single_lines() {
+        for reason in ExecutionReason::ALL {
+            let text = reason.description();
+            assert!(
+                !text.is_empty() && !text.contains('\n'),
+                "{reason}: {text:?}"
+            );
+        }
+        assert_eq!(
+            ExecutorReason::Terminating.description(),
+            "The executor is being deleted and its sandbox destroyed."
+        );
+    }
+}
