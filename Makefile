@@ -18,7 +18,7 @@ tools:
 
 lint: tools
 	cargo fmt --all -- --check
-	cargo clippy --all-targets --quiet -- -D warnings
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
 	"$$venv/bin/ruff" check bridge
 	"$$venv/bin/ruff" format --check bridge
@@ -31,17 +31,18 @@ test: control-plane python-env tools
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
-	cargo test --all-targets
+	cargo test --workspace --all-targets
 	cd bridge && "$$venv/bin/python" -m pytest -q
-	# The agent end to end: a real CodeAgent + KubernetesExecutor against `local-stack`
+	# The agent end to end: a real CodeAgent + KubernetesExecutor against `briq-dev local-stack`
 	# (kube-apiserver, local sandbox server, operator), with the binary cargo test just built.
-	BRIQ_OPERATOR_BIN="$(CURDIR)/target/debug/briq-operator" "$$venv/bin/python" -m pytest -q tests_agent
+	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q tests_agent
 
 .PHONY: control-plane python-env tools lint test
 
 # The main job end to end on the embedded default (see README.md).
 demo: control-plane python-env
-	cargo run --quiet -- demo
+	echo "building briq-dev (first run: several minutes) …"
+	cargo run -p briq-dev -- demo
 
 .PHONY: demo
 
@@ -49,7 +50,8 @@ demo: control-plane python-env
 # (see README.md, "Performance"). `make bench ARGS=--quick` for a smoke run of a few minutes.
 BENCH_OUT ?= target/bench.json
 bench: control-plane python-env
-	cargo build --release --quiet --bin briq-operator
-	cargo run --release --quiet --bin briq-bench -- --out "$(BENCH_OUT)" $(ARGS)
+	# The memory scenario runs `briq-operator run` from the same target directory.
+	cargo build --release -p briq-operator
+	cargo run --release -p briq-dev -- bench --out "$(BENCH_OUT)" $(ARGS)
 
 .PHONY: bench

@@ -4,13 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use briq_dev::local_server::{self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation};
 use briq_operator::briq::api::ErrorCode;
 use briq_operator::briq::{
     ApiKey, BriqClient, ClientOptions, CreateSandbox, DestroyOutcome, Error, ErrorClass,
     ExecOutput, ExecRequest, Sandbox, SandboxApi as _, SandboxState,
-};
-use briq_operator::local_server::{
-    self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation,
 };
 
 const KEY: &str = "local-test-key-Zq81xK";

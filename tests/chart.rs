@@ -6,10 +6,8 @@ mod support;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use briq_operator::{
-    crd::{BriqExecutor, Execution},
-    local_server::Operation,
-};
+use briq_dev::local_server::Operation;
+use briq_operator::crd::{BriqExecutor, Execution};
 use k8s_openapi::api::{
     authorization::v1::SubjectAccessReview, core::v1::Secret, events::v1::Event,
 };
@@ -563,7 +561,8 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         settings,
         Some(ops::lease(&env, &fullname, "rbac-test")),
     )
-    .await;
+    .await
+    .unwrap();
     until(
         Duration::from_secs(30),
         "the impersonated operator leads",
@@ -622,5 +621,5 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
             "event {expected} published as the ServiceAccount: {reasons:?}"
         );
     }
-    operator.shutdown().await;
+    operator.shutdown().await.unwrap();
 }

@@ -5,10 +5,10 @@ mod support;
 
 use std::time::Duration;
 
+use briq_dev::local_server::{Fault, FaultRule, Operation};
 use briq_operator::{
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
     crd::{BriqExecutor, Execution},
-    local_server::{Fault, FaultRule, Operation},
 };
 use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{

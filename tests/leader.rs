@@ -13,11 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use briq_operator::{
-    crd::BriqExecutor,
-    http::Health,
-    local_server::{Fault, FaultRule, Operation},
-};
+use briq_dev::local_server::{Fault, FaultRule, Operation};
+use briq_operator::{crd::BriqExecutor, http::Health};
 use k8s_openapi::api::coordination::v1::Lease;
 use ops::{Instance, LEASE_SECONDS, until};
 use serde_json::json;
@@ -71,12 +68,12 @@ async fn holder(env: &TestEnv, lease: &str) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
-async fn execs(server: &briq_operator::local_server::LocalServer) -> u64 {
+async fn execs(server: &briq_dev::local_server::LocalServer) -> u64 {
     server.admin().stats().await.unwrap().calls(Operation::Exec)
 }
 
 /// Waits until the sandbox server has received an exec beyond the first `before`.
-async fn code_reached_sandbox(server: &briq_operator::local_server::LocalServer, before: u64) {
+async fn code_reached_sandbox(server: &briq_dev::local_server::LocalServer, before: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while execs(server).await == before {
         assert!(
@@ -101,8 +98,8 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
             Some(ops::lease(&env, "briq-operator", identity)),
         )
     };
-    let mut a = start("replica-a").await;
-    let mut b = start("replica-b").await;
+    let mut a = start("replica-a").await.unwrap();
+    let mut b = start("replica-b").await.unwrap();
     let watch = LeaderWatch::start(vec![a.observer.health.clone(), b.observer.health.clone()]);
     until(Duration::from_secs(30), "one replica leads", || {
         a.leading() || b.leading()
@@ -119,7 +116,7 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     );
     // The standby is ready too, and says why.
     let standby = if a.leading() { &b } else { &a };
-    let (code, body) = standby.get("/readyz").await;
+    let (code, body) = standby.get("/readyz").await.unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("standby"), "{body}");
 
@@ -219,9 +216,9 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
             Some(ops::lease(&env, "briq-operator", identity)),
         )
     };
-    let mut a = start("replica-a").await;
+    let mut a = start("replica-a").await.unwrap();
     until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
-    let b = start("replica-b").await;
+    let b = start("replica-b").await.unwrap();
     create_executor(&env, "py", json!({})).await;
     support::wait_ready(&env, "py").await;
 
@@ -271,9 +268,9 @@ async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_on
             Some(ops::lease(&env, "briq-operator", identity)),
         )
     };
-    let mut a = start("replica-a").await;
+    let mut a = start("replica-a").await.unwrap();
     until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
-    let b = start("replica-b").await;
+    let b = start("replica-b").await.unwrap();
     create_executor(&env, "py", json!({})).await;
     support::wait_ready(&env, "py").await;
 
@@ -289,9 +286,9 @@ async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_on
 
     // SIGTERM: the running Execution finishes on this replica, nothing new starts here, and the
     // lease is released (not left to expire).
-    let (code, _) = a.get("/readyz").await;
+    let (code, _) = a.get("/readyz").await.unwrap();
     assert_eq!(code, 200);
-    a.shutdown().await;
+    a.shutdown().await.unwrap();
     let running = finished(&env, "a-running", 5).await;
     assert_eq!(reason(&running), "Completed", "{:?}", running.status);
     assert_eq!(output(&running), "'finished'");

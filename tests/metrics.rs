@@ -47,15 +47,17 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
     let env = TestEnv::new("metrics").await;
     let server = ops::sandbox_server().await;
     let config = ops::kube_config(&env).await;
-    let operator = Instance::start(config, &server, ops::settings(&env, &server), None).await;
+    let operator = Instance::start(config, &server, ops::settings(&env, &server), None)
+        .await
+        .unwrap();
 
-    let (code, body) = operator.get("/healthz").await;
+    let (code, body) = operator.get("/healthz").await.unwrap();
     assert_eq!((code, body.trim()), (200, "ok"));
     until(Duration::from_secs(30), "the caches sync", || {
         operator.leading()
     })
     .await;
-    let (code, body) = operator.get("/readyz").await;
+    let (code, body) = operator.get("/readyz").await.unwrap();
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("controllers running"), "{body}");
 
@@ -87,7 +89,7 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
             assert_eq!(reason(&finished(&env, name, 120).await), expected, "{name}");
         }
         if round == 0 {
-            let (_, text) = operator.get("/metrics").await;
+            let (_, text) = operator.get("/metrics").await.unwrap();
             series_after_ten = samples(&text)
                 .into_keys()
                 .map(|s| parse(&s).0 + &format!("{:?}", parse(&s).1))
@@ -95,7 +97,7 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
         }
     }
 
-    let (code, text) = operator.get("/metrics").await;
+    let (code, text) = operator.get("/metrics").await.unwrap();
     assert_eq!(code, 200);
     assert!(
         text.ends_with("# EOF\n"),

@@ -7,75 +7,61 @@
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock},
+    time::Duration,
 };
 
-use briq_operator::control_plane::{self, ControlPlane};
+use briq_dev::{
+    local_server::{AdminClient, LocalServer},
+    stack::{self, Controllers, Stack},
+    wait,
+};
+use briq_operator::controller::Settings;
 use briq_operator::crd::{BriqExecutor, Execution};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client, api::PostParams};
 use serde_json::{Value, json};
+
+#[allow(unused_imports)] // not every test binary reads repository files
+pub use briq_dev::repo::repo_root;
 
 /// Cold setup of a local sandbox (bridge upload, import check, kernel start) on a busy machine.
 pub const READY_SECONDS: u64 = 90;
 
-struct Cluster {
-    kubeconfig: PathBuf,
-    kubectl: PathBuf,
-    // Keeps etcd and kube-apiserver alive for the whole test binary.
-    _plane: Option<ControlPlane>,
-}
-
-pub fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+/// The test binary's control plane (or the caller's, `BRIQ_TEST_KUBECONFIG`), kept alive for the
+/// whole binary; nothing else of the stack (each test has its own server and controllers).
+fn cluster() -> &'static Stack {
+    static CLUSTER: OnceLock<Stack> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         // Each #[tokio::test] has a runtime of its own that ends with the test: start the control
-        // plane on a runtime of its own too, so nothing it needs dies with the first test.
+        // plane on a runtime of its own too, so nothing it needs dies with the first test. (The
+        // stack's own admin client belongs to that runtime: tests make clients of their own.)
         std::thread::spawn(|| {
             tokio::runtime::Runtime::new()
                 .expect("tokio runtime")
-                .block_on(start_cluster())
+                .block_on(
+                    Stack::builder()
+                        .external(std::env::var_os("BRIQ_TEST_KUBECONFIG").map(PathBuf::from))
+                        .start(),
+                )
+                .expect("starting the control plane")
         })
         .join()
         .expect("control plane start panicked")
     })
 }
 
-async fn start_cluster() -> Cluster {
-    let bin_dir = control_plane::binaries(repo_root()).expect("control-plane binaries");
-    let kubectl = bin_dir.join("kubectl");
-    let (kubeconfig, plane) = match std::env::var_os("BRIQ_TEST_KUBECONFIG") {
-        Some(path) => (PathBuf::from(path), None),
-        None => {
-            let plane = ControlPlane::start(&bin_dir)
-                .await
-                .expect("starting the control plane");
-            (plane.kubeconfig().to_owned(), Some(plane))
-        }
-    };
-    let client = client_for(&kubeconfig).await;
-    briq_operator::crd::install(&client)
-        .await
-        .expect("installing the CRDs");
-    Cluster {
-        kubeconfig,
-        kubectl,
-        _plane: plane,
-    }
-}
-
 async fn config_for(kubeconfig: &Path) -> kube::Config {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kube config")
+    stack::kube_config(kubeconfig).await.expect("kube config")
 }
 
 async fn client_for(kubeconfig: &Path) -> Client {
-    Client::try_from(config_for(kubeconfig).await).expect("kube client")
+    stack::client_for(kubeconfig).await.expect("kube client")
+}
+
+/// The operator's logs go to stderr, past the test harness's capture: only when asked.
+pub fn init_logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
+    }
 }
 
 /// Every request a client sent, as `METHOD path?query`: what an operator asked of the API server.
@@ -132,21 +118,16 @@ pub struct TestEnv {
 impl TestEnv {
     pub async fn new(prefix: &str) -> TestEnv {
         let cluster = cluster();
-        let client = client_for(&cluster.kubeconfig).await;
+        let client = client_for(cluster.kubeconfig()).await;
         let namespace = format!("{prefix}-{:08x}", rand::random::<u32>());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": { "name": namespace }
-        }))
-        .unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
+        stack::create_namespace(&client, &namespace)
             .await
             .expect("creating the test namespace");
         TestEnv {
             client,
             namespace,
-            kubeconfig: cluster.kubeconfig.clone(),
-            kubectl: cluster.kubectl.clone(),
+            kubeconfig: cluster.kubeconfig().to_owned(),
+            kubectl: cluster.kubectl(),
         }
     }
 
@@ -175,38 +156,21 @@ impl TestEnv {
     }
 }
 
-/// The venv whose Python runs the local sandboxes (it has the bridge's dependencies, so setup
-/// skips pip and no test reaches a package index).
-pub fn sandbox_venv() -> PathBuf {
-    static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        if let Some(venv) = std::env::var_os("BRIQ_SANDBOX_VENV") {
-            return PathBuf::from(venv);
-        }
-        let out = std::process::Command::new("bash")
-            .arg(repo_root().join(".ci/python-env.sh"))
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("running .ci/python-env.sh");
-        assert!(out.status.success(), ".ci/python-env.sh failed");
-        PathBuf::from(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim(),
-        )
-    })
-    .clone()
+/// Controller settings for `env`: its namespace only, `server`'s key as default, quick retries.
+pub fn settings(env: &TestEnv, server: &LocalServer) -> Settings {
+    Settings {
+        backoff_base: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(5),
+        ..stack::settings(Some(&env.namespace), server)
+    }
 }
 
-/// A local sandbox server and the operator's controllers, both in this test's process and
-/// scoped to the test's namespace, so tests running at once never see each other's objects.
+/// A local sandbox server (on the sandbox venv, so setup skips pip and no test reaches a package
+/// index) and the operator's controllers, both in this test's process and scoped to the test's
+/// namespace, so tests running at once never see each other's objects.
 pub struct Operator {
-    pub server: briq_operator::local_server::LocalServer,
-    pub settings: briq_operator::controller::Settings,
-    client: Client,
-    task: Option<tokio::task::JoinHandle<()>>,
+    pub server: LocalServer,
+    controllers: Controllers,
 }
 
 impl Operator {
@@ -214,10 +178,7 @@ impl Operator {
         Operator::start_with(env, |_| {}).await
     }
 
-    pub async fn start_with(
-        env: &TestEnv,
-        adjust: impl FnOnce(&mut briq_operator::controller::Settings),
-    ) -> Operator {
+    pub async fn start_with(env: &TestEnv, adjust: impl FnOnce(&mut Settings)) -> Operator {
         Operator::start_as(env, env.client.clone(), adjust).await
     }
 
@@ -225,62 +186,29 @@ impl Operator {
     pub async fn start_as(
         env: &TestEnv,
         client: Client,
-        adjust: impl FnOnce(&mut briq_operator::controller::Settings),
+        adjust: impl FnOnce(&mut Settings),
     ) -> Operator {
-        use briq_operator::{briq::ApiKey, controller::Settings, local_server};
-        // The operator's logs go to stderr, past the test harness's capture: only when asked.
-        if std::env::var_os("RUST_LOG").is_some() {
-            briq_operator::telemetry::init(briq_operator::telemetry::LogFormat::Text, "info");
-        }
-        let key = ApiKey::new(format!("test-key-{:016x}", rand::random::<u64>())).unwrap();
-        let mut config = local_server::Config::new(key.clone());
-        config.python_venv = Some(sandbox_venv());
-        let server = local_server::spawn(config)
-            .await
-            .expect("starting the local sandbox server");
-        let mut settings = Settings {
-            default_api_key: Some(key),
-            namespace: Some(env.namespace.clone()),
-            backoff_base: std::time::Duration::from_millis(200),
-            backoff_max: std::time::Duration::from_secs(5),
-            ..Settings::default()
-        };
+        let server = sandbox_server().await;
+        let mut settings = settings(env, &server);
         adjust(&mut settings);
-        let mut operator = Operator {
+        let controllers = Controllers::start(client, &server, settings).expect("controllers");
+        Operator {
             server,
-            settings,
-            client,
-            task: None,
-        };
-        operator.resume();
-        operator
+            controllers,
+        }
     }
 
-    /// Starts the controllers (again).
+    /// Starts the controllers again.
     pub fn resume(&mut self) {
-        assert!(self.task.is_none(), "the operator is already running");
-        let sandboxes = briq_operator::briq::BriqClient::new(
-            briq_operator::briq::ClientOptions::new(self.server.url()),
-        )
-        .expect("briq client");
-        let run = briq_operator::controller::run(
-            self.client.clone(),
-            sandboxes,
-            self.settings.clone(),
-            std::future::pending(),
-        );
-        self.task = Some(tokio::spawn(run));
+        self.controllers.resume();
     }
 
     /// Stops the controllers abruptly, like a crashed or killed operator process.
     pub async fn kill(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-            let _ = task.await;
-        }
+        self.controllers.kill().await;
     }
 
-    pub fn admin(&self) -> briq_operator::local_server::AdminClient {
+    pub fn admin(&self) -> AdminClient {
         self.server.admin()
     }
 
@@ -294,73 +222,32 @@ impl Operator {
     }
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
+/// A local sandbox server whose sandboxes use the sandbox venv.
+pub async fn sandbox_server() -> LocalServer {
+    init_logs();
+    let venv = briq_dev::repo::sandbox_venv().expect("the sandbox venv");
+    stack::spawn_server(Some(venv))
+        .await
+        .expect("starting the local sandbox server")
 }
 
 /// Waits until `condition` holds for the named object, or panics after `seconds`.
-pub async fn wait_for<K>(
+pub async fn wait_for<K: wait::Watched>(
     api: &Api<K>,
     name: &str,
     seconds: u64,
     condition: impl Fn(&K) -> bool,
-) -> K
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let wait =
-        kube::runtime::wait::await_condition(api.clone(), name, move |object: Option<&K>| {
-            object.is_some_and(&condition)
-        });
-    match tokio::time::timeout(std::time::Duration::from_secs(seconds), wait).await {
-        Ok(Ok(Some(object))) => object,
-        Ok(other) => panic!("waiting for {name}: {other:?}"),
-        Err(_) => panic!(
-            "{name} did not reach the expected state within {seconds}s: {:#?}",
-            api.get_opt(name).await
-        ),
-    }
+) -> K {
+    wait::for_object(api, name, Duration::from_secs(seconds), condition)
+        .await
+        .unwrap_or_else(|error| panic!("waiting for {name}: {error:#}"))
 }
 
 /// Waits until the named object is gone.
-pub async fn wait_deleted<K>(api: &Api<K>, name: &str, seconds: u64)
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let uid = match api.get_opt(name).await.expect("get") {
-        Some(object) => object.meta().uid.clone().unwrap_or_default(),
-        None => return,
-    };
-    let wait = kube::runtime::wait::await_condition(
-        api.clone(),
-        name,
-        kube::runtime::wait::conditions::is_deleted(&uid),
-    );
-    if tokio::time::timeout(std::time::Duration::from_secs(seconds), wait)
+pub async fn wait_deleted<K: wait::Watched>(api: &Api<K>, name: &str, seconds: u64) {
+    wait::deleted(api, name, Duration::from_secs(seconds))
         .await
-        .is_err()
-    {
-        panic!(
-            "{name} still exists after {seconds}s: {:#?}",
-            api.get_opt(name).await
-        );
-    }
+        .unwrap_or_else(|error| panic!("waiting for {name} to be deleted: {error:#}"));
 }
 
 pub async fn create_executor(env: &TestEnv, name: &str, spec: Value) -> BriqExecutor {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
 
-use crate::briq::api::{ExecOutput, MAX_OUTPUT_BYTES};
+use briq_operator::briq::api::{ExecOutput, MAX_OUTPUT_BYTES};
 
 pub(crate) const MARKER: &str = "BRIQ_LOCAL_SANDBOX";
 

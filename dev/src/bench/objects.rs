@@ -1,187 +1,27 @@
-//! What every scenario stands on: a local control plane (with an audit log), the local sandbox
-//! server on the default venv, an operator identity of its own (`CN=briq-operator`, so the audit
-//! log tells its requests apart) and helpers to run the controllers in-process per namespace.
+//! The objects the scenarios create and wait for, and a counter of the watch events they cause.
 
 use std::{
-    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
-    runtime::wait::await_condition,
 };
 use serde_json::json;
 
-use crate::{
-    briq::{ApiKey, BriqClient, ClientOptions},
-    control_plane::{self, ControlPlane},
-    controller::{self, Settings},
-    crd::{self, BriqExecutor, Execution},
-    demo::sandbox_venv,
-    local_server::{self, LocalServer},
-};
+use briq_operator::crd::{BriqExecutor, Execution};
 
-/// The operator's user name in the audit log.
-pub const OPERATOR_USER: &str = "briq-operator";
+use crate::{stack, wait};
+
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(180);
-
-pub use crate::demo::Progress;
-
-pub struct Stack {
-    pub repo: PathBuf,
-    pub plane: ControlPlane,
-    /// Admin (`system:masters`) client: the benchmark's own requests.
-    pub admin: Client,
-    /// Kubeconfig of [`OPERATOR_USER`] (also in `system:masters`).
-    pub operator_kubeconfig: PathBuf,
-    operator_client: Client,
-    /// The local sandbox server on the default venv (the bridge's dependencies installed).
-    pub server: LocalServer,
-    pub sandboxes: BriqClient,
-    pub venv: PathBuf,
-}
-
-impl Stack {
-    pub async fn start(progress: &Progress) -> anyhow::Result<Stack> {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).to_owned();
-        progress.step("building or reusing the local control plane (first run: several minutes)");
-        let bin_dir = tokio::task::spawn_blocking({
-            let repo = repo.clone();
-            move || control_plane::binaries(&repo)
-        })
-        .await??;
-        let options = control_plane::Options { audit_log: true };
-        let plane = ControlPlane::start_with(&bin_dir, options).await?;
-        let admin = Client::try_from(plane.client_config().await?)?;
-        crd::install(&admin).await?;
-        let operator_kubeconfig = plane.kubeconfig_for(OPERATOR_USER, &["system:masters"])?;
-        let operator_client = client_for(&operator_kubeconfig).await?;
-        progress.step(format!(
-            "kube-apiserver ready at {} (audit log on)",
-            plane.server()
-        ));
-        let venv = tokio::task::spawn_blocking({
-            let repo = repo.clone();
-            move || sandbox_venv(&repo)
-        })
-        .await??;
-        let server = spawn_server(Some(venv.clone())).await?;
-        let sandboxes = BriqClient::new(ClientOptions::new(server.url()))?;
-        progress.step(format!("local sandbox server at {}", server.url()));
-        Ok(Stack {
-            repo,
-            plane,
-            admin,
-            operator_kubeconfig,
-            operator_client,
-            server,
-            sandboxes,
-            venv,
-        })
-    }
-
-    pub fn key(&self) -> &ApiKey {
-        self.server.api_key()
-    }
-
-    pub async fn namespace(&self, name: &str) -> anyhow::Result<()> {
-        let ns: Namespace = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
-        Api::<Namespace>::all(self.admin.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .with_context(|| format!("creating namespace {name}"))?;
-        Ok(())
-    }
-
-    /// The controllers, in this process, for `namespace`, on the default sandbox server.
-    pub fn operator(&self, namespace: &str) -> anyhow::Result<InProcessOperator> {
-        self.operator_on(namespace, &self.server)
-    }
-
-    /// The controllers, in this process, for `namespace`, on `server`.
-    pub fn operator_on(
-        &self,
-        namespace: &str,
-        server: &LocalServer,
-    ) -> anyhow::Result<InProcessOperator> {
-        let settings = Settings {
-            default_api_key: Some(server.api_key().clone()),
-            namespace: Some(namespace.to_owned()),
-            ..Settings::default()
-        };
-        let sandboxes = BriqClient::new(ClientOptions::new(server.url()))?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(controller::run(
-            self.operator_client.clone(),
-            sandboxes,
-            settings,
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        Ok(InProcessOperator {
-            stop: Some(stop),
-            task,
-        })
-    }
-
-    /// Stops serving sandboxes (every sandbox process is killed) and the control plane.
-    pub async fn stop(self) {
-        self.server.shutdown().await;
-        drop(self.plane);
-    }
-}
-
-/// A controller run inside this process; aborted when dropped.
-pub struct InProcessOperator {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl InProcessOperator {
-    /// Lets the controllers finish what they started, then stops them.
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if tokio::time::timeout(Duration::from_secs(15), &mut self.task)
-            .await
-            .is_err()
-        {
-            self.task.abort();
-        }
-    }
-}
-
-impl Drop for InProcessOperator {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    Ok(Client::try_from(config)?)
-}
-
-/// A local sandbox server with a fresh key; `venv` is its sandboxes' Python.
-pub async fn spawn_server(venv: Option<PathBuf>) -> anyhow::Result<LocalServer> {
-    let key = ApiKey::new(format!("bench-{:016x}", rand::random::<u64>()))?;
-    let mut config = local_server::Config::new(key);
-    config.python_venv = venv;
-    local_server::spawn(config).await
-}
 
 pub fn executor(name: &str, spec: serde_json::Value) -> anyhow::Result<BriqExecutor> {
     Ok(serde_json::from_value(json!({
@@ -248,14 +88,12 @@ pub fn ready_reason(executor: &BriqExecutor) -> Option<(bool, String, String)> {
 
 /// Waits until the executor is Ready (an error if it stalls or fails).
 pub async fn wait_ready(api: &Api<BriqExecutor>, name: &str) -> anyhow::Result<BriqExecutor> {
-    let decided = |e: Option<&BriqExecutor>| {
-        e.and_then(ready_reason)
-            .is_some_and(|(ready, reason, _)| ready || reason != "Provisioning")
+    let decided = |e: &BriqExecutor| {
+        ready_reason(e).is_some_and(|(ready, reason, _)| ready || reason != "Provisioning")
     };
-    let found = tokio::time::timeout(READY_TIMEOUT, await_condition(api.clone(), name, decided))
+    let found = wait::for_object(api, name, READY_TIMEOUT, decided)
         .await
-        .with_context(|| format!("executor {name} was not ready within {READY_TIMEOUT:?}"))??
-        .with_context(|| format!("executor {name} disappeared"))?;
+        .with_context(|| format!("executor {name} was not ready"))?;
     match ready_reason(&found) {
         Some((true, _, _)) => Ok(found),
         Some((false, reason, message)) => bail!("executor {name}: {reason}: {message}"),
@@ -286,7 +124,7 @@ pub async fn create_ready(
                         Err(_) => {
                             failures.fetch_add(1, Ordering::SeqCst);
                             api.delete(name, &DeleteParams::default()).await?;
-                            wait_gone(api, name).await?;
+                            wait::deleted(api, name, DELETE_TIMEOUT).await?;
                         }
                     }
                 }
@@ -299,43 +137,10 @@ pub async fn create_ready(
     Ok(failures.load(Ordering::SeqCst) as usize)
 }
 
-async fn wait_gone(api: &Api<BriqExecutor>, name: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + DELETE_TIMEOUT;
-    while api.get_opt(name).await?.is_some() {
-        if Instant::now() > deadline {
-            bail!("executor {name} was not deleted within {DELETE_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
 /// Deletes every executor of the namespace (their finalizers destroy the sandboxes) and waits
 /// until they are gone.
 pub async fn delete_executors(api: &Api<BriqExecutor>) -> anyhow::Result<()> {
-    let names: Vec<String> = api
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|e| e.name_any())
-        .collect();
-    stream::iter(&names)
-        .map(|name| async move { api.delete(name, &DeleteParams::default()).await })
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
-    let deadline = Instant::now() + DELETE_TIMEOUT;
-    loop {
-        let left = api.list_metadata(&ListParams::default()).await?.items.len();
-        if left == 0 {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{left} executors were not deleted within {DELETE_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    stack::delete_executors(api, DELETE_TIMEOUT).await
 }
 
 /// Counts the watch events anyone watching a namespace receives, per kind, from the moment

@@ -17,7 +17,7 @@ use super::http::{ApiError, RequestId, dropped_connection, malformed_json};
 use super::paths::resolve;
 use super::process::{self, CommandSpec};
 use super::state::Shared;
-use crate::briq::api::{
+use briq_operator::briq::api::{
     CreateSandbox, ExecBody, FileContent, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES,
     PreviewAnswer, SandboxList, WriteFileAnswer, paths,
 };

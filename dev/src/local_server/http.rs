@@ -16,7 +16,7 @@ use rand::Rng as _;
 use rand::distr::Alphanumeric;
 
 use super::state::Shared;
-use crate::briq::api::{ErrorBody, ErrorCode, ErrorDetail, REQUEST_ID_HEADER};
+use briq_operator::briq::api::{ErrorBody, ErrorCode, ErrorDetail, REQUEST_ID_HEADER};
 
 /// Lowercase letters and digits, for ids.
 pub(crate) fn random_token(len: usize) -> String {

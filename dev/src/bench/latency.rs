@@ -13,11 +13,13 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
+    OPERATOR_USER,
     audit::{self, RequestCounts},
-    stack::{self, OPERATOR_USER, Progress, Stack, WatchCounter},
+    objects::{self, WatchCounter},
     stats::{Summary, ratio},
 };
-use crate::{
+use crate::{progress::Progress, stack::Stack};
+use briq_operator::{
     bridge::RunStatus,
     briq::{ExecRequest, SandboxApi},
     controller::session::Session,
@@ -82,10 +84,10 @@ pub async fn run(
     actions: usize,
 ) -> anyhow::Result<(Latency, ApiCost)> {
     stack.namespace(NAMESPACE).await?;
-    let operator = stack.operator(NAMESPACE)?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), NAMESPACE);
-    let executions: Api<Execution> = Api::namespaced(stack.admin.clone(), NAMESPACE);
-    stack::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
+    let operator = super::controllers(stack, NAMESPACE, stack.server())?;
+    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
+    let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), NAMESPACE);
+    objects::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
     let sandbox_id = executors
         .get(EXECUTOR)
         .await?
@@ -98,11 +100,11 @@ pub async fn run(
     ));
 
     let audit_log = stack
-        .plane
-        .audit_log()
+        .plane()
+        .and_then(|plane| plane.audit_log())
         .context("the control plane has no audit log")?
         .to_owned();
-    let counter = WatchCounter::start(&stack.admin, NAMESPACE).await?;
+    let counter = WatchCounter::start(stack.admin(), NAMESPACE).await?;
     let from = audit::offset(&audit_log)?;
     let operator_times = sequential(&executions, "lat", actions).await?;
     // Anything the last Execution still triggers (executor reconcile after the counters).
@@ -116,7 +118,7 @@ pub async fn run(
         "1: {actions} direct bridge calls and {actions} execs of `true` on the same sandbox"
     ));
     let session = Session {
-        api: &stack.sandboxes,
+        api: stack.sandbox_client(),
         key: stack.key(),
         sandbox_id: &sandbox_id,
     };
@@ -136,7 +138,7 @@ pub async fn run(
     let exec = |argv: &[&str], count: usize| {
         let request = ExecRequest {
             argv: argv.iter().map(|a| a.to_string()).collect(),
-            cwd: Some(crate::bridge::WORKDIR.into()),
+            cwd: Some(briq_operator::bridge::WORKDIR.into()),
             env: BTreeMap::new(),
             timeout: Duration::from_secs(10),
             stdin: None,
@@ -147,7 +149,7 @@ pub async fn run(
             for _ in 0..count {
                 let started = Instant::now();
                 let output = stack
-                    .sandboxes
+                    .sandbox_client()
                     .exec(stack.key(), sandbox_id, &request)
                     .await?;
                 times.push(started.elapsed());
@@ -162,7 +164,7 @@ pub async fn run(
     let python_runs = actions.min(PYTHON_RUNS);
     let python_start = exec(&["python3", "-c", "pass"], python_runs).await?;
     let python_import = exec(&["python3", "-c", IMPORT_JUPYTER_CLIENT], python_runs).await?;
-    stack::delete_executors(&executors).await?;
+    objects::delete_executors(&executors).await?;
     operator.stop().await;
 
     let operator_ms = Summary::of(&operator_times);
@@ -216,13 +218,13 @@ async fn sequential(
     let mut times = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("{prefix}-{i:04}");
-        let execution = stack::execution(&name, EXECUTOR, CODE)?;
+        let execution = objects::execution(&name, EXECUTOR, CODE)?;
         let started = Instant::now();
         // Watching before the create costs nothing extra: the watch starts from a list.
         let done = tokio::spawn({
             let (api, name) = (api.clone(), name.clone());
             async move {
-                let finished = |e: Option<&Execution>| e.is_some_and(stack::finished);
+                let finished = |e: Option<&Execution>| e.is_some_and(objects::finished);
                 await_condition(api, &name, finished).await
             }
         });
@@ -232,7 +234,7 @@ async fn sequential(
             .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
             .with_context(|| format!("Execution {name} disappeared"))?;
         times.push(started.elapsed());
-        stack::check_two(&finished)?;
+        objects::check_two(&finished)?;
     }
     Ok(times)
 }

@@ -10,10 +10,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{
-    stack::{self, Progress, Stack},
+    objects,
     stats::{Summary, ratio},
 };
-use crate::{bridge::RunStatus, controller::session::Session, crd::BriqExecutor};
+use crate::{progress::Progress, repo::repo_root, stack::Stack};
+use briq_operator::{bridge::RunStatus, controller::session::Session, crd::BriqExecutor};
 
 const NAMESPACE: &str = "bench-agent";
 const EXECUTOR: &str = "agent";
@@ -42,9 +43,9 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
         "2/6: {steps} agent steps through the Python KubernetesExecutor, then {steps} direct"
     ));
     stack.namespace(NAMESPACE).await?;
-    let operator = stack.operator(NAMESPACE)?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), NAMESPACE);
-    stack::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
+    let operator = super::controllers(stack, NAMESPACE, stack.server())?;
+    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
+    objects::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
     let sandbox_id = executors
         .get(EXECUTOR)
         .await?
@@ -52,14 +53,14 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
         .and_then(|s| s.sandbox_id)
         .context("the ready executor has no sandbox id")?;
 
-    let script = stack.repo.join("tests/bench/agent_step.py");
-    let output = tokio::process::Command::new(stack.venv.join("bin/python"))
+    let script = repo_root().join("tests/bench/agent_step.py");
+    let output = tokio::process::Command::new(stack.venv().join("bin/python"))
         .arg(&script)
         .arg("--kubeconfig")
-        .arg(stack.plane.kubeconfig())
+        .arg(stack.kubeconfig())
         .args(["--namespace", NAMESPACE, "--executor", EXECUTOR])
         .args(["--steps", &steps.to_string()])
-        .env("KUBECONFIG", stack.plane.kubeconfig())
+        .env("KUBECONFIG", stack.kubeconfig())
         .output()
         .await
         .with_context(|| format!("running {}", script.display()))?;
@@ -85,7 +86,7 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
     };
 
     let session = Session {
-        api: &stack.sandboxes,
+        api: stack.sandbox_client(),
         key: stack.key(),
         sandbox_id: &sandbox_id,
     };
@@ -100,7 +101,7 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
             bail!("a direct bridge call failed: {result:?}");
         }
     }
-    stack::delete_executors(&executors).await?;
+    objects::delete_executors(&executors).await?;
     operator.stop().await;
     let direct_ms = Summary::of(&direct);
     Ok(AgentStep {

@@ -75,26 +75,13 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 
 /// Runs `tests/control-plane/build.sh` (a no-op when the cache is warm) and returns the directory
 /// holding `kube-apiserver`, `etcd` and `kubectl`. `BRIQ_CONTROL_PLANE_BIN` overrides it.
-pub fn binaries(repo_root: &Path) -> Result<PathBuf, Error> {
+pub fn binaries() -> Result<PathBuf, Error> {
     if let Some(dir) = std::env::var_os("BRIQ_CONTROL_PLANE_BIN") {
         return Ok(PathBuf::from(dir));
     }
-    let script = repo_root.join("tests/control-plane/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(io(format!("running {}", script.display())))?;
-    if !out.status.success() {
-        return Err(Error::Build(format!(
-            "{} exited with {}",
-            script.display(),
-            out.status
-        )));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout.lines().last().unwrap_or_default().trim();
-    Ok(PathBuf::from(dir).join("bin"))
+    let built = crate::repo::script_output("tests/control-plane/build.sh", &[])
+        .map_err(|e| Error::Build(format!("{e:#}")))?;
+    Ok(built.join("bin"))
 }
 
 /// A running etcd + kube-apiserver. Both processes die with this one (parent-death signal) and
@@ -513,14 +500,6 @@ current-context: local
             cert = BASE64.encode(cert_pem),
             key = BASE64.encode(key_pem),
         )
-    }
-}
-
-impl ControlPlane {
-    /// A `kube::Config` for the admin user.
-    pub async fn client_config(&self) -> Result<kube::Config, kube::config::KubeconfigError> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
-        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await
     }
 }
 

@@ -1,4 +1,4 @@
-//! `briq-bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
+//! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
 //! scaling, API cost per Execution, the operator's memory and cold start, prints the figures as a
 //! Markdown table and writes them as JSON (`--out`), so two runs can be compared.
@@ -12,9 +12,9 @@ mod audit;
 mod cold_start;
 mod latency;
 mod memory;
+mod objects;
 mod report;
 mod scaling;
-mod stack;
 mod stats;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -25,9 +25,41 @@ use serde::Serialize;
 pub use report::Machine;
 pub use stats::Summary;
 
+use crate::{
+    local_server::LocalServer,
+    progress::Progress,
+    stack::{self, Controllers, Stack},
+};
+
+/// The operator's user name in the audit log: the in-process controllers and the memory
+/// scenario's operator process act as this user (in `system:masters`).
+pub const OPERATOR_USER: &str = "briq-operator";
+
+/// What every scenario stands on: a local control plane with an audit log and a kubeconfig of
+/// [`OPERATOR_USER`], and the local sandbox server on the default venv.
+async fn start_stack(progress: &Progress) -> anyhow::Result<Stack> {
+    Stack::builder()
+        .audit_log()
+        .user(OPERATOR_USER, &["system:masters"])
+        .sandbox_server()
+        .progress(progress)
+        .start()
+        .await
+}
+
+/// The controllers, in this process as [`OPERATOR_USER`], for `namespace`, on `server`.
+fn controllers(
+    stack: &Stack,
+    namespace: &str,
+    server: &LocalServer,
+) -> anyhow::Result<Controllers> {
+    let client = stack.user_client(OPERATOR_USER).clone();
+    Controllers::start(client, server, stack::settings(Some(namespace), server))
+}
+
 /// Measure briq-operator on this machine and print the figures.
 #[derive(Debug, clap::Parser)]
-#[command(name = "briq-bench", version)]
+#[command(version)]
 pub struct Args {
     /// Also write the figures as JSON to FILE.
     #[arg(long, value_name = "FILE")]
@@ -123,8 +155,8 @@ const ORDER: [u8; 5] = [1, 2, 6, 5, 3];
 
 async fn scenario(
     n: u8,
-    stack: &stack::Stack,
-    progress: &stack::Progress,
+    stack: &Stack,
+    progress: &Progress,
     counts: &Counts,
 ) -> anyhow::Result<Outcome> {
     Ok(match n {
@@ -184,7 +216,7 @@ async fn interrupted() {
 /// interrupted (SIGINT, SIGTERM: the sandboxes and the control plane are stopped first).
 pub async fn run(args: Args) -> anyhow::Result<()> {
     // Progress on stderr: stdout holds only the table.
-    let progress = stack::Progress::start_on_stderr();
+    let progress = Progress::start_on_stderr();
     let counts = Counts {
         scaling_bound_seconds: args.point_bound,
         ..Counts::new(args.quick)
@@ -205,7 +237,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut interrupt = std::pin::pin!(interrupted());
     let stack = tokio::select! {
-        stack = stack::Stack::start(&progress) => stack?,
+        stack = start_stack(&progress) => stack?,
         _ = &mut interrupt => anyhow::bail!("interrupted"),
     };
     let wanted = |n: u8| {
@@ -248,7 +280,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             write_json(out, &report)?;
         }
     }
-    stack.stop().await;
+    stack.stop().await?;
     report.wall_seconds = progress.elapsed().as_secs_f64();
 
     print!("\n{}", report::table(&report));

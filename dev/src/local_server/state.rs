@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::briq::ApiKey;
-use crate::briq::api::{CreateSandbox, Sandbox, SandboxState};
+use briq_operator::briq::ApiKey;
+use briq_operator::briq::api::{CreateSandbox, Sandbox, SandboxState};
 use k8s_openapi::jiff::Timestamp;
 
 use super::admin::LiveSandbox;

@@ -19,11 +19,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    audit,
-    stack::{self, OPERATOR_USER, Progress, Stack},
+    OPERATOR_USER, audit, objects,
     stats::{Summary, millis},
 };
-use crate::{
+use crate::{progress::Progress, stack::Stack};
+use briq_operator::{
     briq::SandboxApi,
     crd::{BriqExecutor, Execution},
 };
@@ -95,14 +95,14 @@ async fn point(
 ) -> anyhow::Result<Point> {
     let namespace = format!("bench-scale-{count}");
     stack.namespace(&namespace).await?;
-    let operator = stack.operator(&namespace)?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), &namespace);
-    let executions: Api<Execution> = Api::namespaced(stack.admin.clone(), &namespace);
+    let operator = super::controllers(stack, &namespace, stack.server())?;
+    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), &namespace);
+    let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), &namespace);
     let names: Vec<String> = (0..count).map(|i| format!("e-{i:03}")).collect();
     let provision = Instant::now();
     let at_once =
         PROVISION_AT_ONCE_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get());
-    let setup_failures = stack::create_ready(&executors, &names, &json!({}), at_once).await?;
+    let setup_failures = objects::create_ready(&executors, &names, &json!({}), at_once).await?;
     let provision_seconds = provision.elapsed().as_secs_f64();
 
     // One watch sees every Execution finish; it is running before the first create.
@@ -124,7 +124,7 @@ async fn point(
                     Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
                     _ => continue,
                 };
-                if stack::finished(&object) {
+                if objects::finished(&object) {
                     let now = Instant::now();
                     seen.lock()
                         .expect("poisoned")
@@ -148,8 +148,8 @@ async fn point(
         })
         .collect();
     let audit_log = stack
-        .plane
-        .audit_log()
+        .plane()
+        .and_then(|plane| plane.audit_log())
         .context("the control plane has no audit log")?
         .to_owned();
     let from = audit::offset(&audit_log)?;
@@ -158,7 +158,7 @@ async fn point(
         .map(|(name, executor)| {
             let api = executions.clone();
             async move {
-                let object = stack::execution(name, executor, CODE)?;
+                let object = objects::execution(name, executor, CODE)?;
                 let at = Instant::now();
                 api.create(&PostParams::default(), &object).await?;
                 Ok::<_, anyhow::Error>((name.clone(), at))
@@ -191,14 +191,17 @@ async fn point(
         .collect();
     let unverified = verify(&executions).await.err().map(|e| format!("{e:#}"));
     if let Some(operator) = operator {
-        stack::delete_executors(&executors).await?;
+        objects::delete_executors(&executors).await?;
         operator.stop().await;
     } else {
         // Destroy the sandboxes directly, so that their kernels do not outlive the point.
         let all = ListParams::default();
         for executor in retried(|| executors.list(&all)).await? {
             if let Some(id) = executor.status.and_then(|s| s.sandbox_id) {
-                let _ = stack.sandboxes.destroy_sandbox(stack.key(), &id).await;
+                let _ = stack
+                    .sandbox_client()
+                    .destroy_sandbox(stack.key(), &id)
+                    .await;
             }
         }
     }
@@ -228,8 +231,8 @@ async fn verify(api: &Api<Execution>) -> anyhow::Result<()> {
     loop {
         let page = retried(|| api.list(&params)).await?;
         for execution in &page.items {
-            if stack::finished(execution) {
-                stack::check_two(execution)?;
+            if objects::finished(execution) {
+                objects::check_two(execution)?;
             }
         }
         match page.metadata.continue_ {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::briq::api::ErrorCode;
+use briq_operator::briq::api::ErrorCode;
 
 /// The API operations, as counted in stats and matched by faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

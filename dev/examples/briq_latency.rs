@@ -1,15 +1,15 @@
 //! Median latency of `create_sandbox` and of a trivial exec (`true`), measured with the real
 //! briq client against an in-process local sandbox server.
 //!
-//!     cargo run --release --example briq_latency [RUNS]
+//!     cargo run --release -p briq-dev --example briq_latency [RUNS]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use briq_dev::local_server::{self, Config};
 use briq_operator::briq::{
     ApiKey, BriqClient, ClientOptions, CreateSandbox, ExecRequest, SandboxApi as _,
 };
-use briq_operator::local_server::{self, Config};
 
 fn median(mut samples: Vec<Duration>) -> f64 {
     samples.sort();

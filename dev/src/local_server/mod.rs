@@ -4,7 +4,7 @@
 //! ordinary host processes running as the server's user, with the server's file system and
 //! network. Use it for development and tests only, never for untrusted code.
 //!
-//! It serves the routes and wire types of [`crate::briq::api`] with bearer-key auth. A sandbox is
+//! It serves the routes and wire types of [`briq_operator::briq::api`] with bearer-key auth. A sandbox is
 //! `<root>/<id>/fs`, which is sandbox `/`; absolute paths in requests map inside it (commands
 //! themselves see the host's `/`, so they should use paths relative to their cwd). Exec runs argv
 //! in its own process group and kills the group at the timeout; processes that detach keep
@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use url::Url;
 
-use crate::briq::ApiKey;
+use briq_operator::briq::ApiKey;
 use state::Shared;
 
 /// How long shutdown waits for in-flight requests after the sandboxes are gone.
@@ -113,7 +113,7 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
-    /// Base URL for [`crate::briq::ClientOptions::base_url`].
+    /// Base URL for [`briq_operator::briq::ClientOptions::base_url`].
     pub fn url(&self) -> Url {
         self.url.clone()
     }
@@ -223,7 +223,7 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
     })
 }
 
-/// `briq-operator local-sandbox-server`: serves until SIGINT or SIGTERM, then destroys every
+/// `briq-dev local-sandbox-server`: serves until SIGINT or SIGTERM, then destroys every
 /// sandbox.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let server = spawn(Config {

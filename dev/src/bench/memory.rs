@@ -18,8 +18,9 @@ use kube::{
 use serde::Serialize;
 use serde_json::json;
 
-use super::stack::{self, Progress, Stack};
-use crate::crd::{BriqExecutor, Execution};
+use super::objects;
+use crate::{progress::Progress, repo::repo_root, stack::Stack};
+use briq_operator::crd::{BriqExecutor, Execution};
 
 const EXECUTORS_NAMESPACE: &str = "bench-memory-executors";
 const EXECUTIONS_NAMESPACE: &str = "bench-memory-executions";
@@ -61,13 +62,13 @@ pub async fn run(
         "5/6: operator idle at {} KiB peak; creating {executors} BriqExecutors",
         idle.peak
     ));
-    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), EXECUTORS_NAMESPACE);
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), EXECUTORS_NAMESPACE);
     let spec = json!({ "apiKeySecretRef": { "name": "missing" } });
     stream::iter(0..executors)
         .map(|i| {
             let (api, spec) = (api.clone(), spec.clone());
             async move {
-                let object = stack::executor(&format!("m-{i:05}"), spec)?;
+                let object = objects::executor(&format!("m-{i:05}"), spec)?;
                 api.create(&PostParams::default(), &object).await?;
                 Ok::<_, anyhow::Error>(())
             }
@@ -84,7 +85,7 @@ pub async fn run(
             .items
             .iter()
             .filter(|e| {
-                stack::ready_reason(e).is_none_or(|(_, reason, _)| reason != "ApiKeyMissing")
+                objects::ready_reason(e).is_none_or(|(_, reason, _)| reason != "ApiKeyMissing")
             })
             .count();
         if waiting == 0 {
@@ -128,14 +129,14 @@ pub async fn run(
 /// Creates `count` Executions and finishes each (Succeeded=True) through the status subresource.
 /// No operator watches the namespace meanwhile, so nothing else writes their status.
 async fn create_finished(stack: &Stack, count: usize) -> anyhow::Result<()> {
-    let api: Api<Execution> = Api::namespaced(stack.admin.clone(), EXECUTIONS_NAMESPACE);
+    let api: Api<Execution> = Api::namespaced(stack.admin().clone(), EXECUTIONS_NAMESPACE);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     stream::iter(0..count)
         .map(|i| {
             let (api, now) = (api.clone(), now.clone());
             async move {
                 let name = format!("done-{i:05}");
-                let object = stack::execution(&name, "gone", "1 + 1")?;
+                let object = objects::execution(&name, "gone", "1 + 1")?;
                 api.create(&PostParams::default(), &object).await?;
                 let status = json!({
                     "status": {
@@ -163,7 +164,8 @@ async fn create_finished(stack: &Stack, count: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `briq-operator` next to this executable (`make bench` builds it); built when missing.
+/// `briq-operator` next to this executable (the workspace's target directory, where `make bench`
+/// builds it); built when missing.
 fn operator_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
@@ -174,8 +176,8 @@ fn operator_binary() -> anyhow::Result<PathBuf> {
         let mut build =
             std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()));
         build
-            .args(["build", "--bin", "briq-operator"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+            .args(["build", "-p", "briq-operator", "--bin", "briq-operator"])
+            .current_dir(repo_root());
         if dir.ends_with("release") {
             build.arg("--release");
         }
@@ -207,8 +209,8 @@ impl Operator {
             .port();
         let child = tokio::process::Command::new(binary)
             .args(["run", "--namespace", namespace])
-            .env("KUBECONFIG", &stack.operator_kubeconfig)
-            .env("BRIQ_API_URL", stack.server.url().as_str())
+            .env("KUBECONFIG", stack.user_kubeconfig(super::OPERATOR_USER))
+            .env("BRIQ_API_URL", stack.server().url().as_str())
             .env("BRIQ_API_KEY", stack.key().expose())
             .env("BRIQ_HTTP_ADDRESS", format!("127.0.0.1:{port}"))
             .env_remove("BRIQ_OPERATOR_NAMESPACE")

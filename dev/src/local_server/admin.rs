@@ -16,8 +16,8 @@ use url::Url;
 use super::faults::{FaultRule, Operation};
 use super::http::{ApiError, RequestId};
 use super::state::Shared;
-use crate::briq::ApiKey;
-use crate::briq::api::{Sandbox, SandboxState};
+use briq_operator::briq::ApiKey;
+use briq_operator::briq::api::{Sandbox, SandboxState};
 
 const FAULTS: &str = "/_admin/faults";
 const STATS: &str = "/_admin/stats";

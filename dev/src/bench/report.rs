@@ -35,7 +35,7 @@ impl Machine {
             .unwrap_or(0.0);
         let commit = std::process::Command::new("git")
             .args(["describe", "--always", "--dirty"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(crate::repo::repo_root())
             .output()
             .ok()
             .filter(|o| o.status.success())

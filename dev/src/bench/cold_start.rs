@@ -10,11 +10,9 @@ use kube::{Api, api::PostParams};
 use serde::Serialize;
 use serde_json::json;
 
-use super::{
-    stack::{self, Progress, Stack},
-    stats::Summary,
-};
-use crate::crd::BriqExecutor;
+use super::{objects, stats::Summary};
+use crate::{progress::Progress, stack::Stack};
+use briq_operator::crd::BriqExecutor;
 
 const PREINSTALLED_NAMESPACE: &str = "bench-cold";
 const PIP_NAMESPACE: &str = "bench-cold-pip";
@@ -33,12 +31,12 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
         "6/6: cold start x{runs}, dependencies present (default venv)"
     ));
     stack.namespace(PREINSTALLED_NAMESPACE).await?;
-    let operator = stack.operator(PREINSTALLED_NAMESPACE)?;
-    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), PREINSTALLED_NAMESPACE);
+    let operator = super::controllers(stack, PREINSTALLED_NAMESPACE, stack.server())?;
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), PREINSTALLED_NAMESPACE);
     let mut preinstalled = Vec::new();
     for i in 0..runs {
         preinstalled.push(create_to_ready(&api, &format!("cold-{i}"), json!({})).await?);
-        stack::delete_executors(&api).await?;
+        objects::delete_executors(&api).await?;
     }
     operator.stop().await;
 
@@ -46,7 +44,7 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
         "6: cold start x{runs}, dependencies pip-installed into a fresh venv"
     ));
     stack.namespace(PIP_NAMESPACE).await?;
-    let api: Api<BriqExecutor> = Api::namespaced(stack.admin.clone(), PIP_NAMESPACE);
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), PIP_NAMESPACE);
     let python = std::env::var("BRIQ_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut pip = Vec::new();
     let mut pip_unavailable = None;
@@ -64,8 +62,8 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
         if !status.success() {
             bail!("{python} -m venv failed ({status})");
         }
-        let server = stack::spawn_server(Some(venv.clone())).await?;
-        let operator = stack.operator_on(PIP_NAMESPACE, &server)?;
+        let server = crate::stack::spawn_server(Some(venv.clone())).await?;
+        let operator = super::controllers(stack, PIP_NAMESPACE, &server)?;
         let spec = json!({ "setupTimeoutSeconds": 60 });
         let outcome = create_to_ready(&api, &format!("pip-{i}"), spec)
             .await
@@ -80,7 +78,7 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
                 }
                 Ok(took)
             });
-        stack::delete_executors(&api).await?;
+        objects::delete_executors(&api).await?;
         operator.stop().await;
         server.shutdown().await;
         match outcome {
@@ -137,9 +135,9 @@ async fn create_to_ready(
     name: &str,
     spec: serde_json::Value,
 ) -> anyhow::Result<Duration> {
-    let object = stack::executor(name, spec)?;
+    let object = objects::executor(name, spec)?;
     let started = Instant::now();
     api.create(&PostParams::default(), &object).await?;
-    stack::wait_ready(api, name).await?;
+    objects::wait_ready(api, name).await?;
     Ok(started.elapsed())
 }

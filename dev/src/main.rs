@@ -1,0 +1,75 @@
+//! `briq-dev`: the development tooling of briq-operator (demo, local stack, local control plane,
+//! local sandbox server, benchmarks).
+
+use briq_dev::{bench, demo, local_server, stack::Stack};
+use briq_operator::telemetry;
+use clap::{Parser, Subcommand};
+
+/// briq-dev: run briq-operator on this machine, for trying it, testing it and measuring it.
+/// Development only.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Log format on stderr (filter with RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    log_format: telemetry::LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the main job end to end on this machine: local control plane, local sandbox server and
+    /// operator; apply examples/executor.yaml and examples/execution.yaml; print the result; tear
+    /// everything down.
+    Demo,
+    /// Run the local control plane, local sandbox server and operator until interrupted, for
+    /// trying things by hand (kubectl) and for the Python tests.
+    LocalStack {
+        /// Where to write the admin kubeconfig.
+        #[arg(long, default_value = "briq-local.kubeconfig")]
+        kubeconfig: std::path::PathBuf,
+    },
+    /// Start a local etcd + kube-apiserver with the CRDs installed, print its kubeconfig path and
+    /// run until interrupted.
+    ControlPlane,
+    /// Serve a local briq-compatible API whose sandboxes are host processes. NOT an isolation
+    /// boundary.
+    LocalSandboxServer(local_server::Args),
+    /// Measure briq-operator on this machine and print the figures (see `make bench`).
+    Bench(bench::Args),
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    // The demo and the benchmarks speak through their progress lines; the in-process
+    // operator's own logs would drown them.
+    let default_filter = match cli.command {
+        Command::Demo | Command::Bench(_) => "warn",
+        _ => "info",
+    };
+    telemetry::init(cli.log_format, default_filter);
+    if let Err(error) = run(cli.command).await {
+        eprintln!("briq-dev: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Demo => demo::run().await,
+        Command::LocalStack { kubeconfig } => demo::local_stack(&kubeconfig).await,
+        Command::LocalSandboxServer(args) => local_server::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::ControlPlane => {
+            let stack = Stack::builder().start().await?;
+            let plane = stack.plane().expect("a control plane of our own");
+            println!("control plane ready at {}", plane.server());
+            println!("export KUBECONFIG={}", plane.kubeconfig().display());
+            tokio::signal::ctrl_c().await?;
+            stack.stop().await
+        }
+    }
+}

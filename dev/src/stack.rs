@@ -1,0 +1,563 @@
+//! The one harness that puts "control plane + local sandbox server + operator" together on this
+//! machine, for `briq-dev demo`, `local-stack` and `bench` and for the integration tests:
+//!
+//! - [`Stack::builder`]: a local control plane with the CRDs installed (or the API server of a
+//!   kubeconfig someone else runs), optionally with an audit log and kubeconfigs for more users;
+//!   optionally a local sandbox server on the sandbox venv and the controllers in this process.
+//! - [`Controllers`]: the controllers in this process for one namespace or all, on a given
+//!   sandbox server, as a given client; stopped gracefully, killed, resumed.
+//! - [`OperatorProcess`]: a whole operator as `briq-operator run` runs it (`operator::serve`: HTTP
+//!   endpoints, leader election, controllers), inside this process.
+//! - [`Stack::stop`]: deletes every executor through the stack's own controllers, counts the
+//!   sandboxes left behind, stops everything.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use futures::{StreamExt as _, TryStreamExt as _, stream};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, ResourceExt as _,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::json;
+use tokio::{sync::oneshot, task::JoinHandle};
+
+use briq_operator::{
+    briq::{ApiKey, BriqClient, ClientOptions},
+    controller::{self, Observer, Settings},
+    crd::{self, BriqExecutor},
+    http::{Health, Role},
+    leader::LeaseConfig,
+    metrics::Metrics,
+    operator::{self, Options},
+};
+
+use crate::{
+    control_plane::{self, ControlPlane},
+    local_server::{self, LocalServer},
+    progress::Progress,
+    repo, wait,
+};
+
+/// How long deleting the executors (their finalizers destroy the sandboxes) may take.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long stopped controllers may take to finish what they started.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// What [`Stack::builder`] starts.
+#[must_use]
+pub struct Builder {
+    audit_log: bool,
+    users: Vec<(String, Vec<String>)>,
+    external: Option<PathBuf>,
+    sandbox_server: bool,
+    controllers: bool,
+    progress: Progress,
+}
+
+impl Builder {
+    /// kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
+    pub fn audit_log(mut self) -> Self {
+        self.audit_log = true;
+        self
+    }
+
+    /// A kubeconfig for user `name` in `groups` too ([`Stack::user_kubeconfig`],
+    /// [`Stack::user_client`]): the audit log tells its requests apart.
+    pub fn user(mut self, name: &str, groups: &[&str]) -> Self {
+        self.users.push((
+            name.to_owned(),
+            groups.iter().map(|g| g.to_string()).collect(),
+        ));
+        self
+    }
+
+    /// Use the API server of this kubeconfig (when given) instead of starting a control plane.
+    pub fn external(mut self, kubeconfig: Option<PathBuf>) -> Self {
+        self.external = kubeconfig;
+        self
+    }
+
+    /// A local sandbox server whose sandboxes run the sandbox venv ([`repo::sandbox_venv`]).
+    pub fn sandbox_server(mut self) -> Self {
+        self.sandbox_server = true;
+        self
+    }
+
+    /// The controllers, in this process, for all namespaces, on the sandbox server (implies
+    /// [`Builder::sandbox_server`]), as the admin user. [`Stack::stop`] then deletes every
+    /// executor through them first.
+    pub fn controllers(mut self) -> Self {
+        self.sandbox_server = true;
+        self.controllers = true;
+        self
+    }
+
+    /// Progress lines of the start and of [`Stack::stop`] (none by default).
+    pub fn progress(mut self, progress: &Progress) -> Self {
+        self.progress = progress.clone();
+        self
+    }
+
+    pub async fn start(self) -> anyhow::Result<Stack> {
+        let progress = self.progress;
+        if self.external.is_none() {
+            progress
+                .step("building or reusing the local control plane (first run: several minutes)");
+        }
+        let bin_dir = tokio::task::spawn_blocking(control_plane::binaries).await??;
+        let (plane, kubeconfig) = match self.external {
+            Some(kubeconfig) => (None, kubeconfig),
+            None => {
+                let options = control_plane::Options {
+                    audit_log: self.audit_log,
+                };
+                let plane = ControlPlane::start_with(&bin_dir, options).await?;
+                let kubeconfig = plane.kubeconfig().to_owned();
+                (Some(plane), kubeconfig)
+            }
+        };
+        let admin = client_for(&kubeconfig).await?;
+        crd::install(&admin).await?;
+        let mut users = BTreeMap::new();
+        for (name, groups) in &self.users {
+            let plane = plane
+                .as_ref()
+                .context("kubeconfigs for more users need a control plane of our own")?;
+            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            let path = plane.kubeconfig_for(name, &groups)?;
+            let client = client_for(&path).await?;
+            users.insert(name.clone(), (path, client));
+        }
+        if let Some(plane) = &plane {
+            let audit = if self.audit_log {
+                " (audit log on)"
+            } else {
+                ""
+            };
+            progress.step(format!("kube-apiserver ready at {}{audit}", plane.server()));
+        }
+
+        let mut stack = Stack {
+            plane,
+            kubeconfig,
+            bin_dir,
+            admin,
+            users,
+            sandboxes: None,
+            controllers: None,
+            progress,
+        };
+        if self.sandbox_server {
+            let venv = tokio::task::spawn_blocking(repo::sandbox_venv).await??;
+            let server = spawn_server(Some(venv.clone())).await?;
+            let client = BriqClient::new(ClientOptions::new(server.url()))?;
+            stack.progress.step(format!(
+                "local sandbox server at {} (sandboxes are host processes)",
+                server.url()
+            ));
+            stack.sandboxes = Some(Sandboxes {
+                server,
+                client,
+                venv,
+            });
+        }
+        if self.controllers {
+            let server = stack.server();
+            let controllers =
+                Controllers::start(stack.admin.clone(), server, settings(None, server))?;
+            stack.controllers = Some(controllers);
+            stack.progress.step("operator running");
+        }
+        Ok(stack)
+    }
+}
+
+/// The default sandbox server, a client of it, and its sandboxes' Python.
+struct Sandboxes {
+    server: LocalServer,
+    client: BriqClient,
+    venv: PathBuf,
+}
+
+/// A running stack; see the module documentation.
+pub struct Stack {
+    /// `None` when the API server is someone else's ([`Builder::external`]).
+    plane: Option<ControlPlane>,
+    kubeconfig: PathBuf,
+    bin_dir: PathBuf,
+    admin: Client,
+    users: BTreeMap<String, (PathBuf, Client)>,
+    sandboxes: Option<Sandboxes>,
+    controllers: Option<Controllers>,
+    progress: Progress,
+}
+
+impl Stack {
+    /// A local control plane with the CRDs; nothing else unless asked for.
+    pub fn builder() -> Builder {
+        Builder {
+            audit_log: false,
+            users: Vec::new(),
+            external: None,
+            sandbox_server: false,
+            controllers: false,
+            progress: Progress::quiet(),
+        }
+    }
+
+    /// An admin (`system:masters`) client, on the runtime that started the stack.
+    pub fn admin(&self) -> &Client {
+        &self.admin
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The control plane's own `kubectl`.
+    pub fn kubectl(&self) -> PathBuf {
+        self.bin_dir.join("kubectl")
+    }
+
+    /// The control plane, unless the API server is someone else's.
+    pub fn plane(&self) -> Option<&ControlPlane> {
+        self.plane.as_ref()
+    }
+
+    /// The kubeconfig of a user asked for with [`Builder::user`].
+    pub fn user_kubeconfig(&self, user: &str) -> &Path {
+        &self.user(user).0
+    }
+
+    /// A client of a user asked for with [`Builder::user`].
+    pub fn user_client(&self, user: &str) -> &Client {
+        &self.user(user).1
+    }
+
+    fn user(&self, user: &str) -> &(PathBuf, Client) {
+        self.users
+            .get(user)
+            .unwrap_or_else(|| panic!("the stack was built without .user({user:?}, …)"))
+    }
+
+    fn sandboxes(&self) -> &Sandboxes {
+        self.sandboxes
+            .as_ref()
+            .expect("the stack was built without .sandbox_server()")
+    }
+
+    /// The default local sandbox server ([`Builder::sandbox_server`]).
+    pub fn server(&self) -> &LocalServer {
+        &self.sandboxes().server
+    }
+
+    /// A briq client of the default sandbox server.
+    pub fn sandbox_client(&self) -> &BriqClient {
+        &self.sandboxes().client
+    }
+
+    /// The default sandbox server's key.
+    pub fn key(&self) -> &ApiKey {
+        self.server().api_key()
+    }
+
+    /// The Python of the default sandbox server's sandboxes.
+    pub fn venv(&self) -> &Path {
+        &self.sandboxes().venv
+    }
+
+    /// Creates namespace `name`.
+    pub async fn namespace(&self, name: &str) -> anyhow::Result<()> {
+        create_namespace(&self.admin, name).await
+    }
+
+    /// With the stack's own controllers ([`Builder::controllers`]): deletes every executor
+    /// through them (so finalizers destroy the sandboxes) and counts the sandboxes left behind.
+    /// Then stops the controllers, the sandbox server (destroying what is left) and the control
+    /// plane. Fails if a sandbox was left.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let mut leaked = None;
+        if let Some(controllers) = self.controllers.take() {
+            delete_executors(&Api::all(self.admin.clone()), DELETE_TIMEOUT).await?;
+            leaked = Some(self.server().admin().stats().await?.sandboxes.len());
+            controllers.stop().await;
+        }
+        if let Some(sandboxes) = self.sandboxes.take() {
+            sandboxes.server.shutdown().await;
+        }
+        drop(self.plane.take());
+        match leaked {
+            Some(leaked) => {
+                self.progress.step(format!(
+                    "torn down: executors deleted, {leaked} sandboxes left, control plane stopped"
+                ));
+                if leaked > 0 {
+                    bail!("{leaked} sandboxes were left behind");
+                }
+            }
+            None => self
+                .progress
+                .step("torn down: sandboxes destroyed, control plane stopped"),
+        }
+        Ok(())
+    }
+}
+
+/// A `kube::Config` for `kubeconfig`.
+pub async fn kube_config(kubeconfig: &Path) -> anyhow::Result<kube::Config> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?)
+}
+
+/// A client for `kubeconfig`, on the current runtime.
+pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
+    Ok(Client::try_from(kube_config(kubeconfig).await?)?)
+}
+
+pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
+/// A local sandbox server with a fresh key; `venv` is its sandboxes' Python.
+pub async fn spawn_server(venv: Option<PathBuf>) -> anyhow::Result<LocalServer> {
+    let key = ApiKey::new(format!("local-{:016x}", rand::random::<u64>()))?;
+    let mut config = local_server::Config::new(key);
+    config.python_venv = venv;
+    local_server::spawn(config).await
+}
+
+/// Controller settings for `namespace` (all when `None`) with `server`'s key as the default.
+pub fn settings(namespace: Option<&str>, server: &LocalServer) -> Settings {
+    Settings {
+        default_api_key: Some(server.api_key().clone()),
+        namespace: namespace.map(str::to_owned),
+        ..Settings::default()
+    }
+}
+
+/// Deletes every executor `api` lists (its finalizer destroys the sandbox) and waits until they
+/// are gone.
+pub async fn delete_executors(api: &Api<BriqExecutor>, timeout: Duration) -> anyhow::Result<()> {
+    let executors = api.list_metadata(&ListParams::default()).await?.items;
+    stream::iter(&executors)
+        .map(|executor| async move {
+            let namespaced: Api<BriqExecutor> = Api::namespaced(
+                api.clone().into_client(),
+                &executor.namespace().unwrap_or_default(),
+            );
+            namespaced
+                .delete(&executor.name_any(), &DeleteParams::default())
+                .await
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    wait::poll(
+        timeout,
+        Duration::from_millis(250),
+        "deleting the executors",
+        || async {
+            Ok(api
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The controllers, run inside this process; aborted when dropped.
+pub struct Controllers {
+    client: Client,
+    sandboxes: BriqClient,
+    settings: Settings,
+    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+}
+
+impl Controllers {
+    /// Starts the controllers as `client` on `server`, for `settings.namespace` (all when
+    /// `None`).
+    pub fn start(
+        client: Client,
+        server: &LocalServer,
+        settings: Settings,
+    ) -> anyhow::Result<Controllers> {
+        let mut controllers = Controllers {
+            client,
+            sandboxes: BriqClient::new(ClientOptions::new(server.url()))?,
+            settings,
+            running: None,
+        };
+        controllers.resume();
+        Ok(controllers)
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Starts the controllers (again).
+    pub fn resume(&mut self) {
+        assert!(
+            self.running.is_none(),
+            "the controllers are already running"
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(controller::run(
+            self.client.clone(),
+            self.sandboxes.clone(),
+            self.settings.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        self.running = Some((stop, task));
+    }
+
+    /// Stops the controllers abruptly, like a crashed or killed operator process.
+    pub async fn kill(&mut self) {
+        if let Some((_, task)) = self.running.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Lets the controllers finish what they started (15 s at most), then stops them.
+    pub async fn stop(mut self) {
+        if let Some((stop, mut task)) = self.running.take() {
+            let _ = stop.send(());
+            if tokio::time::timeout(STOP_GRACE, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.running.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One operator process, as `briq-operator run` runs it (`operator::serve`: HTTP endpoints,
+/// leader election, controllers), inside this process; aborted when dropped.
+pub struct OperatorProcess {
+    pub observer: Observer,
+    /// Where it serves /healthz, /readyz and /metrics.
+    pub address: SocketAddr,
+    /// Its lease identity (empty without leader election).
+    pub identity: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl OperatorProcess {
+    /// Serves on a free loopback port, with `server` as its briq API; leader election when
+    /// `lease` is given.
+    pub async fn start(
+        config: kube::Config,
+        server: &LocalServer,
+        settings: Settings,
+        lease: Option<LeaseConfig>,
+    ) -> anyhow::Result<OperatorProcess> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let role = if lease.is_some() {
+            Role::Standby
+        } else {
+            Role::Single
+        };
+        let observer = Observer {
+            metrics: Arc::new(Metrics::default()),
+            health: Arc::new(Health::new(role)),
+        };
+        let identity = lease
+            .as_ref()
+            .map(|l| l.identity.clone())
+            .unwrap_or_default();
+        let sandboxes = BriqClient::new(ClientOptions::new(server.url()))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let options = Options {
+            settings,
+            lease,
+            http: Some(listener),
+        };
+        let task = tokio::spawn(operator::serve(
+            config,
+            sandboxes,
+            options,
+            observer.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(OperatorProcess {
+            observer,
+            address,
+            identity,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// Runs the controllers with synced caches (leader, or no leader election).
+    pub fn leading(&self) -> bool {
+        self.task.is_some() && self.observer.health.controllers_ready()
+    }
+
+    /// Stops abruptly, like a killed pod: no lease release, no draining.
+    pub async fn kill(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        // A dead process leads nothing (its health is only read by its owner now).
+        self.observer.health.set_role(Role::Standby);
+        self.observer.health.set_synced(false);
+    }
+
+    /// Stops as on SIGTERM and waits until the process would exit; its error, if it failed.
+    pub async fn shutdown(&mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.context("the operator task panicked")?,
+            None => Ok(()),
+        }
+    }
+
+    /// GET `path` from its HTTP endpoints: (status, body).
+    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let response = reqwest::get(format!("http://{}{path}", self.address)).await?;
+        let status = response.status().as_u16();
+        Ok((status, response.text().await.unwrap_or_default()))
+    }
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
