@@ -20,22 +20,24 @@ lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
-	"$$venv/bin/ruff" check bridge
-	"$$venv/bin/ruff" format --check bridge
+	"$$venv/bin/ruff" check bridge dev/python
+	"$$venv/bin/ruff" format --check bridge dev/python
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
 	"$$tools/bin/helm" lint --strict charts/briq-operator
 	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
 
-# Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (bridge, agent).
+# Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (sandbox bridge,
+# agent client).
 test: control-plane python-env tools
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
 	cargo test --all-targets
-	cd bridge && "$$venv/bin/python" -m pytest -q
-	# The agent end to end: a real CodeAgent + KubernetesExecutor against `local-stack`
+	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q)
+	# The agent end to end: a real CodeAgent + KubernetesExecutor against `briq-dev local-stack`
 	# (kube-apiserver, local sandbox server, operator), with the binary cargo test just built.
-	BRIQ_OPERATOR_BIN="$(CURDIR)/target/debug/briq-operator" "$$venv/bin/python" -m pytest -q tests_agent
+	cd bridge/agent
+	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
 .PHONY: control-plane python-env tools lint test
 
