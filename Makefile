@@ -39,7 +39,15 @@ test: control-plane python-env tools
 	cd bridge/agent
 	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
-.PHONY: control-plane python-env tools lint test
+# The Python tests that need neither a kernel nor a cluster, in seconds: the sandbox bridge's
+# pure helpers and its setup command (a fake pip), the executor's status mapping, and what the
+# agent distribution pulls in.
+test-unit-python: python-env
+	venv=$$(bash .ci/python-env.sh)
+	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
+	cd bridge/agent && "$$venv/bin/python" -m pytest -q tests/test_mapping.py tests/test_distribution.py
+
+.PHONY: control-plane python-env tools lint test test-unit-python
 
 # The main job end to end on the embedded default (see README.md).
 demo: control-plane python-env
