@@ -20,24 +20,34 @@ lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
-	"$$venv/bin/ruff" check bridge
-	"$$venv/bin/ruff" format --check bridge
+	"$$venv/bin/ruff" check bridge dev/python
+	"$$venv/bin/ruff" format --check bridge dev/python
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
 	"$$tools/bin/helm" lint --strict charts/briq-operator
 	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
 
-# Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (bridge, agent).
+# Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (sandbox bridge,
+# agent client).
 test: control-plane python-env tools
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
 	cargo test --workspace --all-targets
-	cd bridge && "$$venv/bin/python" -m pytest -q
+	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q)
 	# The agent end to end: a real CodeAgent + KubernetesExecutor against `briq-dev local-stack`
 	# (kube-apiserver, local sandbox server, operator), with the binary cargo test just built.
-	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q tests_agent
+	cd bridge/agent
+	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
-.PHONY: control-plane python-env tools lint test
+# The Python tests that need neither a kernel nor a cluster, in seconds: the sandbox bridge's
+# pure helpers and its setup command (a fake pip), the executor's status mapping, and what the
+# agent distribution pulls in.
+test-unit-python: python-env
+	venv=$$(bash .ci/python-env.sh)
+	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
+	cd bridge/agent && "$$venv/bin/python" -m pytest -q tests/test_mapping.py tests/test_distribution.py
+
+.PHONY: control-plane python-env tools lint test test-unit-python
 
 # The main job end to end on the embedded default (see README.md).
 demo: control-plane python-env

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create (once) the Python venv for the bridge tests and the local sandbox server, and print its
+# Create (once) the Python venv for the bridge tests and the local sandbox server, install the
+# three Python parts editable (bridge/sandbox, bridge/agent, dev/python), and print the venv's
 # path as the last line on stdout. Progress goes to stderr.
 #
 #   VENV="$(bash .ci/python-env.sh | tail -n 1)"
@@ -38,13 +39,24 @@ else
   log "reusing $venv"
 fi
 
-# The venv is shared between checkouts, so point the editable bridge install at this one when
-# it points elsewhere. setuptools is pinned in the requirements: no build isolation, no network.
-bridge_dir="$("$venv/bin/python" -c 'import briq_bridge, os; print(os.path.dirname(os.path.realpath(briq_bridge.__file__)))' 2>/dev/null || true)"
-if [ "$bridge_dir" != "$(realpath "$root/bridge/briq_bridge")" ]; then
-  log "installing bridge package from $root/bridge"
-  "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off \
-    --no-deps --no-build-isolation -e "$root/bridge" >&2
-fi
+# The venv is shared between checkouts, so point each editable install (the sandbox bridge, the
+# agent client, the dev helpers) at this checkout when it points elsewhere or is missing (-I: not
+# found through the current directory).
+# setuptools is pinned in the requirements: no build isolation, no network.
+editable() { # <import name> <expected path of the module or package> <project directory>
+  local found
+  found="$("$venv/bin/python" -I -c 'import importlib.util, os, sys
+spec = importlib.util.find_spec(sys.argv[1])
+origin = spec.origin if spec.submodule_search_locations is None else spec.submodule_search_locations[0]
+print(os.path.realpath(origin))' "$1" 2>/dev/null || true)"
+  if [ "$found" != "$(realpath "$2")" ]; then
+    log "installing $3 (editable)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off \
+      --no-deps --no-build-isolation -e "$3" >&2
+  fi
+}
+editable briq_sandbox "$root/bridge/sandbox/briq_sandbox.py" "$root/bridge/sandbox"
+editable briq_bridge "$root/bridge/agent/briq_bridge" "$root/bridge/agent"
+editable briq_dev "$root/dev/python/briq_dev" "$root/dev/python"
 
 echo "$venv"

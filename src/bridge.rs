@@ -1,5 +1,5 @@
 //! The operator's side of the bridge: the Python program that runs inside the sandbox and
-//! drives the Jupyter kernel (`bridge/briq_bridge/sandbox.py`, protocol in
+//! drives the Jupyter kernel (`bridge/sandbox/briq_sandbox.py`, protocol in
 //! `bridge/PROTOCOL.md`). This module ships the program, builds its command lines and parses its
 //! one framed envelope strictly. Nothing the sandbox prints is ever evaluated.
 
@@ -9,7 +9,7 @@ use rand::{Rng, distr::Alphanumeric};
 use serde::Deserialize;
 
 /// The bridge program, uploaded to [`BRIDGE_FILE`] at setup.
-pub const SOURCE: &str = include_str!("../bridge/briq_bridge/sandbox.py");
+pub const SOURCE: &str = include_str!("../bridge/sandbox/briq_sandbox.py");
 
 /// Working directory of every bridge command; all bridge paths are relative to it, so the same
 /// commands work on briq and on the local sandbox server.

@@ -23,6 +23,17 @@ fn checked_in_crds_match_the_rust_types() {
     );
 }
 
+#[test]
+fn the_python_clients_vocabulary_matches_the_rust_reasons() {
+    let generated = briq_operator::crd::reasons::python_module();
+    let path = "bridge/agent/briq_bridge/vocabulary.py";
+    let checked_in = std::fs::read_to_string(support::repo_root().join(path)).expect(path);
+    assert!(
+        generated == checked_in,
+        "{path} is stale: run `cargo run -p briq-dev -- vocabulary > {path}`"
+    );
+}
+
 fn dynamic<K: Resource<DynamicType = ()>>(env: &TestEnv) -> Api<DynamicObject> {
     Api::namespaced_with(
         env.client.clone(),

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_bridge" / "sandbox.py"
+SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "sandbox" / "briq_sandbox.py"
 
 
 def bridge(work: Path, *args: str) -> dict:

@@ -77,7 +77,7 @@ def main() -> None:
     from smolagents.monitoring import AgentLogger, LogLevel
 
     from briq_bridge import KubernetesExecutor
-    from briq_bridge.local_stack import LocalStack
+    from briq_dev.local_stack import LocalStack
 
     quiet = AgentLogger(level=LogLevel.OFF)
     stack = None

@@ -1,7 +1,7 @@
 //! `briq-dev demo`: the whole product on one machine, with nothing but this repository. It
 //! starts a local control plane, the local sandbox server and the operator, applies
 //! `examples/executor.yaml` and `examples/execution.yaml`, prints the result, runs a smolagents
-//! `CodeAgent` whose code runs as Executions (`bridge/briq_bridge/demo_agent.py`), prints its
+//! `CodeAgent` whose code runs as Executions (`dev/python/briq_dev/demo_agent.py`), prints its
 //! answer, and tears everything down, destroying the sandbox through the operator's finalizer.
 //! `briq-dev local-stack` runs the same stack until interrupted.
 
@@ -61,7 +61,7 @@ pub async fn local_stack(kubeconfig: &Path) -> anyhow::Result<()> {
 }
 
 /// Applies the example executor, runs the example Execution, then a real smolagents `CodeAgent`
-/// whose actions run through the operator (`bridge/briq_bridge/demo_agent.py`).
+/// whose actions run through the operator (`dev/python/briq_dev/demo_agent.py`).
 async fn exercise(client: &Client, kubeconfig: &Path, progress: &Progress) -> anyhow::Result<()> {
     let executors: Api<BriqExecutor> = Api::namespaced(client.clone(), NAMESPACE);
     let executions: Api<Execution> = Api::namespaced(client.clone(), NAMESPACE);
@@ -129,7 +129,7 @@ async fn exercise(client: &Client, kubeconfig: &Path, progress: &Progress) -> an
     Ok(())
 }
 
-/// Runs `python -m briq_bridge.demo_agent` (the venv of the local sandboxes has smolagents and
+/// Runs `python -m briq_dev.demo_agent` (the venv of the local sandboxes has smolagents and
 /// the bridge package) against the `demo` executor, relaying its lines as progress. Its model is
 /// scripted unless `BRIQ_DEMO_MODEL` configures a real one. Returns the answer it printed.
 async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<String> {
@@ -138,16 +138,16 @@ async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<Str
     let venv = tokio::task::spawn_blocking(sandbox_venv).await??;
     progress.step("running a smolagents CodeAgent whose code runs as Executions");
     let mut child = tokio::process::Command::new(venv.join("bin").join("python"))
-        .args(["-m", "briq_bridge.demo_agent", "--executor", "demo"])
+        .args(["-m", "briq_dev.demo_agent", "--executor", "demo"])
         .args(["--namespace", NAMESPACE])
         .env("KUBECONFIG", kubeconfig)
-        .current_dir(repo_root().join("bridge"))
+        .current_dir(repo_root())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .context("starting the demo agent (python -m briq_bridge.demo_agent)")?;
+        .context("starting the demo agent (python -m briq_dev.demo_agent)")?;
     let stdout = child.stdout.take().context("the agent's stdout")?;
     let relay = async {
         let mut answer = None;

@@ -39,6 +39,9 @@ enum Command {
     LocalSandboxServer(local_server::Args),
     /// Measure briq-operator on this machine and print the figures (see `make bench`).
     Bench(bench::Args),
+    /// Print the Python client's vocabulary (reasons and limits), generated from the operator's
+    /// Rust definitions: what `bridge/agent/briq_bridge/vocabulary.py` holds.
+    Vocabulary,
 }
 
 #[tokio::main]
@@ -63,6 +66,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::LocalStack { kubeconfig } => demo::local_stack(&kubeconfig).await,
         Command::LocalSandboxServer(args) => local_server::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Vocabulary => {
+            print!("{}", briq_operator::crd::reasons::python_module());
+            Ok(())
+        }
         Command::ControlPlane => {
             let stack = Stack::builder().start().await?;
             let plane = stack.plane().expect("a control plane of our own");

@@ -1,4 +1,4 @@
-"""Runs `briq-operator local-stack` (kube-apiserver + local sandbox server + operator) as a
+"""Runs `briq-dev local-stack` (kube-apiserver + local sandbox server + operator) as a
 subprocess, for the agent tests and the benchmark. Development only: the local sandbox server's
 sandboxes are host processes, not an isolation boundary.
 
@@ -17,19 +17,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # dev/python/briq_dev/local_stack.py
 READY_MARKER = "ready: KUBECONFIG="
 
 
-def operator_binary() -> Path:
-    """`$BRIQ_OPERATOR_BIN`, else the repository's `target/debug/briq-operator`."""
-    configured = os.environ.get("BRIQ_OPERATOR_BIN")
-    binary = Path(configured) if configured else REPO / "target" / "debug" / "briq-operator"
+def dev_binary() -> Path:
+    """`$BRIQ_DEV_BIN`, else the repository's `target/debug/briq-dev`."""
+    configured = os.environ.get("BRIQ_DEV_BIN")
+    binary = Path(configured) if configured else REPO / "target" / "debug" / "briq-dev"
     if not binary.is_absolute():
         binary = REPO / binary
     if not binary.is_file():
         raise FileNotFoundError(
-            f"{binary} does not exist: run `cargo build` (or set BRIQ_OPERATOR_BIN)"
+            f"{binary} does not exist: run `cargo build -p briq-dev` (or set BRIQ_DEV_BIN)"
         )
     return binary
 
@@ -43,10 +43,10 @@ def _interrupt_with_parent() -> None:
 
 
 class LocalStack:
-    """`briq-operator local-stack` in a subprocess; output goes to files in `workdir`."""
+    """`briq-dev local-stack` in a subprocess; output goes to files in `workdir`."""
 
     def __init__(self, binary: Path | None = None, ready_timeout: float = 900.0):
-        self.binary = binary or operator_binary()
+        self.binary = binary or dev_binary()
         self.ready_timeout = ready_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="briq-local-stack-"))
         self.kubeconfig = self.workdir / "kubeconfig"

@@ -1,7 +1,7 @@
 """End-to-end fixtures: a real kube-apiserver, the local sandbox server and the operator
-(`briq-operator local-stack`, started once per session), and BriqExecutors on it.
+(`briq-dev local-stack`, started once per session), and BriqExecutors on it.
 
-The binary is `$BRIQ_OPERATOR_BIN`, else `target/debug/briq-operator` (`cargo build`). Nothing
+The binary is `$BRIQ_DEV_BIN`, else `target/debug/briq-dev` (`cargo build -p briq-dev`). Nothing
 here needs the network: the sandboxes run the test venv, and pip in them runs with
 `PIP_NO_INDEX=1`, so only already-installed requirements can be satisfied.
 """
@@ -13,7 +13,7 @@ from kubernetes import client, config
 from smolagents.monitoring import AgentLogger, LogLevel
 
 from briq_bridge import KubernetesExecutor
-from briq_bridge.local_stack import LocalStack
+from briq_dev.local_stack import LocalStack
 
 NO_NETWORK_ENV = [{"name": "PIP_NO_INDEX", "value": "1"}]
 

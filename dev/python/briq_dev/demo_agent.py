@@ -1,6 +1,6 @@
 """The demo's agent: a real smolagents CodeAgent whose code runs through briq-operator.
 
-    KUBECONFIG=... python -m briq_bridge.demo_agent --executor demo
+    KUBECONFIG=... python -m briq_dev.demo_agent --executor demo
 
 Runs `CodeAgent(tools=[], model=model, executor=KubernetesExecutor(...))` on "Calculate the
 first 20 Fibonacci numbers." against an existing, Ready BriqExecutor, printing one line per step
@@ -28,7 +28,7 @@ FIRST_20 = [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 15
 
 
 def scripted_model():
-    from briq_bridge.scripted_model import ScriptedModel, action
+    from briq_dev.scripted_model import ScriptedModel, action
 
     return ScriptedModel(
         [

@@ -1,6 +1,6 @@
 """Fixtures that run the bridge exactly like the operator does.
 
-Each sandbox is a temporary directory playing `/work`: `sandbox.py` is copied to
+Each sandbox is a temporary directory playing `/work`: `briq_sandbox.py` is copied to
 `.briq/bridge.py`, actions are written to `.briq/actions/`, and every command is a subprocess
 `python .briq/bridge.py <command> --nonce N ...` with that directory as cwd. The envelope is
 parsed as strictly as the Rust side parses it, following a `spilled` envelope to its file in
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_bridge" / "sandbox.py"
+SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_sandbox.py"
 
 ENVELOPE_FIELDS = {
     "spilled": {"kind", "bytes", "sha256"},

@@ -41,6 +41,15 @@ from smolagents.local_python_executor import CodeOutput, InterpreterError
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
 
+# spec.code's and spec.timeoutSeconds' limits in the CRD, BriqExecutor
+# spec.executionTimeoutSeconds' default, and the reasons after which the executor is unusable.
+from .vocabulary import (
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_CODE_CHARS,
+    MAX_TIMEOUT_SECONDS,
+    UNUSABLE_REASONS,
+)
+
 __all__ = [
     "CodeExecutionError",
     "ExecutorNotFoundError",
@@ -57,9 +66,6 @@ EXECUTORS = "briqexecutors"
 EXECUTIONS = "executions"
 ACTION_LABEL = "briq.cloud/action-id"
 
-MAX_CODE_CHARS = 262_144  # spec.code's limit in the CRD
-MAX_TIMEOUT_SECONDS = 40  # spec.timeoutSeconds' limit in the CRD
-DEFAULT_TIMEOUT_SECONDS = 30  # BriqExecutor spec.executionTimeoutSeconds' default
 # Waiting for a result: the action's own deadline plus this, for queueing, the operator's
 # reconcile and the sandbox round trips. Past it the executor's state is uncertain.
 RESULT_SLACK_SECONDS = 60.0
@@ -67,19 +73,6 @@ RESULT_SLACK_SECONDS = 60.0
 # fails as a code error instead of timing out (which would make the executor unusable).
 PIP_ACTION_TIMEOUT_SECONDS = MAX_TIMEOUT_SECONDS
 PIP_SUBPROCESS_TIMEOUT_SECONDS = 34
-
-# Reasons (Succeeded=False) after which the executor never runs code again.
-UNUSABLE_REASONS = frozenset(
-    {
-        "ExecutorUnusable",
-        "Timeout",
-        "TransportError",
-        "MalformedResponse",
-        "KernelLost",
-        "Interrupted",
-        "ExecutorDeleted",
-    }
-)
 
 
 class KubernetesExecutorError(Exception):

@@ -1,4 +1,4 @@
-"""Pure helpers of sandbox.py, without a kernel."""
+"""Pure helpers of briq_sandbox.py, without a kernel."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from briq_bridge import (
     ExecutorUnusableError,
     KubernetesExecutor,
 )
-from briq_bridge.demo_agent import FIRST_20, scripted_model
-from briq_bridge.local_stack import REPO
-from briq_bridge.scripted_model import ScriptedModel, action, messages_text
+from briq_dev.demo_agent import FIRST_20, scripted_model
+from briq_dev.local_stack import REPO
+from briq_dev.scripted_model import ScriptedModel, action, messages_text
 
 from .conftest import NO_NETWORK_ENV, new_executor, quiet
 
@@ -79,7 +79,7 @@ def test_fibonacci_answer_is_the_first_20_numbers(executor, custom_objects):
 
 def test_the_demo_script_prints_the_answer(shared_executor, kubeconfig):
     done = subprocess.run(
-        [sys.executable, "-m", "briq_bridge.demo_agent", "--executor"]
+        [sys.executable, "-m", "briq_dev.demo_agent", "--executor"]
         + [shared_executor.executor_name, "--kubeconfig", kubeconfig],
         capture_output=True,
         text=True,
