@@ -1,8 +1,9 @@
 //! Client for the briq sandbox API.
 //!
-//! [`BriqClient`] is the one implementation of [`SandboxApi`]; controllers are generic over the
-//! trait so they can be unit-tested, and tests run the real client against the local sandbox
-//! server ([`crate::local_server`]). The wire format lives in [`api`], most of it assumed.
+//! [`BriqClient`] is the one implementation of [`SandboxApi`], in production and in the tests,
+//! which run it against the local sandbox server of the `briq-dev` crate. The controllers'
+//! decisions are unit-tested as pure functions, without any sandbox. The wire format lives in
+//! [`api`], most of it assumed.
 //!
 //! Retries: `get`, `list`, `destroy`, `write_file`, `read_file` and `preview_url` are repeated on
 //! [`ErrorClass::Retryable`] errors (3 attempts, exponential backoff with jitter, Retry-After

@@ -13,7 +13,6 @@ mod cache;
 mod conditions;
 mod execution;
 mod executor;
-pub mod session;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 
@@ -32,6 +31,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         Controller, WatchStreamExt,
+        controller::Action,
         events::{Recorder, Reporter},
         reflector::{self, ObjectRef, Store},
         watcher,
@@ -42,6 +42,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
+    bridge::session,
     briq::{ApiKey, SandboxApi},
     crd::{BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution},
     http::Health,
@@ -148,6 +149,30 @@ fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
         object.namespace().unwrap_or_default(),
         object.name_any()
     )
+}
+
+/// Ends a reconcile of `object`: a success starts its backoff over.
+fn settle<K: Resource<DynamicType = ()>>(
+    backoff: &backoff::Backoff,
+    object: &K,
+    result: Result<Action>,
+) -> Result<Action> {
+    if result.is_ok() {
+        backoff.forget(&object_key(object));
+    }
+    result
+}
+
+/// When to retry a failed reconcile of `object`: its backoff, never sooner than briq asked.
+fn retry<K: Resource<DynamicType = ()>>(
+    backoff: &backoff::Backoff,
+    object: &K,
+    error: &Error,
+) -> Action {
+    let delay = backoff.failed(&object_key(object), error.retry_after());
+    let kind = K::kind(&());
+    warn!(%kind, name = %object.name_any(), %error, ?delay, "reconcile failed; retrying");
+    Action::requeue(delay)
 }
 
 /// The API key of `executor`: from its Secret, or the operator's default.

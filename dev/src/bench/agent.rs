@@ -14,7 +14,7 @@ use super::{
     stats::{Summary, ratio},
 };
 use crate::{progress::Progress, repo::repo_root, stack::Stack};
-use briq_operator::{bridge::RunStatus, controller::session::Session, crd::BriqExecutor};
+use briq_operator::{bridge::RunStatus, bridge::session::Session, crd::BriqExecutor};
 
 const NAMESPACE: &str = "bench-agent";
 const EXECUTOR: &str = "agent";

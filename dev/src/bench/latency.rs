@@ -21,8 +21,8 @@ use super::{
 use crate::{progress::Progress, stack::Stack};
 use briq_operator::{
     bridge::RunStatus,
+    bridge::session::Session,
     briq::{ExecRequest, SandboxApi},
-    controller::session::Session,
     crd::{BriqExecutor, Execution},
 };
 

@@ -9,12 +9,10 @@ use k8s_openapi::{
 };
 
 use crate::{
+    bridge::session::CallError,
     bridge::{RunResult, RunStatus},
     briq::ErrorClass,
-    controller::{
-        conditions::{self, READY, STALLED, SUCCEEDED, desired},
-        session::CallError,
-    },
+    controller::conditions::{self, READY, STALLED, SUCCEEDED, desired},
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
         reasons::{ExecutionReason, Phase},

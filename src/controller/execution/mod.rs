@@ -35,8 +35,9 @@ use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
     conditions::{self, SUCCEEDED},
-    mark_unusable, object_key,
+    mark_unusable, object_key, retry,
     session::Session,
+    settle,
 };
 use crate::{
     briq::SandboxApi,
@@ -239,18 +240,11 @@ pub async fn reconcile<S: SandboxApi>(
         return Ok(Action::await_change());
     }
     let result = Box::pin(Actor::new(&execution, &ctx).reconcile()).await;
-    if result.is_ok() {
-        ctx.backoff.forget(&object_key(execution.as_ref()));
-    }
-    result
+    settle(&ctx.backoff, execution.as_ref(), result)
 }
 
 pub fn error_policy<S>(execution: Arc<Execution>, error: &Error, ctx: Arc<Context<S>>) -> Action {
-    let delay = ctx
-        .backoff
-        .failed(&object_key(execution.as_ref()), error.retry_after());
-    warn!(execution = %execution.name_any(), %error, ?delay, "execution reconcile failed; retrying");
-    Action::requeue(delay)
+    retry(&ctx.backoff, execution.as_ref(), error)
 }
 
 /// Performs one Execution's steps.

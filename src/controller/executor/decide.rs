@@ -6,11 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::{
+    bridge::session::{CallError, SetupError},
     briq::{self, ErrorClass, SandboxState},
-    controller::{
-        conditions::{self, Desired, READY, STALLED, desired},
-        session::{CallError, SetupError},
-    },
+    controller::conditions::{self, Desired, READY, STALLED, desired},
     crd::{BriqExecutorStatus, reasons::ExecutorReason},
 };
 
@@ -203,6 +201,16 @@ pub fn state(
         desired(STALLED, "False", reason, "")
     };
     [desired(READY, ready, reason, message), stalled_condition]
+}
+
+/// The state of a ready executor.
+pub fn kernel_ready() -> [Desired; 2] {
+    state(
+        "True",
+        false,
+        ExecutorReason::KernelReady,
+        "the kernel answers",
+    )
 }
 
 /// The state of an unusable executor.

@@ -28,8 +28,9 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    conditions, mark_unusable, object_key, publish,
+    conditions, mark_unusable, object_key, publish, retry,
     session::{Session, SetupError},
+    settle,
 };
 use crate::{
     briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
@@ -70,7 +71,7 @@ pub async fn reconcile<S: SandboxApi>(
     executor: Arc<BriqExecutor>,
     ctx: Arc<Context<S>>,
 ) -> Result<Action> {
-    let key = object_key(executor.as_ref());
+    let object = executor.as_ref().clone();
     let api: Api<BriqExecutor> = Api::namespaced(
         ctx.shared.client.clone(),
         &executor.namespace().unwrap_or_default(),
@@ -87,18 +88,11 @@ pub async fn reconcile<S: SandboxApi>(
     })
     .await
     .map_err(|error| Error::Finalizer(Box::new(error)));
-    if result.is_ok() {
-        ctx.backoff.forget(&key);
-    }
-    result
+    settle(&ctx.backoff, &object, result)
 }
 
 pub fn error_policy<S>(executor: Arc<BriqExecutor>, error: &Error, ctx: Arc<Context<S>>) -> Action {
-    let delay = ctx
-        .backoff
-        .failed(&object_key(executor.as_ref()), error.retry_after());
-    warn!(executor = %executor.name_any(), %error, ?delay, "executor reconcile failed; retrying");
-    Action::requeue(delay)
+    retry(&ctx.backoff, executor.as_ref(), error)
 }
 
 /// Performs the executor's steps.
@@ -334,13 +328,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: Some(conditions::now()),
                     ..sandbox
                 };
-                let kernel_ready = state(
-                    "True",
-                    false,
-                    ExecutorReason::KernelReady,
-                    "the kernel answers",
-                );
-                self.report(executor, kernel_ready, ready).await?;
+                self.report(executor, decide::kernel_ready(), ready).await?;
                 let note = format!("sandbox {id} is ready");
                 self.event(executor, EventType::Normal, "Ready", "Provision", note)
                     .await;
@@ -391,13 +379,8 @@ impl<S: SandboxApi> Actor<'_, S> {
             .map(|found| found.state);
         match decide::probe_verdict(id, &found) {
             ProbeVerdict::Running => {
-                let ready = state(
-                    "True",
-                    false,
-                    ExecutorReason::KernelReady,
-                    "the kernel answers",
-                );
-                self.report(executor, ready, sandbox).await?;
+                self.report(executor, decide::kernel_ready(), sandbox)
+                    .await?;
                 Ok(Action::requeue(self.shared.settings.probe_interval))
             }
             ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),

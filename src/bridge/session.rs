@@ -1,4 +1,5 @@
-//! One executor's sandbox as the controllers use it: bridge commands over the briq API.
+//! One executor's sandbox as the controllers use it: bridge commands over the briq API, each
+//! answered by one envelope of this protocol.
 
 use std::{collections::BTreeMap, time::Duration};
 

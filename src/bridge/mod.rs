@@ -3,13 +3,15 @@
 //! `bridge/PROTOCOL.md`). This module ships the program, builds its command lines and parses its
 //! one framed envelope strictly. Nothing the sandbox prints is ever evaluated.
 
+pub mod session;
+
 use std::time::Duration;
 
 use rand::{Rng, distr::Alphanumeric};
 use serde::Deserialize;
 
 /// The bridge program, uploaded to [`BRIDGE_FILE`] at setup.
-pub const SOURCE: &str = include_str!("../bridge/sandbox/briq_sandbox.py");
+pub const SOURCE: &str = include_str!("../../bridge/sandbox/briq_sandbox.py");
 
 /// Working directory of every bridge command; all bridge paths are relative to it, so the same
 /// commands work on briq and on the local sandbox server.
