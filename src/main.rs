@@ -5,9 +5,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Log format on stderr (filter with RUST_LOG).
-    #[arg(long, global = true, value_enum, default_value_t)]
-    log_format: telemetry::LogFormat,
+    #[command(flatten)]
+    logging: telemetry::Logging,
 
     #[command(subcommand)]
     command: Command,
@@ -34,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Cli(_) => cli::LOG_FILTER,
         _ => "info",
     };
-    telemetry::init(cli.log_format, default_filter);
+    cli.logging.init(default_filter);
     match cli.command {
         Command::Cli(command) => cli::run(command).await.exit(),
         Command::Run(args) => operator::run(args).await?,

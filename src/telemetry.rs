@@ -9,6 +9,20 @@ pub enum LogFormat {
     Json,
 }
 
+/// The logging options every binary of the workspace takes.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct Logging {
+    /// Log format on stderr (filter with RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value_t)]
+    pub log_format: LogFormat,
+}
+
+impl Logging {
+    pub fn init(self, default_filter: &str) {
+        init(self.log_format, default_filter);
+    }
+}
+
 pub fn init(format: LogFormat, default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));

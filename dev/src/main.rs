@@ -10,9 +10,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Log format on stderr (filter with RUST_LOG).
-    #[arg(long, global = true, value_enum, default_value_t)]
-    log_format: telemetry::LogFormat,
+    #[command(flatten)]
+    logging: telemetry::Logging,
 
     #[command(subcommand)]
     command: Command,
@@ -53,7 +52,7 @@ async fn main() {
         Command::Demo | Command::Bench(_) => "warn",
         _ => "info",
     };
-    telemetry::init(cli.log_format, default_filter);
+    cli.logging.init(default_filter);
     if let Err(error) = run(cli.command).await {
         eprintln!("briq-dev: {error:#}");
         std::process::exit(1);
