@@ -165,3 +165,76 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
     );
     assert!(samples.len() < 150, "{} series", samples.len());
 }
+
+/// The value of the unlabelled gauge `name` in a /metrics text.
+fn gauge(text: &str, name: &str) -> f64 {
+    samples(text)
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[tokio::test]
+async fn deleted_objects_leave_nothing_in_the_operators_memory() {
+    let env = TestEnv::new("bookkeeping").await;
+    let server = ops::sandbox_server().await;
+    let config = ops::kube_config(&env).await;
+    let operator = Instance::start(config, &server, ops::settings(&env, &server), None)
+        .await
+        .unwrap();
+    for executor in ["left", "right"] {
+        create_executor(&env, executor, json!({})).await;
+    }
+    for executor in ["left", "right"] {
+        support::wait_ready(&env, executor).await;
+    }
+    for n in 0..6 {
+        let executor = if n % 2 == 0 { "left" } else { "right" };
+        let code = if n % 3 == 2 { "1 / 0" } else { "n = 1" };
+        create_execution(&env, &format!("run-{n}"), executor, code).await;
+    }
+    for n in 0..6 {
+        finished(&env, &format!("run-{n}"), 120).await;
+    }
+    // One that waits for an executor that never comes.
+    create_execution(&env, "orphan", "missing", "1").await;
+    let (_, text) = operator.get("/metrics").await.unwrap();
+    let kept = gauge(&text, "briq_operator_bookkeeping_entries");
+    assert!(
+        kept >= 4.0,
+        "each executor that ran code has its lock and count: {kept}"
+    );
+
+    let executions = env.api::<briq_operator::crd::Execution>();
+    executions
+        .delete_collection(&Default::default(), &Default::default())
+        .await
+        .unwrap();
+    let executors = env.api::<briq_operator::crd::BriqExecutor>();
+    for executor in ["left", "right"] {
+        executors
+            .delete(executor, &Default::default())
+            .await
+            .unwrap();
+    }
+    for executor in ["left", "right"] {
+        support::wait_deleted(&executors, executor, 60).await;
+    }
+    let operator = &operator;
+    let emptied = briq_dev::wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the bookkeeping empties",
+        || async move {
+            let (_, text) = operator.get("/metrics").await?;
+            Ok(gauge(&text, "briq_operator_bookkeeping_entries") == 0.0)
+        },
+    )
+    .await;
+    let (_, text) = operator.get("/metrics").await.unwrap();
+    assert!(
+        emptied.is_ok(),
+        "{} entries left after the objects went",
+        gauge(&text, "briq_operator_bookkeeping_entries")
+    );
+}
