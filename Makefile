@@ -26,9 +26,16 @@ lint: tools
 	"$$tools/bin/helm" lint --strict charts/briq-operator
 	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
 
-# Every test: Rust (unit, contract, real kube-apiserver end to end) and Python (sandbox bridge,
-# agent client).
-test: control-plane python-env tools
+# The fast tier, first: the controllers' decisions, the parsers and the vocabulary (Rust unit
+# tests) and the Python tests that need no kernel and no cluster. No control plane; seconds
+# once built.
+test-unit: python-env
+	cargo test --workspace --lib
+	$(MAKE) --no-print-directory test-unit-python
+
+# Every test: the fast tier, then Rust (contract, real kube-apiserver end to end) and Python
+# (sandbox bridge, agent client).
+test: test-unit control-plane python-env tools
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
@@ -47,7 +54,7 @@ test-unit-python: python-env
 	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
 	cd bridge/agent && "$$venv/bin/python" -m pytest -q tests/test_mapping.py tests/test_distribution.py
 
-.PHONY: control-plane python-env tools lint test test-unit-python
+.PHONY: control-plane python-env tools lint test test-unit test-unit-python
 
 # The main job end to end on the embedded default (see README.md).
 demo: control-plane python-env
