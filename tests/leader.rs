@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use briq_dev::local_server::{Fault, FaultRule, Operation};
+use briq_dev::local_server::{Fault, FaultRule, LocalServer, Operation};
 use briq_operator::{crd::BriqExecutor, http::Health};
 use k8s_openapi::api::coordination::v1::Lease;
 use ops::{Instance, LEASE_SECONDS, until};
@@ -68,38 +68,57 @@ async fn holder(env: &TestEnv, lease: &str) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
-async fn execs(server: &briq_dev::local_server::LocalServer) -> u64 {
-    server.admin().stats().await.unwrap().calls(Operation::Exec)
+async fn execs(server: &LocalServer) -> u64 {
+    support::execs(&server.admin()).await
 }
 
-/// Waits until the sandbox server has received an exec beyond the first `before`.
-async fn code_reached_sandbox(server: &briq_dev::local_server::LocalServer, before: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while execs(server).await == before {
-        assert!(
-            Instant::now() < deadline,
-            "the code never reached the sandbox"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// Operator replicas of one Lease, against the test's API server and one sandbox server.
+struct Replicas {
+    server: LocalServer,
+    config: kube::Config,
+    settings: briq_operator::controller::Settings,
+}
+
+impl Replicas {
+    async fn new(env: &TestEnv) -> Replicas {
+        let server = ops::sandbox_server().await;
+        let settings = ops::settings(env, &server);
+        Replicas {
+            config: ops::kube_config(env).await,
+            settings,
+            server,
+        }
+    }
+
+    async fn start(&self, env: &TestEnv, identity: &str) -> Instance {
+        Instance::start(
+            self.config.clone(),
+            &self.server,
+            self.settings.clone(),
+            Some(ops::lease(env, "briq-operator", identity)),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Replica a leading, replica b standing by, and a Ready executor `py`.
+    async fn leader_and_standby(&self, env: &TestEnv) -> (Instance, Instance) {
+        let a = self.start(env, "replica-a").await;
+        until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
+        let b = self.start(env, "replica-b").await;
+        create_executor(env, "py", json!({})).await;
+        support::wait_ready(env, "py").await;
+        (a, b)
     }
 }
 
 #[tokio::test]
 async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     let env = TestEnv::new("leader-failover").await;
-    let server = ops::sandbox_server().await;
-    let config = ops::kube_config(&env).await;
-    let settings = ops::settings(&env, &server);
-    let start = |identity: &str| {
-        Instance::start(
-            config.clone(),
-            &server,
-            settings.clone(),
-            Some(ops::lease(&env, "briq-operator", identity)),
-        )
-    };
-    let mut a = start("replica-a").await.unwrap();
-    let mut b = start("replica-b").await.unwrap();
+    let replicas = Replicas::new(&env).await;
+    let server = &replicas.server;
+    let mut a = replicas.start(&env, "replica-a").await;
+    let mut b = replicas.start(&env, "replica-b").await;
     let watch = LeaderWatch::start(vec![a.observer.health.clone(), b.observer.health.clone()]);
     until(Duration::from_secs(30), "one replica leads", || {
         a.leading() || b.leading()
@@ -129,7 +148,7 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     );
 
     // 20 Executions at once: each is sent exactly once, whichever replica sees it.
-    let before = execs(&server).await;
+    let before = execs(server).await;
     let names: Vec<String> = (0..20).map(|i| format!("step-{i:02}")).collect();
     futures::future::join_all(names.iter().map(|name| {
         let env = &env;
@@ -146,7 +165,7 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
             "{name}"
         );
     }
-    assert_eq!(execs(&server).await - before, 20, "one exec per Execution");
+    assert_eq!(execs(server).await - before, 20, "one exec per Execution");
     create_execution(&env, "count", "py", "(len(ran), len(set(ran)))").await;
     assert_eq!(
         output(&finished(&env, "count", RUN_SECONDS).await),
@@ -181,7 +200,7 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     );
 
     // The new leader goes on with the same executor; still one exec per Execution.
-    let before = execs(&server).await;
+    let before = execs(server).await;
     let more: Vec<String> = (20..25).map(|i| format!("step-{i:02}")).collect();
     for name in &more {
         create_execution(&env, name, "py", &format!("ran.append('{name}')")).await;
@@ -198,29 +217,16 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
         output(&finished(&env, "recount", RUN_SECONDS).await),
         "(25, 25)"
     );
-    assert_eq!(execs(&server).await - before, 6);
+    assert_eq!(execs(server).await - before, 6);
     assert_eq!(watch.most(), 1, "two replicas never led at once");
 }
 
 #[tokio::test]
 async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_again() {
     let env = TestEnv::new("leader-midrun").await;
-    let server = ops::sandbox_server().await;
-    let config = ops::kube_config(&env).await;
-    let settings = ops::settings(&env, &server);
-    let start = |identity: &str| {
-        Instance::start(
-            config.clone(),
-            &server,
-            settings.clone(),
-            Some(ops::lease(&env, "briq-operator", identity)),
-        )
-    };
-    let mut a = start("replica-a").await.unwrap();
-    until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
-    let b = start("replica-b").await.unwrap();
-    create_executor(&env, "py", json!({})).await;
-    support::wait_ready(&env, "py").await;
+    let replicas = Replicas::new(&env).await;
+    let server = &replicas.server;
+    let (mut a, b) = replicas.leader_and_standby(&env).await;
 
     // The exec is held at the server long enough to kill the leader while it waits.
     server
@@ -231,10 +237,10 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
         ))
         .await
         .unwrap();
-    let before = execs(&server).await;
+    let before = execs(server).await;
     create_execution(&env, "first", "py", "print('ran')").await;
     create_execution(&env, "second", "py", "print('never')").await;
-    code_reached_sandbox(&server, before).await;
+    support::code_reached_sandbox(&server.admin(), before).await;
     a.kill().await;
     until(
         Duration::from_secs(LEASE_SECONDS + 10),
@@ -247,7 +253,7 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
     assert_eq!(reason(&first), "Interrupted");
     let second = finished(&env, "second", RUN_SECONDS).await;
     assert_eq!(reason(&second), "ExecutorUnusable");
-    assert_eq!(execs(&server).await, before + 1, "the code was sent once");
+    assert_eq!(execs(server).await, before + 1, "the code was sent once");
     wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
         support::condition(executor, "Stalled").0 == "True"
     })
@@ -257,32 +263,19 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
 #[tokio::test]
 async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_once() {
     let env = TestEnv::new("leader-graceful").await;
-    let server = ops::sandbox_server().await;
-    let config = ops::kube_config(&env).await;
-    let settings = ops::settings(&env, &server);
-    let start = |identity: &str| {
-        Instance::start(
-            config.clone(),
-            &server,
-            settings.clone(),
-            Some(ops::lease(&env, "briq-operator", identity)),
-        )
-    };
-    let mut a = start("replica-a").await.unwrap();
-    until(Duration::from_secs(30), "replica a leads", || a.leading()).await;
-    let b = start("replica-b").await.unwrap();
-    create_executor(&env, "py", json!({})).await;
-    support::wait_ready(&env, "py").await;
+    let replicas = Replicas::new(&env).await;
+    let server = &replicas.server;
+    let (mut a, b) = replicas.leader_and_standby(&env).await;
 
     server
         .admin()
         .add_fault(&FaultRule::on(Operation::Exec, Fault::delay(Duration::from_secs(3))).times(1))
         .await
         .unwrap();
-    let before = execs(&server).await;
+    let before = execs(server).await;
     create_execution(&env, "a-running", "py", "x = 'finished'\nx").await;
     create_execution(&env, "b-next", "py", "x + ' too'").await;
-    code_reached_sandbox(&server, before).await;
+    support::code_reached_sandbox(&server.admin(), before).await;
 
     // SIGTERM: the running Execution finishes on this replica, nothing new starts here, and the
     // lease is released (not left to expire).
@@ -302,5 +295,5 @@ async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_on
     assert_eq!(reason(&next), "Completed");
     assert_eq!(output(&next), "'finished too'");
     assert!(b.leading());
-    assert_eq!(execs(&server).await, before + 2, "each ran once");
+    assert_eq!(execs(server).await, before + 2, "each ran once");
 }

@@ -313,3 +313,25 @@ pub fn output(execution: &Execution) -> String {
         .and_then(|s| s.output.clone())
         .unwrap_or_default()
 }
+
+/// Exec calls the sandbox server behind `admin` has received.
+pub async fn execs(admin: &AdminClient) -> u64 {
+    admin
+        .stats()
+        .await
+        .expect("sandbox server stats")
+        .calls(briq_dev::local_server::Operation::Exec)
+}
+
+/// Waits until the sandbox server behind `admin` has received an exec beyond the first `before`:
+/// the code has reached the sandbox.
+pub async fn code_reached_sandbox(admin: &AdminClient, before: u64) {
+    wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        "the code reaches the sandbox",
+        || async { Ok(execs(admin).await > before) },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+}
