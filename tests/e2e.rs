@@ -10,10 +10,10 @@ use briq_operator::{
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
     crd::{BriqExecutor, Execution},
 };
-use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
+use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams},
 };
 use serde_json::json;
 use support::{
@@ -584,14 +584,7 @@ async fn a_missing_api_key_secret_is_reported_and_never_printed() {
     assert!(condition(&executor, "Ready").2.contains("briq-key"));
 
     // A wrong key is refused by briq; the status says so without the key itself.
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "wrong" }, "stringData": { "BRIQ_API_KEY": "sk-wrong-secret-value" }
-    }))
-    .unwrap();
-    env.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    support::create_api_key_secret(&env, "wrong", "sk-wrong-secret-value", true).await;
     create_executor(
         &env,
         "wrongkey",
@@ -605,6 +598,45 @@ async fn a_missing_api_key_secret_is_reported_and_never_printed() {
     let text = serde_json::to_string(&executor).unwrap();
     assert!(!text.contains("sk-wrong-secret-value"));
     assert!(condition(&executor, "Ready").2.contains("API key"));
+}
+
+#[tokio::test]
+async fn an_unlabelled_secret_is_never_used_as_a_key_and_looks_missing() {
+    let env = TestEnv::new("e2e-unlabelled").await;
+    let operator = Operator::start(&env).await;
+    let creates_before = operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::Create);
+    // A Secret that holds a key briq would accept, but that nobody opted in as an API key: an
+    // executor must not make the operator send it to briq.
+    let valid_key = operator.server.api_key().expose().to_owned();
+    support::create_api_key_secret(&env, "db-password", &valid_key, false).await;
+    for (name, secret) in [("borrower", "db-password"), ("missing", "no-such-secret")] {
+        create_executor(&env, name, json!({ "apiKeySecretRef": { "name": secret } })).await;
+    }
+    let mut messages = Vec::new();
+    for (name, secret) in [("borrower", "db-password"), ("missing", "no-such-secret")] {
+        let executor = wait_for(&env.api::<BriqExecutor>(), name, 30, |e| {
+            condition(e, "Ready").1 == "ApiKeyMissing"
+        })
+        .await;
+        let message = condition(&executor, "Ready").2;
+        assert!(message.contains("briq.cloud/api-key=true"), "{message}");
+        messages.push(message.replace(secret, "<secret>"));
+    }
+    assert_eq!(
+        messages[0], messages[1],
+        "an unlabelled Secret reads exactly like a missing one"
+    );
+    let stats = operator.admin().stats().await.unwrap();
+    assert_eq!(
+        stats.calls(Operation::Create),
+        creates_before,
+        "briq never saw the unlabelled Secret's value"
+    );
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ mod cache;
 mod conditions;
 mod execution;
 mod executor;
+mod ownership;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 
@@ -44,7 +45,9 @@ use tracing::{info, warn};
 use crate::{
     bridge::session,
     briq::{ApiKey, SandboxApi},
-    crd::{BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution},
+    crd::{
+        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution,
+    },
     http::Health,
     metrics::{ControllerKind, Live, Metrics},
 };
@@ -186,12 +189,21 @@ async fn api_key<S>(shared: &Shared<S>, executor: &BriqExecutor) -> Result<ApiKe
     };
     let namespace = executor.namespace().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(shared.client.clone(), &namespace);
-    let secret = secrets.get_opt(&reference.name).await?.ok_or_else(|| {
-        Error::ApiKey(format!(
-            "Secret {namespace}/{} does not exist",
-            reference.name
-        ))
-    })?;
+    // Only Secrets labelled for it are keys: otherwise anyone who may create an executor could
+    // have the operator send any Secret of the namespace to briq, even one they cannot read.
+    // An unlabelled Secret is reported exactly like a missing one.
+    let secret = secrets
+        .get_opt(&reference.name)
+        .await?
+        .filter(|secret| {
+            secret.labels().get(API_KEY_LABEL).map(String::as_str) == Some(API_KEY_LABEL_VALUE)
+        })
+        .ok_or_else(|| {
+            Error::ApiKey(format!(
+                "no Secret {namespace}/{} labelled {API_KEY_LABEL}={API_KEY_LABEL_VALUE}",
+                reference.name
+            ))
+        })?;
     let key = if reference.key.is_empty() {
         DEFAULT_API_KEY_SECRET_KEY
     } else {

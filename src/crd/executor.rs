@@ -12,6 +12,9 @@ pub const DEFAULT_EXECUTION_TIMEOUT_SECONDS: u32 = 30;
 pub const MAX_EXECUTION_TIMEOUT_SECONDS: u32 = 40;
 pub const DEFAULT_SETUP_TIMEOUT_SECONDS: u32 = 60;
 pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
+/// The label a Secret needs for the operator to use it as an API key (opt-in).
+pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
+pub const API_KEY_LABEL_VALUE: &str = "true";
 
 /// Fields that shape the sandbox cannot change once it exists: the executor owns exactly one
 /// sandbox and never rebuilds it behind the user's back. Make a new executor instead.
@@ -93,8 +96,9 @@ pub struct BriqExecutorSpec {
     #[schemars(length(max = 64))]
     pub env: Option<Vec<SandboxEnvVar>>,
 
-    /// Secret (in this namespace) holding the briq API key. When omitted, the operator's default
-    /// key is used.
+    /// Secret (in this namespace) holding the briq API key; it must carry the label
+    /// `briq.cloud/api-key: "true"` (an unlabelled Secret is treated as missing). When omitted,
+    /// the operator's default key is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<ApiKeySecretRef>,
 

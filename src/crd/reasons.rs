@@ -78,6 +78,8 @@ reasons! {
         ExecutorUnusable,
         /// The executor was deleted.
         ExecutorDeleted,
+        /// The executor names a sandbox that belongs to another object: the code was not sent.
+        SandboxNotOwned,
         /// The operator stopped while the code ran; it is never run again.
         Interrupted,
     }
@@ -104,7 +106,9 @@ impl ExecutionReason {
             Running => Phase::Running,
             Completed | FinalAnswer => Phase::Succeeded,
             CodeError | FinalAnswerRejected | Timeout | TransportError | MalformedResponse
-            | KernelLost | ExecutorUnusable | ExecutorDeleted | Interrupted => Phase::Failed,
+            | KernelLost | ExecutorUnusable | ExecutorDeleted | SandboxNotOwned | Interrupted => {
+                Phase::Failed
+            }
         }
     }
 
@@ -150,6 +154,9 @@ reasons! {
         SetupFailed,
         /// The executor will never run code again (timeout, lost kernel, uncertain outcome).
         Unusable,
+        /// The executor names a sandbox (annotation or status) that belongs to another object;
+        /// it is never used or destroyed, and the executor goes back to its own.
+        SandboxNotOwned,
         /// The executor is being deleted and its sandbox destroyed.
         Terminating,
         /// Destroying the sandbox failed; it is retried.
@@ -226,6 +233,7 @@ mod tests {
             (KernelLost, Phase::Failed),
             (ExecutorUnusable, Phase::Failed),
             (ExecutorDeleted, Phase::Failed),
+            (SandboxNotOwned, Phase::Failed),
             (Interrupted, Phase::Failed),
         ];
         assert_eq!(table.len(), ExecutionReason::ALL.len());

@@ -335,3 +335,21 @@ pub async fn code_reached_sandbox(admin: &AdminClient, before: u64) {
     .await
     .unwrap_or_else(|error| panic!("{error}"));
 }
+
+/// Creates a Secret holding `key` as `BRIQ_API_KEY`, labelled as an API key (opted in) or not.
+pub async fn create_api_key_secret(env: &TestEnv, name: &str, key: &str, labelled: bool) {
+    let labels = if labelled {
+        json!({ briq_operator::crd::API_KEY_LABEL: briq_operator::crd::API_KEY_LABEL_VALUE })
+    } else {
+        json!({})
+    };
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": labels },
+        "stringData": { "BRIQ_API_KEY": key },
+    }))
+    .unwrap();
+    env.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the Secret");
+}

@@ -17,6 +17,9 @@ pub struct Bookkeeping {
     unusable: Mutex<HashSet<String>>,
     /// Execution counts per executor, continued from the executor's status.
     counts: Mutex<HashMap<String, u64>>,
+    /// The sandbox briq confirmed as each executor's own: the status that names it is
+    /// tenant-writable, so it is checked once, not trusted.
+    owned: Mutex<HashMap<String, String>>,
     /// Executions this process finished, before its cache says so.
     finished: Mutex<HashSet<String>>,
     /// Results whose status write failed: written on the next reconcile instead of
@@ -51,6 +54,22 @@ impl Bookkeeping {
         let count = counts.entry(executor.to_owned()).or_insert(recorded);
         *count += 1;
         *count
+    }
+
+    /// Whether briq confirmed `sandbox` as `executor`'s own.
+    pub fn owns(&self, executor: &str, sandbox: &str) -> bool {
+        self.owned
+            .lock()
+            .expect("poisoned")
+            .get(executor)
+            .is_some_and(|owned| owned == sandbox)
+    }
+
+    pub fn confirmed_owner(&self, executor: &str, sandbox: &str) {
+        self.owned
+            .lock()
+            .expect("poisoned")
+            .insert(executor.to_owned(), sandbox.to_owned());
     }
 
     pub fn finished(&self, execution: &str) {
@@ -99,6 +118,7 @@ impl Bookkeeping {
         self.locks.lock().expect("poisoned").remove(executor);
         self.unusable.lock().expect("poisoned").remove(executor);
         self.counts.lock().expect("poisoned").remove(executor);
+        self.owned.lock().expect("poisoned").remove(executor);
     }
 
     /// How many entries are kept, all maps together.
@@ -106,6 +126,7 @@ impl Bookkeeping {
         self.locks.lock().expect("poisoned").len()
             + self.unusable.lock().expect("poisoned").len()
             + self.counts.lock().expect("poisoned").len()
+            + self.owned.lock().expect("poisoned").len()
             + self.finished.lock().expect("poisoned").len()
             + self.unwritten.lock().expect("poisoned").len()
     }
@@ -123,10 +144,11 @@ mod tests {
             drop(kept.lock(&executor));
             kept.made_unusable(&executor);
             kept.next_count(&executor, 7);
+            kept.confirmed_owner(&executor, &format!("bq_{i}"));
             kept.finished(&execution);
             kept.keep_unwritten(&execution, ExecutionStatus::default());
         }
-        assert_eq!(kept.len(), 5_000);
+        assert_eq!(kept.len(), 6_000);
         for i in 0..1_000 {
             kept.execution_deleted(&format!("execution-{i}"));
             kept.executor_deleted(&format!("executor-{i}"));

@@ -12,7 +12,10 @@ use crate::{
     bridge::session::CallError,
     bridge::{RunResult, RunStatus},
     briq::ErrorClass,
-    controller::conditions::{self, READY, STALLED, SUCCEEDED, desired},
+    controller::{
+        conditions::{self, READY, STALLED, SUCCEEDED, desired},
+        ownership::{Ownership, not_owned_message},
+    },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
         reasons::{ExecutionReason, Phase},
@@ -295,6 +298,25 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
         .poisons("its kernel was lost (the sandbox slept or restarted)"),
     };
     (verdict, Some(result))
+}
+
+/// What to do when briq says whose the sandbox an executor's status names is: `None`, run.
+pub fn ownership_verdict(sandbox: &str, ownership: &Ownership) -> Option<Verdict> {
+    use ExecutionReason::*;
+    match ownership {
+        Ownership::Owned => None,
+        Ownership::Foreign => Some(Verdict::new(
+            SandboxNotOwned,
+            format!("{}; the code was not sent", not_owned_message(sandbox)),
+        )),
+        Ownership::Gone => Some(
+            Verdict::new(
+                KernelLost,
+                format!("sandbox {sandbox} no longer exists; the executor is now unusable"),
+            )
+            .poisons("its sandbox no longer exists"),
+        ),
+    }
 }
 
 /// The status of an Execution that waits (Succeeded=Unknown), or `None` when `current`

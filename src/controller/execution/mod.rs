@@ -35,7 +35,9 @@ use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
     conditions::{self, SUCCEEDED},
-    mark_unusable, object_key, retry,
+    mark_unusable, object_key,
+    ownership::{Ownership, ownership},
+    retry,
     session::Session,
     settle,
 };
@@ -384,6 +386,12 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     self.executor_name()
                 ))
             })?;
+        if let Some(verdict) = self.verify_ownership(executor, &key, &sandbox_id).await? {
+            if let Some(why) = &verdict.unusable {
+                self.poison(executor, why).await?;
+            }
+            return self.conclude(self.status(), &verdict, None).await;
+        }
         let attempt = format!("{:016x}", rand::random::<u64>());
         let running = decide::running_status(
             &self.status(),
@@ -434,6 +442,30 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let action = self.conclude(running, &verdict, result).await?;
         self.prune(executor).await;
         Ok(action)
+    }
+
+    /// Why the code must not go to `sandbox`, if it must not: the executor's status names it, and
+    /// status is tenant-writable, so briq confirms it is the executor's own (once per executor
+    /// and sandbox; this process remembers the answer).
+    async fn verify_ownership(
+        &self,
+        executor: &BriqExecutor,
+        key: &crate::briq::ApiKey,
+        sandbox: &str,
+    ) -> Result<Option<Verdict>> {
+        let uid = executor.uid().unwrap_or_default();
+        if self.ctx.kept.owns(&uid, sandbox) {
+            return Ok(None);
+        }
+        let found = self.ctx.shared.sandboxes.get_sandbox(key, sandbox).await;
+        let own_name = crate::briq::sandbox_name(&self.namespace, &executor.name_any(), &uid);
+        let Some(ownership) = ownership(&own_name, &found) else {
+            return Err(found.expect_err("briq did not say").into());
+        };
+        if ownership == Ownership::Owned {
+            self.ctx.kept.confirmed_owner(&uid, sandbox);
+        }
+        Ok(decide::ownership_verdict(sandbox, &ownership))
     }
 
     /// Recorded as running, but no result: the code may have run. Never send it again.

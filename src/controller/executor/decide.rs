@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+pub use crate::controller::ownership::{Ownership, not_owned_message, ownership};
 use crate::{
     bridge::session::{CallError, SetupError},
     briq::{self, ErrorClass, SandboxState},
@@ -141,27 +142,38 @@ pub fn setup_verdict(outcome: &Result<(), SetupError>) -> SetupVerdict {
 #[derive(Debug, PartialEq, Eq)]
 pub enum ProbeVerdict {
     Running,
+    /// The recorded id names another object's sandbox.
+    NotOwned,
     /// The kernel and its Python state are lost: the executor becomes unusable.
     Lost(String),
     /// briq did not say: ask again later.
     Retry,
 }
 
-pub fn probe_verdict(sandbox: &str, found: &Result<SandboxState, briq::Error>) -> ProbeVerdict {
-    match found {
-        Ok(SandboxState::Running) => ProbeVerdict::Running,
-        Ok(state) => ProbeVerdict::Lost(format!(
-            "sandbox {sandbox} is {state}: its kernel and Python state are lost"
-        )),
-        Err(error) if error.class() == ErrorClass::NotFound => {
+pub fn probe_verdict(
+    sandbox: &str,
+    expected_name: &str,
+    found: &Result<briq::Sandbox, briq::Error>,
+) -> ProbeVerdict {
+    match (ownership(expected_name, found), found) {
+        (None, _) => ProbeVerdict::Retry,
+        (Some(Ownership::Foreign), _) => ProbeVerdict::NotOwned,
+        (Some(Ownership::Gone), _) => {
             ProbeVerdict::Lost(format!("sandbox {sandbox} no longer exists"))
         }
-        Err(_) => ProbeVerdict::Retry,
+        (Some(Ownership::Owned), Ok(found)) if found.state == SandboxState::Running => {
+            ProbeVerdict::Running
+        }
+        (Some(Ownership::Owned), Ok(found)) => ProbeVerdict::Lost(format!(
+            "sandbox {sandbox} is {}: its kernel and Python state are lost",
+            found.state
+        )),
+        (Some(Ownership::Owned), Err(_)) => unreachable!("an owned sandbox was found"),
     }
 }
 
-/// The sandboxes a deleted executor may own: every recorded id, and those found by name when a
-/// create's outcome was never recorded.
+/// The sandboxes a deleted executor may own: every recorded id (destroyed only once verified as
+/// its own), and those found under its own name.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Cleanup {
     pub ids: BTreeSet<String>,
@@ -179,8 +191,10 @@ pub fn cleanup(
         .chain(annotations.get(SANDBOX_ID_ANNOTATION))
         .cloned()
         .collect();
-    let look_up_by_name = annotations.contains_key(CREATE_PENDING_ANNOTATION);
-    (!ids.is_empty() || look_up_by_name).then_some(Cleanup {
+    // The recorded ids are tenant-writable: the sandbox under this executor's own name is
+    // destroyed too, so that a rewritten id cannot leak it.
+    let look_up_by_name = annotations.contains_key(CREATE_PENDING_ANNOTATION) || !ids.is_empty();
+    look_up_by_name.then_some(Cleanup {
         ids,
         look_up_by_name,
     })
@@ -535,21 +549,65 @@ mod tests {
         }
     }
 
+    fn found(name: &str, state: SandboxState) -> Result<briq::Sandbox, briq::Error> {
+        Ok(briq::Sandbox {
+            name: name.into(),
+            state,
+            ..sandbox("bq_1", "2026-12-03T00:00:01Z")
+        })
+    }
+
+    #[test]
+    fn ownership_table() {
+        let cases = [
+            (
+                found("bqe-ns-py-12345678", SandboxState::Running),
+                Some(Ownership::Owned),
+            ),
+            (
+                found("bqe-ns-py-12345678", SandboxState::Sleeping),
+                Some(Ownership::Owned),
+            ),
+            (
+                found("bqe-other-py-87654321", SandboxState::Running),
+                Some(Ownership::Foreign),
+            ),
+            (
+                found("bqe-ns-py-1234567", SandboxState::Running),
+                Some(Ownership::Foreign),
+            ),
+            (Err(not_found()), Some(Ownership::Gone)),
+            (Err(unavailable()), None),
+        ];
+        for (found, expected) in cases {
+            assert_eq!(
+                ownership("bqe-ns-py-12345678", &found),
+                expected,
+                "{found:?}"
+            );
+        }
+    }
+
     #[test]
     fn probe_verdict_table() {
-        let cases: Vec<(Result<SandboxState, briq::Error>, ProbeVerdict)> = vec![
-            (Ok(SandboxState::Running), ProbeVerdict::Running),
+        let mine = "bqe-ns-py-12345678";
+        let cases: Vec<(Result<briq::Sandbox, briq::Error>, ProbeVerdict)> = vec![
+            (found(mine, SandboxState::Running), ProbeVerdict::Running),
             (
-                Ok(SandboxState::Sleeping),
+                found(mine, SandboxState::Sleeping),
                 ProbeVerdict::Lost(
                     "sandbox bq_1 is sleeping: its kernel and Python state are lost".into(),
                 ),
             ),
             (
-                Ok(SandboxState::Starting),
+                found(mine, SandboxState::Starting),
                 ProbeVerdict::Lost(
                     "sandbox bq_1 is starting: its kernel and Python state are lost".into(),
                 ),
+            ),
+            (
+                found("bqe-victim-py-87654321", SandboxState::Running),
+                ProbeVerdict::NotOwned,
             ),
             (
                 Err(not_found()),
@@ -558,7 +616,7 @@ mod tests {
             (Err(unavailable()), ProbeVerdict::Retry),
         ];
         for (found, expected) in cases {
-            assert_eq!(probe_verdict("bq_1", &found), expected, "{found:?}");
+            assert_eq!(probe_verdict("bq_1", mine, &found), expected, "{found:?}");
         }
     }
 
@@ -575,7 +633,7 @@ mod tests {
                 annotations(&[(SANDBOX_ID_ANNOTATION, "bq_1")]),
                 Some(Cleanup {
                     ids: ["bq_1".to_owned()].into(),
-                    look_up_by_name: false,
+                    look_up_by_name: true,
                 }),
             ),
             (

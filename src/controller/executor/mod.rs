@@ -23,7 +23,7 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use self::decide::{
-    Adoption, ProbeVerdict, SandboxFields, SetupVerdict, Step, state, unusable_state,
+    Adoption, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state, unusable_state,
 };
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
@@ -147,6 +147,17 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(Action::requeue(API_KEY_RECHECK));
                 };
+                match self.ownership(executor, &key, &sandbox).await? {
+                    Ownership::Owned => {}
+                    Ownership::Foreign => {
+                        return self.disown(executor, &key, &sandbox, false).await;
+                    }
+                    Ownership::Gone => {
+                        // Before it was ready: its kernel held nothing yet; create another.
+                        self.forget_sandbox(executor).await?;
+                        return Ok(Action::await_change());
+                    }
+                }
                 let current = sandbox_fields(executor);
                 let fields = SandboxFields {
                     id: Some(sandbox),
@@ -371,18 +382,14 @@ impl<S: SandboxApi> Actor<'_, S> {
         id: &str,
         sandbox: SandboxFields,
     ) -> Result<Action> {
-        let found = self
-            .shared
-            .sandboxes
-            .get_sandbox(key, id)
-            .await
-            .map(|found| found.state);
-        match decide::probe_verdict(id, &found) {
+        let found = self.shared.sandboxes.get_sandbox(key, id).await;
+        match decide::probe_verdict(id, &own_name(executor), &found) {
             ProbeVerdict::Running => {
                 self.report(executor, decide::kernel_ready(), sandbox)
                     .await?;
                 Ok(Action::requeue(self.shared.settings.probe_interval))
             }
+            ProbeVerdict::NotOwned => self.disown(executor, key, id, true).await,
             ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),
             ProbeVerdict::Lost(lost) => {
                 mark_unusable(self.shared, executor, &lost).await?;
@@ -397,6 +404,85 @@ impl<S: SandboxApi> Actor<'_, S> {
                 self.report(executor, unusable_state(&lost), sandbox)
                     .await?;
                 Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Whose the sandbox `id`, named in a tenant-writable field, is, as briq tells it.
+    async fn ownership(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        id: &str,
+    ) -> Result<Ownership> {
+        let found = self.shared.sandboxes.get_sandbox(key, id).await;
+        match decide::ownership(&own_name(executor), &found) {
+            Some(ownership) => Ok(ownership),
+            None => Err(found.expect_err("briq did not say").into()),
+        }
+    }
+
+    /// The executor names someone else's sandbox (a copied manifest, a restored backup, or a
+    /// tenant trying to reach another's kernel): say so, never touch it, and go back to the
+    /// executor's own sandbox, found under its own name. A ready executor whose own sandbox
+    /// cannot be found has lost its kernel.
+    async fn disown(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        foreign: &str,
+        was_ready: bool,
+    ) -> Result<Action> {
+        let message = decide::not_owned_message(foreign);
+        warn!(sandbox = %foreign, "refused a sandbox that belongs to another object");
+        self.event(
+            executor,
+            EventType::Warning,
+            "SandboxNotOwned",
+            "Verify",
+            message.clone(),
+        )
+        .await;
+        let found = self
+            .shared
+            .sandboxes
+            .find_sandboxes_by_name(key, &own_name(executor))
+            .await?;
+        match decide::adoption(found) {
+            Some(Adoption { keep, .. }) => {
+                // Duplicates, if any, are the create path's to settle; here only the record is
+                // put right.
+                self.record_sandbox(executor, &keep).await?;
+                let fields = SandboxFields {
+                    id: Some(keep),
+                    ..sandbox_fields(executor)
+                };
+                let state = if was_ready {
+                    decide::kernel_ready()
+                } else {
+                    state("Unknown", false, ExecutorReason::SandboxNotOwned, message)
+                };
+                self.report(executor, state, fields).await?;
+                Ok(Action::await_change())
+            }
+            None if was_ready => {
+                let lost = format!("{message}; its own sandbox no longer exists");
+                mark_unusable(self.shared, executor, &lost).await?;
+                self.report(executor, unusable_state(&lost), SandboxFields::default())
+                    .await?;
+                Ok(Action::await_change())
+            }
+            None => {
+                // Nothing of its own yet (a copied manifest): it gets a sandbox of its own.
+                let Some(id) = self.create_sandbox(executor, key, false).await? else {
+                    return Ok(Action::await_change());
+                };
+                let fields = SandboxFields {
+                    id: Some(id),
+                    created: Some(conditions::now()),
+                    ready: None,
+                };
+                self.provision(executor, key, fields).await
             }
         }
     }
@@ -432,6 +518,20 @@ impl<S: SandboxApi> Actor<'_, S> {
                 );
                 let found = self.shared.sandboxes.find_sandboxes_by_name(&key, &name);
                 ids.extend(found.await?.into_iter().map(|s| s.id));
+            }
+            for id in ids.clone() {
+                if self.ownership(executor, &key, &id).await? == Ownership::Foreign {
+                    ids.remove(&id);
+                    let note = decide::not_owned_message(&id);
+                    self.event(
+                        executor,
+                        EventType::Warning,
+                        "SandboxNotOwned",
+                        "Destroy",
+                        note,
+                    )
+                    .await;
+                }
             }
             for id in &ids {
                 match self.shared.sandboxes.destroy_sandbox(&key, id).await? {
@@ -479,7 +579,9 @@ impl<S: SandboxApi> Actor<'_, S> {
 
     async fn destroy_failed_setup(&self, executor: &BriqExecutor, id: &str) -> Result<()> {
         let key = api_key(self.shared, executor).await?;
-        self.shared.sandboxes.destroy_sandbox(&key, id).await?;
+        if self.ownership(executor, &key, id).await? == Ownership::Owned {
+            self.shared.sandboxes.destroy_sandbox(&key, id).await?;
+        }
         self.annotate(executor, json!({ SANDBOX_ID_ANNOTATION: null }))
             .await?;
         info!(sandbox = %id, "destroyed the sandbox of a failed setup");
@@ -541,6 +643,15 @@ fn retry_error(outcome: Result<(), SetupError>) -> Error {
         Err(SetupError::Call(error)) => error.into(),
         other => Error::Invariant(format!("setup retried after {other:?}")),
     }
+}
+
+/// The executor's own sandbox name: what briq must answer for a sandbox to be this executor's.
+fn own_name(executor: &BriqExecutor) -> String {
+    sandbox_name(
+        &executor.namespace().unwrap_or_default(),
+        &executor.name_any(),
+        &executor.uid().unwrap_or_default(),
+    )
 }
 
 fn status_of(executor: &BriqExecutor) -> crate::crd::BriqExecutorStatus {
