@@ -19,9 +19,15 @@ pub struct Args {
     #[arg(long, env = "BRIQ_API_URL", default_value = "https://api.briq.cloud")]
     pub briq_url: Url,
 
-    /// API key for executors without `apiKeySecretRef`.
+    /// API key for executors without `apiKeySecretRef`. Taken as text and checked afterwards,
+    /// so that no parse error can echo it.
     #[arg(long, env = "BRIQ_API_KEY", hide_env_values = true)]
-    pub default_api_key: Option<ApiKey>,
+    pub default_api_key: Option<String>,
+
+    /// Accept an `http://` briq URL, which would send the API key in clear text. Only for a
+    /// local briq-compatible server.
+    #[arg(long, env = "BRIQ_ALLOW_PLAIN_HTTP")]
+    pub allow_plain_http: bool,
 
     /// Watch only this namespace [default: all namespaces].
     #[arg(long, env = "BRIQ_OPERATOR_NAMESPACE")]
@@ -68,18 +74,25 @@ pub struct Args {
 }
 
 impl Args {
-    pub fn settings(&self) -> Settings {
-        Settings {
-            default_api_key: self.default_api_key.clone(),
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let default_api_key = match &self.default_api_key {
+            Some(text) => Some(ApiKey::new(text.as_str()).map_err(|error| {
+                anyhow::anyhow!("--default-api-key (BRIQ_API_KEY) is not a usable key: {error}")
+            })?),
+            None => None,
+        };
+        Ok(Settings {
+            default_api_key,
             probe_interval: Duration::from_secs(self.probe_interval_seconds),
             namespace: self.namespace.clone(),
             ..Settings::default()
-        }
+        })
     }
 
     pub fn briq_client(&self) -> anyhow::Result<BriqClient> {
         let mut options = ClientOptions::new(self.briq_url.clone());
         options.request_timeout = Duration::from_secs(self.briq_timeout_seconds);
+        options.allow_plain_http = self.allow_plain_http;
         BriqClient::new(options).context("building the briq client")
     }
 
@@ -126,7 +139,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.http_address))?;
     let options = Options {
-        settings: args.settings(),
+        settings: args.settings()?,
         lease: args.lease(&config)?,
         http: Some(http),
     };
@@ -223,5 +236,32 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn an_unusable_default_key_is_refused_without_being_echoed() {
+        let secret = "sk-live secret-with-a-space";
+        let command = Command::try_parse_from(["briq-operator", "--default-api-key", secret])
+            .expect("any text parses");
+        let error = command.args.settings().expect_err("not a header-safe key");
+        let shown = format!("{error:#} {error:?}");
+        assert!(
+            !shown.contains("sk-live") && !shown.contains("secret-with"),
+            "{shown}"
+        );
+        assert!(shown.contains("BRIQ_API_KEY"), "{shown}");
     }
 }

@@ -28,7 +28,7 @@ async fn harness_with(adjust: impl FnOnce(&mut ClientOptions)) -> Harness {
     let server = local_server::spawn(Config::new(ApiKey::new(KEY).unwrap()))
         .await
         .unwrap();
-    let mut options = ClientOptions::new(server.url());
+    let mut options = ClientOptions::local(server.url());
     options.request_timeout = Duration::from_secs(10);
     options.ready_timeout = Duration::from_secs(10);
     adjust(&mut options);
@@ -714,7 +714,7 @@ async fn unreachable_briq_is_retryable() {
         .unwrap()
         .port();
     let url = url::Url::parse(&format!("http://127.0.0.1:{port}/")).unwrap();
-    let client = BriqClient::new(ClientOptions::new(url)).unwrap();
+    let client = BriqClient::new(ClientOptions::local(url)).unwrap();
     let key = ApiKey::new(KEY).unwrap();
     expect_class(
         client.get_sandbox(&key, "bq_x").await,

@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     let runs: usize = std::env::args().nth(1).map_or(Ok(20), |n| n.parse())?;
     anyhow::ensure!(runs > 0, "RUNS must be at least 1");
     let server = local_server::spawn(Config::new(ApiKey::new("latency-bench")?)).await?;
-    let client = BriqClient::new(ClientOptions::new(server.url()))?;
+    let client = BriqClient::new(ClientOptions::local(server.url()))?;
     let key = server.api_key().clone();
 
     let create = CreateSandbox {

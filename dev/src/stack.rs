@@ -158,7 +158,7 @@ impl Builder {
         if self.sandbox_server {
             let venv = tokio::task::spawn_blocking(repo::sandbox_venv).await??;
             let server = spawn_server(Some(venv.clone())).await?;
-            let client = BriqClient::new(ClientOptions::new(server.url()))?;
+            let client = BriqClient::new(ClientOptions::local(server.url()))?;
             stack.progress.step(format!(
                 "local sandbox server at {} (sandboxes are host processes)",
                 server.url()
@@ -401,7 +401,7 @@ impl Controllers {
     ) -> anyhow::Result<Controllers> {
         let mut controllers = Controllers {
             client,
-            sandboxes: BriqClient::new(ClientOptions::new(server.url()))?,
+            sandboxes: BriqClient::new(ClientOptions::local(server.url()))?,
             settings,
             running: None,
         };
@@ -494,7 +494,7 @@ impl OperatorProcess {
             .as_ref()
             .map(|l| l.identity.clone())
             .unwrap_or_default();
-        let sandboxes = BriqClient::new(ClientOptions::new(server.url()))?;
+        let sandboxes = BriqClient::new(ClientOptions::local(server.url()))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let options = Options {
             settings,

@@ -34,6 +34,9 @@ pub struct ClientOptions {
     pub max_response_bytes: usize,
     /// How long `create_sandbox` waits for the new sandbox to run.
     pub ready_timeout: Duration,
+    /// Whether an `http://` base URL is acceptable: it sends the key in clear text, so only a
+    /// local briq-compatible server should ever be reached that way.
+    pub allow_plain_http: bool,
 }
 
 impl ClientOptions {
@@ -44,6 +47,15 @@ impl ClientOptions {
             // A 1 MiB file travels as 1.4 MiB of base64; leave room for the JSON around it.
             max_response_bytes: 4 * 1024 * 1024,
             ready_timeout: Duration::from_secs(120),
+            allow_plain_http: false,
+        }
+    }
+
+    /// Options for a local briq-compatible server, which speaks plain HTTP on loopback.
+    pub fn local(base_url: Url) -> Self {
+        Self {
+            allow_plain_http: true,
+            ..Self::new(base_url)
         }
     }
 }
@@ -53,6 +65,11 @@ impl ClientOptions {
 pub enum NewClientError {
     #[error("briq base URL {url} is not an http(s) URL")]
     BaseUrl { url: String },
+    #[error(
+        "briq base URL {url} is plain http, which would send the API key in clear text \
+         (allow it only for a local server: --allow-plain-http)"
+    )]
+    PlainHttp { url: String },
     #[error("cannot build the briq HTTP client")]
     Http(#[from] reqwest::Error),
 }
@@ -85,6 +102,11 @@ impl BriqClient {
             || options.base_url.cannot_be_a_base()
         {
             return Err(NewClientError::BaseUrl {
+                url: options.base_url.to_string(),
+            });
+        }
+        if options.base_url.scheme() == "http" && !options.allow_plain_http {
+            return Err(NewClientError::PlainHttp {
                 url: options.base_url.to_string(),
             });
         }
@@ -227,6 +249,12 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::try_from(wait).unwrap_or(Duration::ZERO))
 }
 
+/// Every error leaves the client through here: remote text (messages, details, request ids) is
+/// scrubbed of the key, then cut.
+fn redacted<T>(key: &ApiKey, result: Result<T, Error>) -> Result<T, Error> {
+    result.map_err(|error| error.redacted(key))
+}
+
 fn sha256_hex(content: &[u8]) -> String {
     format!("{:x}", Sha256::digest(content))
 }
@@ -237,15 +265,21 @@ impl SandboxApi for BriqClient {
         key: &ApiKey,
         request: &CreateSandbox,
     ) -> Result<Sandbox, Error> {
-        let created: Sandbox = self
-            .call(
-                key,
-                self.request(Method::POST, paths::SANDBOXES, &[])
-                    .json(request),
-            )
-            .await?
-            .decode()?;
-        self.wait_running(key, created).await
+        redacted(
+            key,
+            async {
+                let created: Sandbox = self
+                    .call(
+                        key,
+                        self.request(Method::POST, paths::SANDBOXES, &[])
+                            .json(request),
+                    )
+                    .await?
+                    .decode()?;
+                self.wait_running(key, created).await
+            }
+            .await,
+        )
     }
 
     async fn find_sandboxes_by_name(
@@ -253,43 +287,58 @@ impl SandboxApi for BriqClient {
         key: &ApiKey,
         name: &str,
     ) -> Result<Vec<Sandbox>, Error> {
-        let query = ListQuery {
-            name: Some(name.to_owned()),
-        };
-        let list: SandboxList = idempotent("list", || async {
-            self.call(
-                key,
-                self.request(Method::GET, paths::SANDBOXES, &[])
-                    .query(&query),
-            )
-            .await?
-            .decode()
-        })
-        .await?;
-        // The filter's exact semantics are assumed; only an exact match identifies our sandbox.
-        Ok(list
-            .sandboxes
-            .into_iter()
-            .filter(|s| s.name == name)
-            .collect())
+        redacted(
+            key,
+            async {
+                let query = ListQuery {
+                    name: Some(name.to_owned()),
+                };
+                let list: SandboxList = idempotent("list", || async {
+                    self.call(
+                        key,
+                        self.request(Method::GET, paths::SANDBOXES, &[])
+                            .query(&query),
+                    )
+                    .await?
+                    .decode()
+                })
+                .await?;
+                // The filter's exact semantics are assumed; only an exact match identifies our sandbox.
+                Ok(list
+                    .sandboxes
+                    .into_iter()
+                    .filter(|s| s.name == name)
+                    .collect())
+            }
+            .await,
+        )
     }
 
     async fn get_sandbox(&self, key: &ApiKey, id: &str) -> Result<Sandbox, Error> {
-        idempotent("get", || self.get_once(key, id)).await
+        redacted(
+            key,
+            async { idempotent("get", || self.get_once(key, id)).await }.await,
+        )
     }
 
     async fn destroy_sandbox(&self, key: &ApiKey, id: &str) -> Result<DestroyOutcome, Error> {
-        idempotent("destroy", || async {
-            match self
-                .call(key, self.request(Method::DELETE, paths::SANDBOX, &[id]))
+        redacted(
+            key,
+            async {
+                idempotent("destroy", || async {
+                    match self
+                        .call(key, self.request(Method::DELETE, paths::SANDBOX, &[id]))
+                        .await
+                    {
+                        Ok(_) => Ok(DestroyOutcome::Destroyed),
+                        Err(Error::NotFound { .. }) => Ok(DestroyOutcome::AlreadyGone),
+                        Err(e) => Err(e),
+                    }
+                })
                 .await
-            {
-                Ok(_) => Ok(DestroyOutcome::Destroyed),
-                Err(Error::NotFound { .. }) => Ok(DestroyOutcome::AlreadyGone),
-                Err(e) => Err(e),
             }
-        })
-        .await
+            .await,
+        )
     }
 
     async fn exec(
@@ -298,11 +347,17 @@ impl SandboxApi for BriqClient {
         id: &str,
         request: &ExecRequest,
     ) -> Result<ExecOutput, Error> {
-        let request = self
-            .request(Method::POST, paths::EXEC, &[id])
-            .timeout(request.timeout + self.options.request_timeout)
-            .json(&ExecBody::from(request));
-        self.call(key, request).await?.decode()
+        redacted(
+            key,
+            async {
+                let request = self
+                    .request(Method::POST, paths::EXEC, &[id])
+                    .timeout(request.timeout + self.options.request_timeout)
+                    .json(&ExecBody::from(request));
+                self.call(key, request).await?.decode()
+            }
+            .await,
+        )
     }
 
     async fn write_file(
@@ -312,64 +367,82 @@ impl SandboxApi for BriqClient {
         path: &str,
         content: &[u8],
     ) -> Result<(), Error> {
-        let body = FileContent::new(path, content);
-        let expected = sha256_hex(content);
-        idempotent("write_file", || async {
-            let answer = self
-                .call(
-                    key,
-                    self.request(Method::PUT, paths::FILES, &[id]).json(&body),
-                )
-                .await?;
-            let stored: WriteFileAnswer = answer.decode()?;
-            if stored.sha256.eq_ignore_ascii_case(&expected) {
-                Ok(())
-            } else {
-                Err(Error::Integrity {
-                    path: path.to_owned(),
-                    expected: expected.clone(),
-                    answered: stored.sha256,
-                    request_id: answer.request_id,
+        redacted(
+            key,
+            async {
+                let body = FileContent::new(path, content);
+                let expected = sha256_hex(content);
+                idempotent("write_file", || async {
+                    let answer = self
+                        .call(
+                            key,
+                            self.request(Method::PUT, paths::FILES, &[id]).json(&body),
+                        )
+                        .await?;
+                    let stored: WriteFileAnswer = answer.decode()?;
+                    if stored.sha256.eq_ignore_ascii_case(&expected) {
+                        Ok(())
+                    } else {
+                        Err(Error::Integrity {
+                            path: path.to_owned(),
+                            expected: expected.clone(),
+                            answered: stored.sha256,
+                            request_id: answer.request_id,
+                        })
+                    }
                 })
+                .await
             }
-        })
-        .await
+            .await,
+        )
     }
 
     async fn read_file(&self, key: &ApiKey, id: &str, path: &str) -> Result<Vec<u8>, Error> {
-        let query = FileQuery {
-            path: path.to_owned(),
-        };
-        idempotent("read_file", || async {
-            let answer = self
-                .call(
-                    key,
-                    self.request(Method::GET, paths::FILES, &[id]).query(&query),
-                )
-                .await?;
-            let file: FileContent = answer.decode()?;
-            file.content().map_err(|e| Error::Malformed {
-                detail: format!("file content is not base64: {e}"),
-                request_id: answer.request_id,
-            })
-        })
-        .await
+        redacted(
+            key,
+            async {
+                let query = FileQuery {
+                    path: path.to_owned(),
+                };
+                idempotent("read_file", || async {
+                    let answer = self
+                        .call(
+                            key,
+                            self.request(Method::GET, paths::FILES, &[id]).query(&query),
+                        )
+                        .await?;
+                    let file: FileContent = answer.decode()?;
+                    file.content().map_err(|e| Error::Malformed {
+                        detail: format!("file content is not base64: {e}"),
+                        request_id: answer.request_id,
+                    })
+                })
+                .await
+            }
+            .await,
+        )
     }
 
     async fn preview_url(&self, key: &ApiKey, id: &str, port: u16) -> Result<Url, Error> {
-        let port = port.to_string();
-        // A read like `get`, so as safe to repeat.
-        idempotent("preview", || async {
-            let answer = self
-                .call(key, self.request(Method::GET, paths::PREVIEW, &[id, &port]))
-                .await?;
-            let preview: PreviewAnswer = answer.decode()?;
-            Url::parse(&preview.url).map_err(|e| Error::Malformed {
-                detail: format!("preview URL: {e}"),
-                request_id: answer.request_id,
-            })
-        })
-        .await
+        redacted(
+            key,
+            async {
+                let port = port.to_string();
+                // A read like `get`, so as safe to repeat.
+                idempotent("preview", || async {
+                    let answer = self
+                        .call(key, self.request(Method::GET, paths::PREVIEW, &[id, &port]))
+                        .await?;
+                    let preview: PreviewAnswer = answer.decode()?;
+                    Url::parse(&preview.url).map_err(|e| Error::Malformed {
+                        detail: format!("preview URL: {e}"),
+                        request_id: answer.request_id,
+                    })
+                })
+                .await
+            }
+            .await,
+        )
     }
 }
 
@@ -398,6 +471,16 @@ mod tests {
             BriqClient::new(options),
             Err(NewClientError::BaseUrl { .. })
         ));
+    }
+
+    #[test]
+    fn a_plain_http_url_is_refused_unless_allowed() {
+        let url = Url::parse("http://briq.example.test").unwrap();
+        assert!(matches!(
+            BriqClient::new(ClientOptions::new(url.clone())),
+            Err(NewClientError::PlainHttp { .. })
+        ));
+        assert!(BriqClient::new(ClientOptions::local(url)).is_ok());
     }
 
     #[test]

@@ -105,6 +105,19 @@ pub enum Error {
     },
 }
 
+/// Remote text kept in an error, at most: enough to tell a gateway page from briq's own answer.
+pub const MAX_REMOTE_CHARS: usize = 200;
+
+/// `text` from the network as an error may carry it: the key scrubbed first, then cut to
+/// [`MAX_REMOTE_CHARS`] characters.
+pub fn remote_text(text: &str, key: &ApiKey) -> String {
+    let scrubbed = text.replace(key.expose(), "<redacted>");
+    match scrubbed.char_indices().nth(MAX_REMOTE_CHARS) {
+        Some((cut, _)) => format!("{}…", &scrubbed[..cut]),
+        None => scrubbed,
+    }
+}
+
 fn by(request_id: &Option<String>) -> String {
     request_id
         .as_deref()
@@ -164,20 +177,21 @@ impl Error {
             .ok()
             .map(|b| b.error);
         let code = detail.as_ref().map_or(ErrorCode::Other, |d| d.code);
-        let message = detail
-            .map_or_else(
-                || {
-                    let text = String::from_utf8_lossy(body);
-                    let text = text.trim();
-                    if text.is_empty() {
-                        status.canonical_reason().unwrap_or("no message").to_owned()
-                    } else {
-                        text.chars().take(200).collect()
-                    }
-                },
-                |d| d.message,
-            )
-            .replace(key.expose(), "<redacted>");
+        let message = detail.map_or_else(
+            || {
+                let text = String::from_utf8_lossy(body);
+                let text = text.trim();
+                if text.is_empty() {
+                    status.canonical_reason().unwrap_or("no message").to_owned()
+                } else {
+                    text.to_owned()
+                }
+            },
+            |d| d.message,
+        );
+        // Scrubbed before it is cut: a cut through the key would leave a piece no scrub finds.
+        let message = remote_text(&message, key);
+        let request_id = request_id.map(|id| remote_text(&id, key));
         let status_code = status.as_u16();
         if code.is_account_refusal() {
             return Self::Rejected {
@@ -210,6 +224,85 @@ impl Error {
                 message,
                 request_id,
             },
+        }
+    }
+
+    /// The same error with every piece of text that came from the network scrubbed of `key`,
+    /// then cut to [`MAX_REMOTE_CHARS`].
+    pub fn redacted(self, key: &ApiKey) -> Self {
+        let text = |text: String| remote_text(&text, key);
+        let id = |id: Option<String>| id.map(text);
+        match self {
+            Self::NotFound {
+                message,
+                request_id,
+            } => Self::NotFound {
+                message: text(message),
+                request_id: id(request_id),
+            },
+            Self::Unauthorized {
+                status,
+                message,
+                request_id,
+            } => Self::Unauthorized {
+                status,
+                message: text(message),
+                request_id: id(request_id),
+            },
+            Self::Rejected {
+                status,
+                code,
+                message,
+                request_id,
+            } => Self::Rejected {
+                status,
+                code,
+                message: text(message),
+                request_id: id(request_id),
+            },
+            Self::Unavailable {
+                status,
+                code,
+                message,
+                retry_after,
+                request_id,
+            } => Self::Unavailable {
+                status,
+                code,
+                message: text(message),
+                retry_after,
+                request_id: id(request_id),
+            },
+            Self::Uncertain { source, request_id } => Self::Uncertain {
+                source,
+                request_id: id(request_id),
+            },
+            Self::Malformed { detail, request_id } => Self::Malformed {
+                detail: text(detail),
+                request_id: id(request_id),
+            },
+            Self::Integrity {
+                path,
+                expected,
+                answered,
+                request_id,
+            } => Self::Integrity {
+                path,
+                expected,
+                answered: text(answered),
+                request_id: id(request_id),
+            },
+            Self::NotReady {
+                id: sandbox,
+                state,
+                waited,
+            } => Self::NotReady {
+                id: text(sandbox),
+                state,
+                waited,
+            },
+            // Built here, never from an answer: a transport error names the URL, not the key.
+            error @ (Self::Unreachable { .. } | Self::Build { .. }) => error,
         }
     }
 
@@ -298,5 +391,82 @@ mod tests {
             &key(),
         );
         assert!(!format!("{error} {error:?}").contains("k3y-s3cret"));
+    }
+
+    /// Every 8-character piece of `secret` that `text` contains.
+    fn pieces_of(secret: &str, text: &str) -> Vec<String> {
+        let chars: Vec<char> = secret.chars().collect();
+        chars
+            .windows(8)
+            .map(|w| w.iter().collect::<String>())
+            .filter(|piece| text.contains(piece.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_key_echoed_across_the_length_limit_leaves_no_piece_behind() {
+        let secret = "sk-live-0123456789abcdefghij";
+        let key = ApiKey::new(secret).unwrap();
+        for offset in 0..=MAX_REMOTE_CHARS + 1 {
+            let page = format!("{}{secret}</p>{secret}", "-".repeat(offset));
+            for status in [StatusCode::BAD_GATEWAY, StatusCode::FORBIDDEN] {
+                let error = Error::from_answer(
+                    status,
+                    page.as_bytes(),
+                    None,
+                    Some(format!("req-{secret}")),
+                    &key,
+                );
+                let shown = format!("{error} {error:?}");
+                assert_eq!(
+                    pieces_of(secret, &shown),
+                    Vec::<String>::new(),
+                    "offset {offset}"
+                );
+            }
+        }
+        let json = format!(
+            r#"{{"error":{{"code":"invalid_request","message":"{secret} {}"}}}}"#,
+            "x".repeat(500)
+        );
+        let error = Error::from_answer(StatusCode::BAD_REQUEST, json.as_bytes(), None, None, &key);
+        let shown = error.to_string();
+        assert!(pieces_of(secret, &shown).is_empty(), "{shown}");
+        assert!(
+            shown.chars().count() < MAX_REMOTE_CHARS + 100,
+            "JSON messages are cut too"
+        );
+    }
+
+    #[test]
+    fn every_remote_field_leaves_the_client_scrubbed() {
+        let secret = "sk-live-0123456789abcdefghij";
+        let key = ApiKey::new(secret).unwrap();
+        let echoed = || format!("echo {secret}");
+        let errors = [
+            Error::Malformed {
+                detail: echoed(),
+                request_id: Some(echoed()),
+            },
+            Error::NotFound {
+                message: echoed(),
+                request_id: Some(echoed()),
+            },
+            Error::Integrity {
+                path: "/work/x".into(),
+                expected: "ab".into(),
+                answered: echoed(),
+                request_id: None,
+            },
+            Error::NotReady {
+                id: echoed(),
+                state: SandboxState::Creating,
+                waited: Duration::from_secs(1),
+            },
+        ];
+        for error in errors {
+            let shown = format!("{:?}", error.redacted(&key));
+            assert!(pieces_of(secret, &shown).is_empty(), "{shown}");
+        }
     }
 }

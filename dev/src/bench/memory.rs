@@ -212,6 +212,7 @@ impl Operator {
             .env("KUBECONFIG", stack.user_kubeconfig(super::OPERATOR_USER))
             .env("BRIQ_API_URL", stack.server().url().as_str())
             .env("BRIQ_API_KEY", stack.key().expose())
+            .env("BRIQ_ALLOW_PLAIN_HTTP", "true")
             .env("BRIQ_HTTP_ADDRESS", format!("127.0.0.1:{port}"))
             .env_remove("BRIQ_OPERATOR_NAMESPACE")
             .env_remove("BRIQ_LEADER_ELECTION")

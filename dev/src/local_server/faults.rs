@@ -53,6 +53,10 @@ pub enum Fault {
     /// The operation is performed after this delay, even if the client gave up meanwhile.
     #[serde(untagged)]
     Delay { delay_ms: u64 },
+    /// A gateway's error page (HTML, not briq's JSON) that echoes the request's bearer key at
+    /// many offsets, as a misconfigured proxy might; the operation is not performed.
+    #[serde(untagged)]
+    EchoPage { echo_status: u16 },
 }
 
 impl Fault {
@@ -61,6 +65,12 @@ impl Fault {
             status,
             code: None,
             retry_after_seconds: None,
+        }
+    }
+
+    pub fn echo_page(status: u16) -> Self {
+        Self::EchoPage {
+            echo_status: status,
         }
     }
 

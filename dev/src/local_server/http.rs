@@ -151,6 +151,26 @@ pub(crate) fn dropped_connection() -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// An HTML error page that echoes `key` at many offsets: first across character 200 (where
+/// error messages are commonly cut), then after ever longer gaps, past several kilobytes (past
+/// Event notes and condition messages).
+pub(crate) fn echo_page(status: u16, key: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let head = format!("<html><body><h1>{status}</h1><pre>");
+    const BEARER: &str = "Authorization: Bearer ";
+    // The first key starts at character 192: a cut at 200 would keep 8 characters of it.
+    let mut page = head.clone();
+    page.push_str(&"-".repeat(192usize.saturating_sub(head.len() + BEARER.len())));
+    for gap in 0..96 {
+        page.push_str(BEARER);
+        page.push_str(key);
+        page.push_str(&"-".repeat(gap * 3));
+        page.push('\n');
+    }
+    page.push_str("</pre></body></html>");
+    (status, [(CONTENT_TYPE, "text/html")], page).into_response()
+}
+
 pub(crate) fn malformed_json() -> Response {
     (
         StatusCode::OK,

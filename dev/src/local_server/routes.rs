@@ -13,7 +13,7 @@ use axum::{Extension, Json, Router};
 use sha2::{Digest as _, Sha256};
 
 use super::faults::{Fault, Operation};
-use super::http::{ApiError, RequestId, dropped_connection, malformed_json};
+use super::http::{ApiError, RequestId, dropped_connection, echo_page, malformed_json};
 use super::paths::resolve;
 use super::process::{self, CommandSpec};
 use super::state::Shared;
@@ -56,6 +56,9 @@ where
                 .respond(Some(request_id));
         }
         Some(Fault::DropConnection) => return dropped_connection(),
+        Some(Fault::EchoPage { echo_status }) => {
+            return echo_page(*echo_status, shared.api_key.expose());
+        }
         Some(Fault::Delay { delay_ms }) => Duration::from_millis(*delay_ms),
         _ => Duration::ZERO,
     };
