@@ -110,7 +110,15 @@ fn bad_values_fail_before_anything_is_installed() {
             &["--set", "serviceMonitor.interval=often"],
             "/serviceMonitor/interval",
         ),
+        (
+            &["--set", "admissionPolicy.enabled=yes"],
+            "/admissionPolicy/enabled",
+        ),
         // Checks the schema cannot express, made by the templates.
+        (
+            &["--kube-version", "1.29.0"],
+            "admissionPolicy.enabled needs Kubernetes 1.30",
+        ),
         (
             &["--set", "leaderElection.leaseGraceSeconds=15"],
             "leaseGraceSeconds must be less",
@@ -296,8 +304,10 @@ async fn rendered_manifests_apply_to_the_api_server() {
     let release = format!("apply-{:06x}", rand::random::<u32>() & 0xff_ffff);
     let mut extra = vec!["--include-crds"];
     extra.extend_from_slice(ALL_FEATURES);
-    let yaml = ops::template_text(&release, &env.namespace, &extra);
-    apply(&env, &yaml);
+    let mut documents = ops::documents(&ops::template_text(&release, &env.namespace, &extra));
+    // This release's ServiceAccount would be the only one let through: keep the policy here.
+    ops::confine_admission_policy(&mut documents, &env.namespace);
+    apply(&env, &ops::yaml(&documents.iter().collect::<Vec<_>>()));
     let fullname = format!("{release}-briq-operator");
     for object in [
         format!("deployment/{fullname}"),
@@ -309,6 +319,8 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("rolebinding/{fullname}-leader-election"),
         format!("clusterrole/{fullname}"),
         format!("clusterrolebinding/{fullname}"),
+        format!("validatingadmissionpolicy/{fullname}-operator-fields"),
+        format!("validatingadmissionpolicybinding/{fullname}-operator-fields"),
     ] {
         let (ok, _, stderr) = env.kubectl(&["get", &object]);
         assert!(ok, "{object}: {stderr}");
@@ -322,6 +334,80 @@ async fn rendered_manifests_apply_to_the_api_server() {
     assert!(ops::find(&documents, "ClusterRoleBinding").is_empty());
     assert_eq!(ops::find(&documents, "RoleBinding").len(), 2);
     apply(&env, &yaml);
+    ops::admission_policy_effective(&env).await;
+}
+
+#[test]
+fn the_admission_policy_lets_only_the_charts_service_account_through() {
+    // (values, the ServiceAccount let through, the namespace the binding is confined to)
+    let cases: &[(&[&str], &str, Option<&str>)] = &[
+        (&[], "adm-briq-operator", None),
+        (&["--set", "serviceAccount.name=custom"], "custom", None),
+        (&["--set", "serviceAccount.create=false"], "default", None),
+        (
+            &[
+                "--set",
+                "serviceAccount.create=false",
+                "--set",
+                "serviceAccount.name=shared",
+            ],
+            "shared",
+            None,
+        ),
+        (
+            &["--set", "watchNamespace=tenants"],
+            "adm-briq-operator",
+            Some("tenants"),
+        ),
+    ];
+    for (values, account, confined) in cases {
+        let documents = ops::template("adm", "briq-system", values);
+        let deployment = ops::find(&documents, "Deployment")[0];
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["serviceAccountName"], *account,
+            "{values:?}"
+        );
+        let policy = ops::find(&documents, "ValidatingAdmissionPolicy")[0];
+        assert_eq!(
+            policy["metadata"]["name"],
+            "adm-briq-operator-operator-fields"
+        );
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"],
+            format!("request.userInfo.username != \"system:serviceaccount:briq-system:{account}\""),
+            "{values:?}"
+        );
+        let rules = &policy["spec"]["matchConstraints"]["resourceRules"];
+        assert_eq!(rules[0]["operations"], json!(["CREATE", "UPDATE"]));
+        assert_eq!(
+            rules[0]["resources"],
+            json!([
+                "briqexecutors",
+                "executions",
+                "briqexecutors/status",
+                "executions/status"
+            ])
+        );
+        let binding = ops::find(&documents, "ValidatingAdmissionPolicyBinding")[0];
+        assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        let selector = &binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"];
+        assert_eq!(
+            selector["kubernetes.io/metadata.name"].as_str(),
+            *confined,
+            "{values:?}"
+        );
+    }
+    let off = ops::template(
+        "adm",
+        "briq-system",
+        &["--set", "admissionPolicy.enabled=false"],
+    );
+    assert!(
+        ops::find(&off, "ValidatingAdmissionPolicy").is_empty()
+            && ops::find(&off, "ValidatingAdmissionPolicyBinding").is_empty()
+    );
 }
 
 /// (apiGroup, resource, verb, resourceName) for every permission a rule grants.
@@ -474,6 +560,22 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).unwrap()))
         .collect();
     apply(&env, &rbac.concat());
+    // And the admission policy (confined to this namespace): the operator's own writes of its
+    // annotations, status and finalizer pass it.
+    let mut documents = documents;
+    ops::confine_admission_policy(&mut documents, &env.namespace);
+    let policy: Vec<&Value> = documents
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .unwrap()
+                .starts_with("ValidatingAdmissionPolicy")
+        })
+        .collect();
+    assert_eq!(policy.len(), 2);
+    apply(&env, &ops::yaml(&policy));
+    ops::admission_policy_effective(&env).await;
     let user = format!("system:serviceaccount:{}:{fullname}", env.namespace);
 
     // What the role must not allow, asked of the API server's authorizer.

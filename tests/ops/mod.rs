@@ -137,3 +137,68 @@ pub async fn until(timeout: Duration, what: &str, check: impl FnMut() -> bool) -
         .await
         .unwrap_or_else(|error| panic!("{error}"))
 }
+
+/// The chart's ValidatingAdmissionPolicyBinding confined to `namespace`. Policies are
+/// cluster-wide, and each release lets only its own ServiceAccount through: on a shared control
+/// plane an unconfined binding would deny the operators of every other test.
+pub fn confine_admission_policy(documents: &mut [Value], namespace: &str) {
+    for binding in documents
+        .iter_mut()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+    {
+        binding["spec"]["matchResources"] = serde_json::json!({
+            "namespaceSelector": {
+                "matchLabels": { "kubernetes.io/metadata.name": namespace }
+            }
+        });
+    }
+}
+
+/// Documents as one multi-document YAML text, for `kubectl apply`.
+pub fn yaml(documents: &[&Value]) -> String {
+    documents
+        .iter()
+        .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).unwrap()))
+        .collect()
+}
+
+/// Waits until the admission policy guards `env`'s namespace: type-checking and compiling a
+/// policy and its binding is asynchronous, so a dry-run create of an executor naming a sandbox
+/// is tried (as the admin, whom the policy does not exempt either) until it is denied.
+pub async fn admission_policy_effective(env: &TestEnv) {
+    use briq_operator::crd::BriqExecutor;
+    use kube::api::PostParams;
+
+    let probe: BriqExecutor = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "admission-probe",
+            "annotations": { "briq.cloud/sandbox-id": "bq_probe" }
+        },
+        "spec": {}
+    }))
+    .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let api = env.api::<BriqExecutor>();
+    briq_dev::wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the admission policy denies an executor naming a sandbox",
+        || async {
+            Ok(match api.create(&dry_run, &probe).await {
+                Ok(_) => false,
+                Err(kube::Error::Api(status))
+                    if status.code == 403
+                        && status.message.contains("ValidatingAdmissionPolicy") =>
+                {
+                    true
+                }
+                Err(error) => anyhow::bail!("the probe failed otherwise: {error}"),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+}
