@@ -672,15 +672,7 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
     )
     .await;
 
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "briq-key" },
-        "stringData": { "BRIQ_API_KEY": server.api_key().expose() },
-    }))
-    .unwrap();
-    env.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    support::create_api_key_secret(&env, "briq-key", server.api_key().expose(), true).await;
     create_executor(
         &env,
         "py",

@@ -10,6 +10,7 @@ use std::{
 };
 
 use briq_dev::local_server::{Fault, FaultRule, Operation};
+use briq_operator::briq::leaked_pieces;
 use briq_operator::crd::{BriqExecutor, Execution};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
@@ -45,16 +46,6 @@ fn logs() -> &'static Logs {
             .init();
         logs
     })
-}
-
-/// Every 8-character piece of `secret` found in `text`.
-fn pieces_of(secret: &str, text: &str) -> Vec<String> {
-    let chars: Vec<char> = secret.chars().collect();
-    chars
-        .windows(8)
-        .map(|w| w.iter().collect::<String>())
-        .filter(|piece| text.contains(piece.as_str()))
-        .collect()
 }
 
 #[tokio::test]
@@ -126,6 +117,10 @@ async fn a_gateway_page_echoing_the_key_leaves_no_piece_of_it_in_status_events_o
         ("events", serde_json::to_string(&events.items).unwrap()),
         ("logs", logged),
     ] {
-        assert_eq!(pieces_of(&secret, &text), Vec::<String>::new(), "in {what}");
+        assert_eq!(
+            leaked_pieces(&secret, &text),
+            Vec::<String>::new(),
+            "in {what}"
+        );
     }
 }

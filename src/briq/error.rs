@@ -321,6 +321,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::briq::key::leaked_pieces;
 
     fn key() -> ApiKey {
         ApiKey::new("k3y-s3cret").unwrap()
@@ -393,16 +394,6 @@ mod tests {
         assert!(!format!("{error} {error:?}").contains("k3y-s3cret"));
     }
 
-    /// Every 8-character piece of `secret` that `text` contains.
-    fn pieces_of(secret: &str, text: &str) -> Vec<String> {
-        let chars: Vec<char> = secret.chars().collect();
-        chars
-            .windows(8)
-            .map(|w| w.iter().collect::<String>())
-            .filter(|piece| text.contains(piece.as_str()))
-            .collect()
-    }
-
     #[test]
     fn a_key_echoed_across_the_length_limit_leaves_no_piece_behind() {
         let secret = "sk-live-0123456789abcdefghij";
@@ -419,7 +410,7 @@ mod tests {
                 );
                 let shown = format!("{error} {error:?}");
                 assert_eq!(
-                    pieces_of(secret, &shown),
+                    leaked_pieces(secret, &shown),
                     Vec::<String>::new(),
                     "offset {offset}"
                 );
@@ -431,7 +422,7 @@ mod tests {
         );
         let error = Error::from_answer(StatusCode::BAD_REQUEST, json.as_bytes(), None, None, &key);
         let shown = error.to_string();
-        assert!(pieces_of(secret, &shown).is_empty(), "{shown}");
+        assert!(leaked_pieces(secret, &shown).is_empty(), "{shown}");
         assert!(
             shown.chars().count() < MAX_REMOTE_CHARS + 100,
             "JSON messages are cut too"
@@ -466,7 +457,7 @@ mod tests {
         ];
         for error in errors {
             let shown = format!("{:?}", error.redacted(&key));
-            assert!(pieces_of(secret, &shown).is_empty(), "{shown}");
+            assert!(leaked_pieces(secret, &shown).is_empty(), "{shown}");
         }
     }
 }

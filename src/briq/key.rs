@@ -37,6 +37,17 @@ impl ApiKey {
     }
 }
 
+/// The 8-character pieces of `secret` that `text` contains: what a check that a key never
+/// leaks looks for (a piece that long is as good as the key to someone guessing the rest).
+pub fn leaked_pieces(secret: &str, text: &str) -> Vec<String> {
+    let chars: Vec<char> = secret.chars().collect();
+    chars
+        .windows(8)
+        .map(|w| w.iter().collect::<String>())
+        .filter(|piece| text.contains(piece.as_str()))
+        .collect()
+}
+
 impl std::str::FromStr for ApiKey {
     type Err = InvalidApiKey;
 

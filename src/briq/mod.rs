@@ -20,7 +20,7 @@ mod retry;
 pub use api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox, SandboxState};
 pub use client::{BriqClient, ClientOptions, NewClientError};
 pub use error::{Error, ErrorClass};
-pub use key::{ApiKey, InvalidApiKey};
+pub use key::{ApiKey, InvalidApiKey, leaked_pieces};
 pub use name::sandbox_name;
 
 use url::Url;
