@@ -56,6 +56,15 @@ impl Backoff {
     pub fn len(&self) -> usize {
         self.failures.lock().expect("failure counts poisoned").len()
     }
+
+    /// Keeps only the keys `live` says still exist: a reconcile that fails after its object's
+    /// deletion was handled would otherwise leave a count behind.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) {
+        self.failures
+            .lock()
+            .expect("failure counts poisoned")
+            .retain(|key, _| live(key));
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +115,9 @@ mod tests {
         assert_eq!(backoff.len(), 2);
         backoff.forget("a");
         assert!(backoff.failed("a", None) <= 120 * MS);
+        backoff.failed("gone", None);
+        backoff.retain(|key| key != "gone");
+        assert_eq!(backoff.len(), 2);
         backoff.forget("a");
         backoff.forget("b");
         assert_eq!(backoff.len(), 0);

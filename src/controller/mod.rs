@@ -349,6 +349,18 @@ fn live(
 
 type Count = Box<dyn Fn() -> usize + Send + Sync>;
 
+/// How often the bookkeeping is checked against the caches.
+const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Reports the controllers' state to the observer; undoes it when the controllers stop (or are
 /// dropped, as when the lease is lost).
 struct Reporting {
@@ -462,7 +474,10 @@ pub async fn run_observed<S>(
         executor_store.clone(),
         wake_tx,
     ));
-    let executor_ctx = Arc::new(executor::Context::new(shared.clone()));
+    let executor_ctx = Arc::new(executor::Context::new(
+        shared.clone(),
+        executor_store.clone(),
+    ));
 
     // A deleted Execution is not reconciled, but the one queued behind it must hear of it, and
     // what the controller kept of it goes.
@@ -526,6 +541,19 @@ pub async fn run_observed<S>(
         Box::new(move || executor_ctx.bookkeeping() + execution_ctx.bookkeeping())
     };
     let _reporting = Reporting::start(&observer, executor_store, execution_store, bookkeeping);
+    // Deletions prune the bookkeeping at once; a reconcile still running then may add an entry
+    // after that, which this sweep removes.
+    let sweeper = {
+        let (executor_ctx, execution_ctx) = (executor_ctx.clone(), execution_ctx.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let mut every = tokio::time::interval(BOOKKEEPING_SWEEP);
+            loop {
+                every.tick().await;
+                executor_ctx.sweep();
+                execution_ctx.sweep();
+            }
+        }))
+    };
     let executor_loop = executor_controller
         .graceful_shutdown_on(executor_stop)
         .run(
@@ -544,5 +572,6 @@ pub async fn run_observed<S>(
         });
     info!("controllers started");
     futures::future::join(execution_loop, executor_loop).await;
+    drop(sweeper);
     info!("controllers stopped");
 }

@@ -121,6 +121,39 @@ impl Bookkeeping {
         self.owned.lock().expect("poisoned").remove(executor);
     }
 
+    /// Keeps only the entries of objects that still exist (by uid): what a reconcile that
+    /// finished after its object's deletion was handled may have added.
+    pub fn retain(
+        &self,
+        execution_exists: impl Fn(&str) -> bool,
+        executor_exists: impl Fn(&str) -> bool,
+    ) {
+        self.finished
+            .lock()
+            .expect("poisoned")
+            .retain(|uid| execution_exists(uid));
+        self.unwritten
+            .lock()
+            .expect("poisoned")
+            .retain(|uid, _| execution_exists(uid));
+        self.locks
+            .lock()
+            .expect("poisoned")
+            .retain(|uid, _| executor_exists(uid));
+        self.unusable
+            .lock()
+            .expect("poisoned")
+            .retain(|uid| executor_exists(uid));
+        self.counts
+            .lock()
+            .expect("poisoned")
+            .retain(|uid, _| executor_exists(uid));
+        self.owned
+            .lock()
+            .expect("poisoned")
+            .retain(|uid, _| executor_exists(uid));
+    }
+
     /// How many entries are kept, all maps together.
     pub fn len(&self) -> usize {
         self.locks.lock().expect("poisoned").len()
@@ -154,6 +187,19 @@ mod tests {
             kept.executor_deleted(&format!("executor-{i}"));
         }
         assert_eq!(kept.len(), 0);
+    }
+
+    #[test]
+    fn entries_added_after_a_deletion_go_at_the_next_sweep() {
+        let kept = Bookkeeping::default();
+        drop(kept.lock("live-executor"));
+        drop(kept.lock("gone-executor"));
+        kept.confirmed_owner("gone-executor", "bq_1");
+        kept.finished("live-execution");
+        kept.keep_unwritten("gone-execution", ExecutionStatus::default());
+        kept.retain(|uid| uid == "live-execution", |uid| uid == "live-executor");
+        assert_eq!(kept.len(), 2);
+        assert!(kept.is_finished("live-execution", false));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 mod bookkeeping;
 mod decide;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
 use kube::{
@@ -99,6 +99,29 @@ impl<S> Context<S> {
 
     pub fn bookkeeping(&self) -> usize {
         self.kept.len() + self.backoff.len()
+    }
+
+    /// Drops what is kept of objects the caches no longer hold.
+    pub fn sweep(&self) {
+        let executions: HashSet<String> =
+            self.store.state().iter().filter_map(|e| e.uid()).collect();
+        let executors: HashSet<String> = self
+            .executors
+            .state()
+            .iter()
+            .filter_map(|e| e.uid())
+            .collect();
+        self.kept.retain(
+            |uid| executions.contains(uid),
+            |uid| executors.contains(uid),
+        );
+        let keys: HashSet<String> = self
+            .store
+            .state()
+            .iter()
+            .map(|e| object_key(e.as_ref()))
+            .collect();
+        self.backoff.retain(|key| keys.contains(key));
     }
 
     fn is_finished(&self, execution: &Execution) -> bool {

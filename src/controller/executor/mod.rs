@@ -17,6 +17,7 @@ use kube::{
         controller::Action,
         events::EventType,
         finalizer::{Event as FinalizerEvent, finalizer},
+        reflector::Store,
     },
 };
 use serde_json::json;
@@ -45,15 +46,28 @@ const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 /// bookkeeping.
 pub struct Context<S> {
     pub shared: Arc<Shared<S>>,
+    store: Store<BriqExecutor>,
     backoff: Backoff,
 }
 
 impl<S> Context<S> {
-    pub fn new(shared: Arc<Shared<S>>) -> Self {
+    pub fn new(shared: Arc<Shared<S>>, store: Store<BriqExecutor>) -> Self {
         Context {
             backoff: shared.backoff(),
             shared,
+            store,
         }
+    }
+
+    /// Drops what is kept of executors the cache no longer holds.
+    pub fn sweep(&self) {
+        let keys: std::collections::HashSet<String> = self
+            .store
+            .state()
+            .iter()
+            .map(|e| object_key(e.as_ref()))
+            .collect();
+        self.backoff.retain(|key| keys.contains(key));
     }
 
     /// The executor is gone: nothing kept of it may outlive it.
