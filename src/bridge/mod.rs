@@ -82,8 +82,8 @@ pub enum Command<'a> {
 }
 
 impl Command<'_> {
-    /// The argv to exec with `cwd` = [`WORKDIR`].
-    pub fn argv(&self, nonce: &Nonce) -> Vec<String> {
+    /// The argv to exec with `cwd` = [`WORKDIR`] and the nonce in [`NONCE_ENV`].
+    pub fn argv(&self) -> Vec<String> {
         let mut argv: Vec<String> = ["python3", BRIDGE_ARG].map(String::from).to_vec();
         let seconds = |d: &Duration| format!("{:.3}", d.as_secs_f64());
         match self {
@@ -108,7 +108,6 @@ impl Command<'_> {
                 argv.extend([code_file.to_string(), "--timeout".into(), seconds(timeout)]);
             }
         }
-        argv.extend(["--nonce".into(), nonce.0.clone()]);
         argv
     }
 }
@@ -612,22 +611,21 @@ mod tests {
     }
 
     #[test]
-    fn argv_carries_the_nonce_and_relative_paths() {
-        let nonce = Nonce::random();
+    fn argv_has_relative_paths_and_never_the_nonce() {
         let argv = Command::Run {
             code_file: ".briq/actions/a.py",
             timeout: Duration::from_secs(30),
         }
-        .argv(&nonce);
+        .argv();
         assert_eq!(&argv[..3], ["python3", ".briq/bridge.py", "run"]);
         assert!(argv.contains(&"30.000".to_owned()));
-        assert_eq!(argv.last(), Some(&nonce.0));
+        assert!(!argv.iter().any(|a| a.contains("nonce")), "{argv:?}");
         let requirements = ["pandas==2.2.3".to_owned()];
         let argv = Command::Setup {
             deadline: Duration::from_secs(60),
             requirements: &requirements,
         }
-        .argv(&nonce);
+        .argv();
         assert!(
             argv.windows(2)
                 .any(|w| w == ["--requirement", "pandas==2.2.3"])
