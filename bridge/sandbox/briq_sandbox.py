@@ -572,6 +572,16 @@ def process_is_runner(pid: int) -> bool:
     return not cmdline or (b"serve" in arguments and b"--kernel-pid" in arguments)
 
 
+def runs_as_expected_user(pid: int) -> bool:
+    """Whether kernel `pid` runs as the user this bridge starts kernels as (KERNEL_UID as root)."""
+    if not split_users():
+        return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == KERNEL_UID
+    except OSError:
+        return True  # gone, or no procfs: nothing to judge by
+
+
 def kill_kernel_group(pid: int) -> None:
     # The kernel leads its own session (start_new_session), so its group holds its children too.
     if not process_is_kernel(pid):
@@ -944,7 +954,11 @@ def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
     with state.lock():
         note = ""
         old = state.read_pid()
-        if old is not None and process_is_kernel(old):
+        if old is not None and process_is_kernel(old) and not runs_as_expected_user(old):
+            # Started by an older bridge as root: user code must not keep running as root.
+            kill_kernel_group(old)
+            note = f"; replaced kernel {old}, which did not run as uid {KERNEL_UID}"
+        elif old is not None and process_is_kernel(old):
             until = min(deadline, time.monotonic() + ANSWER_WAIT_S)
             if state.connection_file.exists() and kernel_answers(state, old, until, "control"):
                 runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
