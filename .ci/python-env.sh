@@ -17,6 +17,31 @@ cache="${BRIQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/briq-operator}"
 
 log() { printf 'python-env: %s\n' "$*" >&2; }
 
+# As root, the bridge runs the sandbox kernel as uid 65534 (bridge/PROTOCOL.md "Users and
+# permissions"), which must be able to run this venv's Python: root's home is usually private
+# (0700), so the venv goes to /var/cache and its base interpreter must be world-readable too.
+if [ "$(id -u)" = 0 ]; then
+  [ -n "${BRIQ_CACHE_DIR:-}" ] || cache=/var/cache/briq-operator
+  reachable() { # <python>: exit 0 when every directory on the way to its prefix is world-traversable
+    "$1" -c 'import os, stat, sys
+for top in {os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)}:
+    path = top
+    while True:
+        mode = os.stat(path).st_mode
+        if not mode & (stat.S_IXOTH if stat.S_ISDIR(mode) else stat.S_IROTH):
+            sys.exit(1)
+        if path == "/":
+            break
+        path = os.path.dirname(path)' 2>/dev/null
+  }
+  if [ -z "${BRIQ_PYTHON:-}" ] && ! reachable "$python"; then
+    for candidate in /usr/local/bin/python3 /usr/bin/python3; do
+      if [ -x "$candidate" ] && reachable "$candidate"; then python="$candidate"; break; fi
+    done
+    reachable "$python" || log "warning: uid 65534 cannot run $python; sandbox kernels will not start"
+  fi
+fi
+
 hash="$("$python" -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest()[:12])' "$requirements")"
 venv="$cache/venv-$hash"
 mkdir -p "$cache"

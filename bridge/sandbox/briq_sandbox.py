@@ -3,7 +3,12 @@
 
 This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
 
-    python3 .briq/bridge.py <setup|start-kernel|probe|run> --nonce NONCE [options]
+    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run> [options]
+
+The nonce comes in the environment, never in argv (any process can read any command line).
+When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
+``/work/home``, and everything of the bridge's under ``.briq`` is root-only (PROTOCOL.md
+"Users and permissions").
 
 Every command prints exactly one framed JSON envelope on stdout (the contract is
 ``bridge/PROTOCOL.md``); one too large for briq's stdout capture is written to
@@ -28,6 +33,7 @@ import re
 import select
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -37,6 +43,21 @@ from pathlib import Path
 from typing import Any
 
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9]{16,64}")
+# The environment variable that carries the nonce; removed from os.environ before anything else
+# runs, so no child (pip, the kernel, the runner) inherits it.
+NONCE_ENV = "BRIQ_NONCE"
+
+# When the bridge runs as root, the kernel runs as this uid and gid (nobody / nogroup on Debian
+# images; no user needs to exist) with no supplementary groups, in USER_DIR (relative to the
+# cwd, i.e. /work/home), which is also its HOME.
+KERNEL_UID = 65534
+KERNEL_GID = 65534
+USER_DIR = "home"
+# Root-only: the bridge's directory and what is in it. BRIQ_DIR is traversable (0711) so that
+# the kernel can open its own connection file in KERNEL_DIR; nothing else there is readable.
+BRIQ_DIR = ".briq"
+PRIVATE_DIRS = (".briq/state", ".briq/actions", ".briq/results")
+KERNEL_DIR = ".briq/kernel"
 
 # Logs and output together, per action (PROTOCOL.md "Budgets").
 TEXT_BUDGET = 65_536
@@ -194,7 +215,10 @@ def spill(results_dir: Path, nonce: str, data: bytes) -> dict:
     import hashlib
     import tempfile
 
-    results_dir.mkdir(parents=True, exist_ok=True)
+    if split_users():
+        private_dir(results_dir)
+    else:
+        results_dir.mkdir(parents=True, exist_ok=True)
     target = results_dir / f"{nonce}.out"
     remove_stale_results(results_dir, target, time.time())
     # Same directory, then rename: the operator sees either no file or the whole file.
@@ -204,7 +228,10 @@ def spill(results_dir: Path, nonce: str, data: bytes) -> dict:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_name, 0o644)  # mkstemp makes it 0600; readable like any other upload
+        # mkstemp makes it 0600: keep that when the kernel runs as another user, else make it
+        # readable like any other upload.
+        if not split_users():
+            os.chmod(tmp_name, 0o644)
         os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -307,6 +334,131 @@ def share_budget(logs_len: int, output_len: int, budget: int = TEXT_BUDGET) -> t
 
 
 # --------------------------------------------------------------------------------------------
+# Users and permissions
+# --------------------------------------------------------------------------------------------
+
+
+class UnsafeLayout(Exception):
+    """A file or directory the bridge relies on could have been changed by another user."""
+
+
+def split_users() -> bool:
+    """Whether the kernel runs as KERNEL_UID: exactly when the bridge runs as root."""
+    return os.geteuid() == 0
+
+
+def trusted(st: os.stat_result) -> bool:
+    """Owned by our effective uid and writable by nobody else."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def private_dir(path: str | os.PathLike, mode: int = 0o700) -> None:
+    """Make `path` (and missing parents) a real directory of ours with exactly `mode`; raises
+    UnsafeLayout when it is a symlink, not a directory, or owned by someone else."""
+    path = Path(path)
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise UnsafeLayout(f"{path} is not a directory owned by uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+
+
+def secure_layout() -> None:
+    """As root: /work (the cwd) and .briq may not be writable by anyone else (who could rename
+    .briq and plant another bridge.py), and the bridge's files are root-only. Cheap and
+    idempotent: every command but `serve` calls it first."""
+    here = os.lstat(".")
+    if here.st_uid != 0:
+        raise UnsafeLayout(f"the working directory {os.getcwd()} is not owned by root")
+    if here.st_mode & 0o022:
+        os.chmod(".", stat.S_IMODE(here.st_mode) & ~0o022)
+    private_dir(BRIQ_DIR, 0o711)
+    for name in PRIVATE_DIRS:
+        private_dir(name)
+    bridge = os.lstat(os.path.join(BRIQ_DIR, "bridge.py"))
+    if bridge.st_uid != 0 or not stat.S_ISREG(bridge.st_mode):
+        raise UnsafeLayout(f"{BRIQ_DIR}/bridge.py is not a regular file owned by root")
+    if stat.S_IMODE(bridge.st_mode) != 0o600:
+        os.chmod(os.path.join(BRIQ_DIR, "bridge.py"), 0o600)
+
+
+def unreachable_by_kernel_user(paths: list[str]) -> str | None:
+    """The first of `paths` (or one of their directories) that KERNEL_UID cannot reach, judged
+    by mode bits, or None. The kernel user must run the same interpreter and packages."""
+    for path in paths:
+        current = Path(os.path.realpath(path))
+        for directory in [*reversed(current.parents), current]:
+            try:
+                st = os.stat(directory)
+            except OSError:
+                break  # it does not exist (an optional path): nothing to reach
+            if st.st_uid == KERNEL_UID:
+                bits = stat.S_IXUSR if stat.S_ISDIR(st.st_mode) else stat.S_IRUSR
+            elif st.st_gid == KERNEL_GID:
+                bits = stat.S_IXGRP if stat.S_ISDIR(st.st_mode) else stat.S_IRGRP
+            else:
+                bits = stat.S_IXOTH if stat.S_ISDIR(st.st_mode) else stat.S_IROTH
+            if not st.st_mode & bits:
+                return f"{directory} (mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid})"
+    return None
+
+
+def user_dir() -> Path:
+    """The kernel user's working directory and HOME (created on first use), as an absolute path.
+    Refuses one that is not a real directory of KERNEL_UID: /work is root's, so only the bridge
+    can have made it."""
+    path = Path(USER_DIR).absolute()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chown(path, KERNEL_UID, KERNEL_GID)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != KERNEL_UID:
+        raise UnsafeLayout(f"{path} is not a directory owned by uid {KERNEL_UID}")
+    return path
+
+
+def kernel_user_env(home: Path) -> dict[str, str]:
+    """The kernel's environment as KERNEL_UID: ours (the nonce is gone already), with HOME in the
+    user dir and pip installing there (a user install; --prefix in a venv, where pip refuses
+    --user), that site-packages directory on sys.path."""
+    import sysconfig
+
+    env = dict(os.environ)
+    env.pop(NONCE_ENV, None)
+    base = str(home / ".local")
+    env.update(HOME=str(home), PYTHONUSERBASE=base, IPYTHONDIR=str(home / ".ipython"))
+    env.pop("PIP_TARGET", None)
+    if sys.prefix != sys.base_prefix:  # a venv: user site-packages are not visible there
+        env["PIP_PREFIX"] = base
+        env.pop("PIP_USER", None)
+        site = sysconfig.get_path("purelib", vars={"base": base, "platbase": base})
+    else:
+        env["PIP_USER"] = "1"
+        env.pop("PIP_PREFIX", None)
+        site = sysconfig.get_path("purelib", f"{os.name}_user", vars={"userbase": base})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+    return env
+
+
+def kernel_connection_copy(state: KernelState) -> Path:
+    """A copy of the kernel's connection file that KERNEL_UID can read (the bridge and the runner
+    only ever read the root-only original). KERNEL_DIR is root's: the copy cannot be swapped."""
+    private_dir(KERNEL_DIR, 0o711)
+    copy = Path(KERNEL_DIR, "kernel.json").absolute()
+    copy.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(copy, flags, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(state.connection_file.read_bytes())
+        os.fchown(handle.fileno(), KERNEL_UID, KERNEL_GID)
+    return copy
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel state and process liveness
 # --------------------------------------------------------------------------------------------
 
@@ -388,11 +540,11 @@ def running_cmdline(pid: int) -> bytes | None:
     if not Path("/proc/self").exists():
         return b""  # no procfs: signal 0 is all we can know
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        proc_stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    state = stat.rpartition(")")[2].split()[0]
+    state = proc_stat.rpartition(")")[2].split()[0]
     if state in ("Z", "X", "x"):
         return None
     return cmdline
@@ -418,6 +570,16 @@ def process_is_runner(pid: int) -> bool:
         return False
     arguments = cmdline.split(b"\0")
     return not cmdline or (b"serve" in arguments and b"--kernel-pid" in arguments)
+
+
+def runs_as_expected_user(pid: int) -> bool:
+    """Whether kernel `pid` runs as the user this bridge starts kernels as (KERNEL_UID as root)."""
+    if not split_users():
+        return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == KERNEL_UID
+    except OSError:
+        return True  # gone, or no procfs: nothing to judge by
 
 
 def kill_kernel_group(pid: int) -> None:
@@ -742,16 +904,32 @@ def launch_kernel(state: KernelState) -> int:
     write_connection_file(
         str(state.connection_file), ip="127.0.0.1", key=secrets.token_hex(32).encode("ascii")
     )
+    connection_file = state.connection_file
+    as_user: dict[str, Any] = {}
+    if split_users():
+        # User code must not be able to touch the bridge, its state or its output: the kernel
+        # runs as KERNEL_UID (setgid, then setuid, supplementary groups cleared by Popen) in its
+        # own directory, and reads its own copy of the connection file.
+        home = user_dir()
+        connection_file = kernel_connection_copy(state)
+        as_user = dict(
+            user=KERNEL_UID,
+            group=KERNEL_GID,
+            extra_groups=[],
+            cwd=home,
+            env=kernel_user_env(home),
+        )
     with open(state.log_file, "ab") as log:
         # Detached: the kernel must outlive this bridge process, and its stdout must never
         # reach the bridge's stdout (where the envelope goes).
         process = subprocess.Popen(
-            [sys.executable, "-m", "ipykernel_launcher", "-f", str(state.connection_file)],
+            [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection_file)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            **as_user,
         )
     state.write_pid(process.pid)
     return process.pid
@@ -760,11 +938,27 @@ def launch_kernel(state: KernelState) -> int:
 def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
     deadline = time.monotonic() + args.deadline
     state = KernelState(args.state_dir)
-    state.dir.mkdir(parents=True, exist_ok=True)
+    state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if split_users():
+        import ipykernel
+
+        unreachable = unreachable_by_kernel_user(
+            [sys.executable, sys.prefix, sys.base_prefix, os.path.dirname(ipykernel.__file__)]
+        )
+        if unreachable is not None:
+            message = (
+                f"the kernel runs as uid {KERNEL_UID}, which cannot reach {unreachable}: "
+                "the sandbox's Python and its packages must be readable by every user"
+            )
+            return kernel_envelope(False, False, None, message), 1
     with state.lock():
         note = ""
         old = state.read_pid()
-        if old is not None and process_is_kernel(old):
+        if old is not None and process_is_kernel(old) and not runs_as_expected_user(old):
+            # Started by an older bridge as root: user code must not keep running as root.
+            kill_kernel_group(old)
+            note = f"; replaced kernel {old}, which did not run as uid {KERNEL_UID}"
+        elif old is not None and process_is_kernel(old):
             until = min(deadline, time.monotonic() + ANSWER_WAIT_S)
             if state.connection_file.exists() and kernel_answers(state, old, until, "control"):
                 runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
@@ -810,6 +1004,13 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
     deadline = time.monotonic() + args.timeout
     code = Path(args.code).read_text(encoding="utf-8")
     state = KernelState(args.state_dir)
+    try:
+        state_dir = os.lstat(state.dir)
+    except FileNotFoundError:
+        state_dir = None
+    if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
+        # Its pid, connection file and socket could all be someone else's: run nothing.
+        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
     pid = state.live_pid()
     if pid is None:
         lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
@@ -973,8 +1174,28 @@ def read_line(sock: socket.socket, limit: int, until: float) -> bytes:
     return bytes(data[:end])
 
 
+def genuine_runner_socket(state: KernelState) -> bool:
+    """Whether the runner socket can only be the one our runner bound: it and its directory
+    (lstat, no symlink followed) are ours and writable by nobody else, and it is a socket. Then
+    nobody else can have replaced it between this check and the connect."""
+    try:
+        directory = os.lstat(state.dir)
+        sock = os.lstat(state.runner_socket)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(directory.st_mode)
+        and trusted(directory)
+        and stat.S_ISSOCK(sock.st_mode)
+        and trusted(sock)
+    )
+
+
 def open_runner(state: KernelState, timeout: float) -> socket.socket | None:
-    """A connection to the runner socket, or None when nobody listens there (nothing sent)."""
+    """A connection to the genuine runner, or None when nobody listens there or the socket is not
+    the runner's (nothing sent)."""
+    if not genuine_runner_socket(state):
+        return None
     try:
         address = str(state.runner_socket)
         # AF_UNIX addresses are short (108 bytes on Linux): prefer the path relative to the cwd.
@@ -1323,12 +1544,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def nonce_type(value: str) -> str:
-    if not NONCE_PATTERN.fullmatch(value):
-        raise argparse.ArgumentTypeError("nonce must match [A-Za-z0-9]{16,64}")
-    return value
-
-
 def seconds_type(value: str) -> float:
     seconds = float(value)
     if not 0 < seconds < 86_400:
@@ -1351,7 +1566,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, handler: Callable, kind: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name)
-        sub.add_argument("--nonce", required=True, type=nonce_type)
         sub.set_defaults(handler=handler, kind=kind)
         return sub
 
@@ -1379,15 +1593,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def take_nonce() -> str | None:
+    """The call's nonce from the environment, removed from it so that no child inherits it;
+    None when it is missing or malformed."""
+    nonce = os.environ.pop(NONCE_ENV, None)
+    return nonce if nonce is not None and NONCE_PATTERN.fullmatch(nonce) else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    nonce = take_nonce()
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if nonce is None:
+        # Nothing to frame an envelope with: the operator sees none and calls it malformed.
+        print(f"bridge error: {NONCE_ENV} must hold [A-Za-z0-9]{{16,64}}", file=sys.stderr)
+        return 2
     envelope_stream = sys.stdout
     # Anything else that writes to sys.stdout (imported libraries, warnings) goes to stderr, so
     # the envelope is the only thing this process puts on stdout.
     with contextlib.redirect_stdout(sys.stderr):
         try:
+            if split_users():
+                secure_layout()
             envelope, exit_code = args.handler(args)
         except OutcomeUnknown as exc:
             # No envelope at all: whatever it said could be wrong. The operator reads a missing
@@ -1398,11 +1626,11 @@ def main(argv: list[str] | None = None) -> int:
             envelope = bridge_failure(args.kind, failure_message(exc))
             exit_code = 1
     try:
-        text = envelope_text(args.nonce, envelope)
+        text = envelope_text(nonce, envelope)
     except OSError as exc:
         problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
         message = f"bridge error: could not write the large envelope to {RESULTS_DIR}: {problem}"
-        text = frame(args.nonce, bridge_failure(args.kind, message))
+        text = frame(nonce, bridge_failure(args.kind, message))
         exit_code = 1
     envelope_stream.write(text)
     envelope_stream.flush()

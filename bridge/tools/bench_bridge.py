@@ -29,8 +29,9 @@ SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "sandbox" / "briq_sandbox
 def bridge(work: Path, *args: str) -> dict:
     nonce = secrets.token_hex(16)
     process = subprocess.run(
-        [sys.executable, ".briq/bridge.py", *args[:1], "--nonce", nonce, *args[1:]],
+        [sys.executable, ".briq/bridge.py", *args],
         cwd=work,
+        env={**os.environ, "BRIQ_NONCE": nonce},
         capture_output=True,
         text=True,
         check=False,

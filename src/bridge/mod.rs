@@ -20,6 +20,8 @@ pub const WORKDIR: &str = "/work";
 pub const BRIDGE_FILE: &str = "/work/.briq/bridge.py";
 const BRIDGE_ARG: &str = ".briq/bridge.py";
 const STATE_DIR: &str = ".briq/state";
+/// The environment variable that carries the call's [`Nonce`] to the bridge.
+pub const NONCE_ENV: &str = "BRIQ_NONCE";
 
 /// Logs and output share this many characters per action.
 pub const TEXT_BUDGET_CHARS: usize = 65_536;
@@ -30,7 +32,8 @@ pub const FINAL_ANSWER_MAX_CHARS: usize = 65_536;
 pub const MAX_STDOUT_BYTES: usize = 1 << 20;
 
 /// A fresh per-call token framing the envelope, so code that prints look-alike text cannot
-/// forge a result.
+/// forge a result. It reaches the bridge in its environment ([`NONCE_ENV`]), never in argv:
+/// every process can read every other's command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Nonce(String);
 
@@ -43,6 +46,11 @@ impl Nonce {
                 .map(char::from)
                 .collect(),
         )
+    }
+
+    /// The nonce as it goes into the bridge's environment ([`NONCE_ENV`]).
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 
     fn begin_marker(&self) -> String {
@@ -74,8 +82,8 @@ pub enum Command<'a> {
 }
 
 impl Command<'_> {
-    /// The argv to exec with `cwd` = [`WORKDIR`].
-    pub fn argv(&self, nonce: &Nonce) -> Vec<String> {
+    /// The argv to exec with `cwd` = [`WORKDIR`] and the nonce in [`NONCE_ENV`].
+    pub fn argv(&self) -> Vec<String> {
         let mut argv: Vec<String> = ["python3", BRIDGE_ARG].map(String::from).to_vec();
         let seconds = |d: &Duration| format!("{:.3}", d.as_secs_f64());
         match self {
@@ -100,7 +108,6 @@ impl Command<'_> {
                 argv.extend([code_file.to_string(), "--timeout".into(), seconds(timeout)]);
             }
         }
-        argv.extend(["--nonce".into(), nonce.0.clone()]);
         argv
     }
 }
@@ -262,6 +269,21 @@ fn check_result(result: &RunResult) -> Result<(), Malformed> {
             if answer.chars().count() > FINAL_ANSWER_MAX_CHARS {
                 return invalid("final answer exceeds its budget");
             }
+            // The bridge turns these into final_answer_rejected; one that got here was forged
+            // (or the bridge is broken), and the agent host would decode it.
+            match rejected_tag(&answer["safe:".len()..]) {
+                Ok(None) => {}
+                Ok(Some(tag)) => {
+                    return Err(Malformed::Invalid(format!(
+                        "final answer carries a {tag:?} value, which the bridge refuses"
+                    )));
+                }
+                Err(why) => {
+                    return Err(Malformed::Invalid(format!(
+                        "final answer is not JSON: {why}"
+                    )));
+                }
+            }
         }
         (RunStatus::FinalAnswer, _, _) => {
             return invalid("final_answer status without exactly an answer");
@@ -274,6 +296,189 @@ fn check_result(result: &RunResult) -> Result<(), Malformed> {
         (_, Some(_), _) => return invalid("a final answer on a status that has none"),
     }
     Ok(())
+}
+
+/// smolagents 1.26 serialization tags (`{"__type__": "ndarray", ...}`,
+/// `{"__type__": "PIL.Image", ...}`) that the agent host would decode into numpy arrays or PIL
+/// images. A final answer must not carry them at any depth.
+pub const REJECTED_TAGS: [&str; 2] = ["ndarray", "PIL.Image"];
+
+/// The first [`REJECTED_TAGS`] tag that is the value of a `"__type__"` key anywhere in `json`
+/// (keys and values compared after unescaping), or why `json` is not a JSON text.
+///
+/// Iterative, so depth is unbounded, and lenient where Python's `json` is (NaN, Infinity, lone
+/// surrogate escapes), because the answer was accepted by it: what matters is finding every
+/// object key and string exactly where Python's parser does. Duplicate keys are all looked at,
+/// which is stricter than Python (the last one wins there); smolagents never writes duplicates.
+pub fn rejected_tag(json: &str) -> Result<Option<&'static str>, String> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Expect {
+        /// A value (top level, array element, object member value).
+        Value,
+        /// A key or `}` right after `{`.
+        FirstKey,
+        /// A key after `,` in an object.
+        Key,
+        /// `:` after a key.
+        Colon,
+        /// `,` or the closing bracket after a value.
+        After,
+    }
+    let bytes = json.as_bytes();
+    let mut stack: Vec<u8> = Vec::new(); // b'{' or b'['
+    let mut expect = Expect::Value;
+    // The current member's key was "__type__": check the string value that follows.
+    let mut type_key = false;
+    let mut found: Option<&'static str> = None;
+    let mut done = false; // the top-level value is complete
+    let mut i = 0;
+    while i < bytes.len() {
+        let byte = bytes[i];
+        if matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
+            i += 1;
+            continue;
+        }
+        if done {
+            return Err(format!("extra data at byte {i}"));
+        }
+        match (expect, byte) {
+            (Expect::Value | Expect::FirstKey | Expect::Key, b'"') => {
+                let (text, end) = json_string(json, i)?;
+                i = end;
+                match expect {
+                    Expect::Value => {
+                        if type_key && found.is_none() {
+                            found = REJECTED_TAGS.iter().copied().find(|tag| *tag == text);
+                        }
+                        type_key = false;
+                        expect = Expect::After;
+                    }
+                    _ => {
+                        type_key = text == "__type__";
+                        expect = Expect::Colon;
+                    }
+                }
+            }
+            (Expect::Colon, b':') => {
+                expect = Expect::Value;
+                i += 1;
+            }
+            (Expect::Value, b'{' | b'[') => {
+                stack.push(byte);
+                type_key = false;
+                expect = if byte == b'{' {
+                    Expect::FirstKey
+                } else {
+                    Expect::Value
+                };
+                i += 1;
+                // An empty array closes at once.
+                if byte == b'[' {
+                    let next = json[i..].trim_start_matches([' ', '\t', '\n', '\r']);
+                    if next.starts_with(']') {
+                        i = bytes.len() - next.len() + 1;
+                        stack.pop();
+                        expect = Expect::After;
+                    }
+                }
+            }
+            (Expect::Value, _) => {
+                // A number or a literal: Python also accepts NaN, Infinity and -Infinity.
+                let end = json[i..]
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+                    .map_or(bytes.len(), |n| i + n);
+                if end == i {
+                    return Err(format!("unexpected {:?} at byte {i}", char::from(byte)));
+                }
+                type_key = false;
+                expect = Expect::After;
+                i = end;
+            }
+            (Expect::FirstKey, b'}') | (Expect::After, b'}' | b']') => {
+                let open = if byte == b'}' { b'{' } else { b'[' };
+                if stack.pop() != Some(open) {
+                    return Err(format!("unbalanced {:?} at byte {i}", char::from(byte)));
+                }
+                expect = Expect::After;
+                i += 1;
+            }
+            (Expect::After, b',') => {
+                expect = match stack.last() {
+                    Some(b'{') => Expect::Key,
+                    Some(_) => Expect::Value,
+                    None => return Err(format!("',' outside any container at byte {i}")),
+                };
+                i += 1;
+            }
+            _ => return Err(format!("unexpected {:?} at byte {i}", char::from(byte))),
+        }
+        if expect == Expect::After && stack.is_empty() {
+            done = true;
+        }
+    }
+    if !done {
+        return Err("unexpected end of the text".to_owned());
+    }
+    Ok(found)
+}
+
+/// The unescaped text of the JSON string starting at `start` (a `"`) and the index after it.
+/// Lone surrogate escapes become U+FFFD: no tag contains one.
+fn json_string(json: &str, start: usize) -> Result<(String, usize), String> {
+    let bytes = json.as_bytes();
+    let mut text = String::new();
+    let mut i = start + 1;
+    loop {
+        let Some(&byte) = bytes.get(i) else {
+            return Err(format!("unterminated string at byte {start}"));
+        };
+        match byte {
+            b'"' => return Ok((text, i + 1)),
+            b'\\' => {
+                let escape = *bytes.get(i + 1).ok_or("unterminated escape")?;
+                i += 2;
+                text.push(match escape {
+                    b'"' => '"',
+                    b'\\' => '\\',
+                    b'/' => '/',
+                    b'b' => '\u{8}',
+                    b'f' => '\u{c}',
+                    b'n' => '\n',
+                    b'r' => '\r',
+                    b't' => '\t',
+                    b'u' => {
+                        let unit = |at: usize| {
+                            json.get(at..at + 4)
+                                .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+                                .ok_or_else(|| format!("bad \\u escape at byte {at}"))
+                        };
+                        let first = unit(i)?;
+                        i += 4;
+                        let low = json.get(i..i + 2) == Some("\\u");
+                        match first {
+                            0xD800..=0xDBFF if low => match unit(i + 2)? {
+                                second @ 0xDC00..=0xDFFF => {
+                                    i += 6;
+                                    let high = u32::from(first - 0xD800) << 10;
+                                    let low = u32::from(second - 0xDC00);
+                                    char::from_u32(0x10000 + high + low).unwrap_or('\u{fffd}')
+                                }
+                                _ => '\u{fffd}',
+                            },
+                            unit => char::from_u32(u32::from(unit)).unwrap_or('\u{fffd}'),
+                        }
+                    }
+                    other => return Err(format!("bad escape {:?}", char::from(other))),
+                });
+            }
+            _ => {
+                // Copy the run of plain characters (valid UTF-8: `json` is a str).
+                let end = json[i..].find(['"', '\\']).map_or(bytes.len(), |n| i + n);
+                text.push_str(&json[i..end]);
+                i = end;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -406,26 +611,128 @@ mod tests {
     }
 
     #[test]
-    fn argv_carries_the_nonce_and_relative_paths() {
-        let nonce = Nonce::random();
+    fn argv_has_relative_paths_and_never_the_nonce() {
         let argv = Command::Run {
             code_file: ".briq/actions/a.py",
             timeout: Duration::from_secs(30),
         }
-        .argv(&nonce);
+        .argv();
         assert_eq!(&argv[..3], ["python3", ".briq/bridge.py", "run"]);
         assert!(argv.contains(&"30.000".to_owned()));
-        assert_eq!(argv.last(), Some(&nonce.0));
+        assert!(!argv.iter().any(|a| a.contains("nonce")), "{argv:?}");
         let requirements = ["pandas==2.2.3".to_owned()];
         let argv = Command::Setup {
             deadline: Duration::from_secs(60),
             requirements: &requirements,
         }
-        .argv(&nonce);
+        .argv();
         assert!(
             argv.windows(2)
                 .any(|w| w == ["--requirement", "pandas==2.2.3"])
         );
+    }
+
+    fn final_answer(answer: &str) -> String {
+        let answer = serde_json::to_string(answer).unwrap();
+        OK.replace(r#""status":"ok""#, r#""status":"final_answer""#)
+            .replace(r#""output":"42""#, r#""output":null"#)
+            .replace(
+                r#""final_answer":null"#,
+                &format!(r#""final_answer":{answer}"#),
+            )
+    }
+
+    fn parse_answer(answer: &str) -> Result<Envelope, Malformed> {
+        let nonce = Nonce::random();
+        parse(&frame(&nonce, &final_answer(answer)), &nonce)
+    }
+
+    #[test]
+    fn forged_ndarray_final_answer_is_malformed() {
+        for answer in [
+            r#"safe:{"__type__": "ndarray", "data": [1, 2], "dtype": "int64"}"#,
+            r#"safe:[1, {"a": {"__type__":"ndarray","data":[],"dtype":"float64"}}]"#,
+            r#"safe:{"__type__": "tuple", "data": [{"__type__": "ndarray", "data": [1]}]}"#,
+            // Escaped spellings decode to the same key and tag in Python.
+            r#"safe:{"\u005f\u005ftype__": "nd\u0061rray", "data": []}"#,
+            r#"safe:{"x": NaN, "__type__": "ndarray"}"#,
+        ] {
+            assert!(
+                matches!(parse_answer(answer), Err(Malformed::Invalid(_))),
+                "{answer}"
+            );
+        }
+    }
+
+    #[test]
+    fn forged_pil_image_final_answer_is_malformed() {
+        for answer in [
+            r#"safe:{"__type__": "PIL.Image", "data": "iVBORw0KGgo="}"#,
+            r#"safe:{"images": [[[{"__type__" : "PIL.Image", "data": ""}]]]}"#,
+            r#"safe:{"__type__": "dict_with_complex_keys", "data": [[{"__type__": "PIL.Image", "data": ""}, 1]]}"#,
+            r#"safe:{"__type__": "PIL\u002eImage", "data": ""}"#,
+        ] {
+            assert!(
+                matches!(parse_answer(answer), Err(Malformed::Invalid(_))),
+                "{answer}"
+            );
+        }
+    }
+
+    #[test]
+    fn forged_tag_deeper_than_any_parser_recursion_limit_is_malformed() {
+        let depth = 10_000;
+        let answer = format!(
+            r#"safe:{}{{"__type__": "ndarray", "data": []}}{}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        assert!(matches!(parse_answer(&answer), Err(Malformed::Invalid(_))));
+        let deep_object = format!(
+            r#"safe:{}{{"__type__": "PIL.Image"}}{}"#,
+            r#"{"k": "#.repeat(depth),
+            "}".repeat(depth)
+        );
+        assert!(matches!(
+            parse_answer(&deep_object),
+            Err(Malformed::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn final_answers_without_those_tags_stay_valid() {
+        for answer in [
+            "safe:42",
+            "safe:NaN",
+            r#"safe:[-Infinity, 1e-3, true, null, "\ud800"]"#,
+            r#"safe:{"__type__": "tuple", "data": [1, "ndarray"]}"#,
+            r#"safe:{"text": "{\"__type__\": \"ndarray\"}", "__type__x": "PIL.Image"}"#,
+            r#"safe:{"ndarray": {"PIL.Image": "__type__"}, "e": {}, "l": [ ], "s": ""}"#,
+            r#"safe:{"__type__": ["ndarray"]}"#,
+        ] {
+            assert!(
+                matches!(parse_answer(answer), Ok(Envelope::Result(_))),
+                "{answer}: {:?}",
+                parse_answer(answer)
+            );
+        }
+    }
+
+    #[test]
+    fn final_answers_that_are_not_json_are_malformed() {
+        for answer in [
+            "safe:",
+            "safe:[1,",
+            r#"safe:{"a" 1}"#,
+            "safe:[1] 2",
+            r#"safe:{"a": 1]"#,
+            r#"safe:"open"#,
+        ] {
+            assert!(
+                matches!(parse_answer(answer), Err(Malformed::Invalid(_))),
+                "{answer}"
+            );
+        }
     }
 
     proptest! {
@@ -446,6 +753,49 @@ mod tests {
                 return Err(TestCaseError::fail("the real envelope was not found"));
             };
             prop_assert_eq!(result.output.as_deref(), Some("42"));
+        }
+
+        #[test]
+        fn a_rejected_tag_at_any_depth_is_malformed(
+            path in proptest::collection::vec((any::<bool>(), "[a-z]{0,3}", 0usize..3), 0..60),
+            tag in proptest::sample::select(REJECTED_TAGS.to_vec()),
+            escape_key in any::<bool>(), space in "[ \t\n\r]{0,2}",
+        ) {
+            // The tagged object inside a random path of arrays (with siblings before it) and
+            // objects (under random keys), as smolagents or a forger might nest it.
+            let key = if escape_key { r#""\u005f_type__""# } else { r#""__type__""# };
+            let mut json = format!(r#"{{{key}{space}:{space}"{tag}", "data": []}}"#);
+            for (in_array, name, siblings) in path.iter().rev() {
+                json = if *in_array {
+                    format!("[{}{json}]", "0, ".repeat(*siblings))
+                } else {
+                    format!(r#"{{"{name}": {json}}}"#)
+                };
+            }
+            let result = parse_answer(&format!("safe:{json}"));
+            prop_assert!(matches!(result, Err(Malformed::Invalid(_))), "{}", json);
+        }
+
+        #[test]
+        fn answers_python_would_accept_without_tags_are_kept(
+            values in proptest::collection::vec(any::<f64>(), 0..5),
+            text in ".{0,40}",
+            nested in 0usize..40,
+        ) {
+            // Serialized the way Python's json.dumps does (NaN and infinities included), with a
+            // string that may mention the tags.
+            let numbers: Vec<String> = values.iter().map(|v| match v {
+                v if v.is_nan() => "NaN".to_owned(),
+                v if v.is_infinite() => if *v > 0.0 { "Infinity".into() } else { "-Infinity".into() },
+                v => format!("{v:?}"),
+            }).collect();
+            let text = serde_json::to_string(&format!("__type__ ndarray PIL.Image {text}")).unwrap();
+            let json = format!(
+                r#"{}{{"__type__": "tuple", "data": [{}], "s": {text}}}{}"#,
+                "[".repeat(nested), numbers.join(", "), "]".repeat(nested),
+            );
+            let result = parse_answer(&format!("safe:{json}"));
+            prop_assert!(matches!(result, Ok(Envelope::Result(_))), "{} {:?}", json, result);
         }
 
         #[test]

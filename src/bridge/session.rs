@@ -158,9 +158,10 @@ impl<S: SandboxApi> Session<'_, S> {
     async fn call(&self, command: &Command<'_>, deadline: Duration) -> Result<Envelope, CallError> {
         let nonce = Nonce::random();
         let request = ExecRequest {
-            argv: command.argv(&nonce),
+            argv: command.argv(),
             cwd: Some(bridge::WORKDIR.to_owned()),
-            env: BTreeMap::new(),
+            // Not in argv: any process in the sandbox can read any command line.
+            env: BTreeMap::from([(bridge::NONCE_ENV.to_owned(), nonce.as_str().to_owned())]),
             timeout: (deadline + BRIDGE_MARGIN).min(briq::api::MAX_EXEC_TIMEOUT),
             stdin: None,
         };

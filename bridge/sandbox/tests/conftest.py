@@ -2,9 +2,12 @@
 
 Each sandbox is a temporary directory playing `/work`: `briq_sandbox.py` is copied to
 `.briq/bridge.py`, actions are written to `.briq/actions/`, and every command is a subprocess
-`python .briq/bridge.py <command> --nonce N ...` with that directory as cwd. The envelope is
+`BRIQ_NONCE=N python .briq/bridge.py <command> ...` with that directory as cwd. The envelope is
 parsed as strictly as the Rust side parses it, following a `spilled` envelope to its file in
 `.briq/results/` like the operator does.
+
+Run as root (as in CI), the bridge runs the kernel as uid 65534: the sandboxes then live under a
+directory every user can traverse (pytest's own temporary directories are private to root).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import string
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +31,10 @@ from pathlib import Path
 import pytest
 
 SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_sandbox.py"
+NONCE_ENV = "BRIQ_NONCE"
+# Whether the bridge runs the kernel as another user (uid 65534): when the tests run as root.
+SPLIT = os.geteuid() == 0
+KERNEL_UID = 65534
 
 ENVELOPE_FIELDS = {
     "spilled": {"kind", "bytes", "sha256"},
@@ -131,11 +139,18 @@ class Call:
     spilled: dict | None = None
 
 
+def bridge_env(env: dict, nonce: str) -> dict:
+    """`env` with the nonce where the operator puts it."""
+    return {**env, NONCE_ENV: nonce}
+
+
 class Sandbox:
     """A directory playing `/work` with the bridge uploaded into it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        root.chmod(0o755)
         (root / ".briq" / "actions").mkdir(parents=True)
         shutil.copy(SANDBOX_SCRIPT, root / ".briq" / "bridge.py")
         self.env = dict(os.environ)
@@ -149,9 +164,9 @@ class Sandbox:
     ) -> Call:
         nonce = nonce or new_nonce()
         process = subprocess.run(
-            [sys.executable, ".briq/bridge.py", command, "--nonce", nonce, *options],
+            [sys.executable, ".briq/bridge.py", command, *options],
             cwd=self.root,
-            env=env or self.env,
+            env=bridge_env(env or self.env, nonce),
             capture_output=True,
             text=True,
             timeout=120,
@@ -195,6 +210,12 @@ class Sandbox:
     def state_dir(self) -> Path:
         return self.root / ".briq" / "state"
 
+    @property
+    def user_dir(self) -> Path:
+        """Where user code can write: its own directory when it runs as another user, else the
+        sandbox root (its cwd)."""
+        return self.root / "home" if SPLIT else self.root
+
     def runner_pid(self) -> int | None:
         try:
             return int((self.state_dir / "runner.pid").read_text())
@@ -209,9 +230,31 @@ class Sandbox:
 
 
 @pytest.fixture(scope="session")
-def shared_sandbox(tmp_path_factory: pytest.TempPathFactory):
+def sandboxes_dir():
+    """A directory every user can traverse (not list), holding the sandboxes."""
+    base = Path(tempfile.mkdtemp(prefix="briq-sandboxes-"))
+    base.chmod(0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def new_root(base: Path, prefix: str) -> Path:
+    """A new `/work` path under `base`, its parent traversable by every user."""
+    parent = Path(tempfile.mkdtemp(dir=base, prefix=prefix))
+    parent.chmod(0o711)
+    return parent / "work"
+
+
+@pytest.fixture
+def sandbox_root(sandboxes_dir: Path) -> Path:
+    """A fresh sandbox root (`/work`) for one test."""
+    return new_root(sandboxes_dir, "test-")
+
+
+@pytest.fixture(scope="session")
+def shared_sandbox(sandboxes_dir: Path):
     """One kernel for all tests that neither kill nor interrupt it."""
-    sandbox = Sandbox(tmp_path_factory.mktemp("work"))
+    sandbox = Sandbox(new_root(sandboxes_dir, "shared-"))
     envelope = sandbox.start_kernel()
     assert envelope["alive"] and envelope["started"]
     yield sandbox
@@ -219,15 +262,15 @@ def shared_sandbox(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def fresh_sandbox(tmp_path: Path):
+def fresh_sandbox(sandbox_root: Path):
     """A sandbox with its own kernel, for tests that kill or interrupt it."""
-    sandbox = Sandbox(tmp_path / "work")
+    sandbox = Sandbox(sandbox_root)
     assert sandbox.start_kernel()["started"]
     yield sandbox
     sandbox.stop_kernel()
 
 
 @pytest.fixture
-def empty_sandbox(tmp_path: Path):
+def empty_sandbox(sandbox_root: Path):
     """A sandbox where no kernel was ever started."""
-    return Sandbox(tmp_path / "work")
+    return Sandbox(sandbox_root)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Call, new_nonce, parse_envelope, process_gone
+from conftest import Call, bridge_env, new_nonce, parse_envelope, process_gone
 
 RAISE_FINAL = """
 class FinalAnswerException(BaseException):
@@ -192,16 +192,16 @@ def test_start_kernel_brings_back_a_missing_runner(fresh_sandbox, blocker):
     assert thin_run(fresh_sandbox, blocker, "1 + 1")["output"] == "2"
 
 
-def test_runner_killed_mid_run_gives_no_envelope_and_never_runs_twice(fresh_sandbox, tmp_path):
-    ran = tmp_path / "ran.txt"
+def test_runner_killed_mid_run_gives_no_envelope_and_never_runs_twice(fresh_sandbox):
+    ran = fresh_sandbox.user_dir / "ran.txt"
     code = f"open({str(ran)!r}, 'a').write('ran\\n')\nimport time\ntime.sleep(3)\n'finished'"
     (fresh_sandbox.root / ".briq/actions/once.py").write_text(code)
     nonce = new_nonce()
     process = subprocess.Popen(
-        [sys.executable, ".briq/bridge.py", "run", "--nonce", nonce]
+        [sys.executable, ".briq/bridge.py", "run"]
         + ["--code", ".briq/actions/once.py", "--timeout", "30"],
         cwd=fresh_sandbox.root,
-        env=fresh_sandbox.env,
+        env=bridge_env(fresh_sandbox.env, nonce),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -222,9 +222,7 @@ def test_runner_killed_mid_run_gives_no_envelope_and_never_runs_twice(fresh_sand
 
 
 @pytest.mark.parametrize("behaviour", ["hang_up", "malformed_answer", "silence"])
-def test_no_answer_from_the_runner_means_no_envelope_and_no_second_run(
-    fresh_sandbox, tmp_path, behaviour
-):
+def test_no_answer_from_the_runner_means_no_envelope_and_no_second_run(fresh_sandbox, behaviour):
     """A stand-in runner takes the request and fails to answer: `run` must not run it itself."""
     kill_runner(fresh_sandbox)
     (fresh_sandbox.state_dir / "runner.sock").unlink()
@@ -252,15 +250,15 @@ def test_no_answer_from_the_runner_means_no_envelope_and_no_second_run(
 
         thread = threading.Thread(target=fake_runner, daemon=True)
         thread.start()
-        ran = tmp_path / "ran"
+        ran = fresh_sandbox.user_dir / "ran"
         (fresh_sandbox.root / ".briq/actions/fake.py").write_text(f"open({str(ran)!r}, 'w')")
         nonce = new_nonce()
         started = time.monotonic()
         process = subprocess.run(
-            [sys.executable, ".briq/bridge.py", "run", "--nonce", nonce]
+            [sys.executable, ".briq/bridge.py", "run"]
             + ["--code", ".briq/actions/fake.py", "--timeout", "1"],
             cwd=fresh_sandbox.root,
-            env=fresh_sandbox.env,
+            env=bridge_env(fresh_sandbox.env, nonce),
             capture_output=True,
             text=True,
             timeout=60,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import new_nonce, parse_envelope, process_gone
+from conftest import bridge_env, new_nonce, parse_envelope, process_gone
 
 FAKE_PIP = """
 import os, subprocess, sys, time
@@ -135,9 +135,9 @@ def test_setup_works_before_anything_is_installed(empty_sandbox, fake_pip):
     env["FAKE_PIP_MODE"] = "ok"
     nonce = new_nonce()
     process = subprocess.run(
-        [sys.executable, "-S", ".briq/bridge.py", "setup", "--nonce", nonce],
+        [sys.executable, "-S", ".briq/bridge.py", "setup"],
         cwd=empty_sandbox.root,
-        env=env,
+        env=bridge_env(env, nonce),
         capture_output=True,
         text=True,
         timeout=60,

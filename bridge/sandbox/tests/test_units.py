@@ -130,15 +130,19 @@ def test_spill_file_that_cannot_be_written_is_a_bridge_failure(
 ):
     big = sandbox.kernel_envelope(True, False, 1, "m" * 40_000)
     monkeypatch.setattr(sandbox, "cmd_probe", lambda args: (big, 0))
+    # Not the root layout checks (they would refuse this .briq first): the spill itself fails.
+    monkeypatch.setattr(sandbox, "split_users", lambda: False)
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".briq").mkdir()
     (tmp_path / ".briq" / "results").write_text("not a directory")
     nonce = "F" * 16
-    assert sandbox.main(["probe", "--nonce", nonce]) == 1
+    monkeypatch.setenv("BRIQ_NONCE", nonce)
+    assert sandbox.main(["probe"]) == 1
     envelope = parse_envelope(capsys.readouterr().out, nonce)
     assert envelope["kind"] == "kernel" and envelope["alive"] is False
     assert "could not write the large envelope to .briq/results" in envelope["message"]
 
     (tmp_path / ".briq" / "results").unlink()
-    assert sandbox.main(["probe", "--nonce", nonce]) == 0
+    monkeypatch.setenv("BRIQ_NONCE", nonce)  # main() takes it out of the environment
+    assert sandbox.main(["probe"]) == 0
     assert parse_envelope(capsys.readouterr().out, nonce, tmp_path) == big

@@ -24,6 +24,7 @@ pub use admin::{AdminClient, LiveSandbox, Stats};
 pub use faults::{Fault, FaultRule, Operation, OperationMatch};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,6 +179,10 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
                 .prefix("briq-local-")
                 .tempdir()
                 .context("creating a temporary sandbox root")?;
+            // Traversable (not listable) by every user, like the directories above a real
+            // sandbox's `/`: the bridge runs the kernel as uid 65534 when it runs as root.
+            std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o711))
+                .context("opening the temporary sandbox root to other users")?;
             (temp.path().to_path_buf(), Some(temp))
         }
     };

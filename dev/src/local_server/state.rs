@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -136,10 +137,16 @@ impl Shared {
         let id = format!("bq_{}", random_token(16));
         let dir = self.root.join(&id);
         let fs = dir.join("fs");
-        for sub in ["root", "tmp"] {
-            tokio::fs::create_dir_all(fs.join(sub))
+        // As in an image: `/root` is root's, `/tmp` is writable by every user (sticky), and the
+        // directories down to `/` are traversable by the kernel's unprivileged user.
+        for (sub, mode) in [("root", 0o700), ("tmp", 0o1777)] {
+            let path = fs.join(sub);
+            tokio::fs::create_dir_all(&path)
                 .await
                 .map_err(|e| ApiError::internal(format!("cannot create sandbox directory: {e}")))?;
+            tokio::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .await
+                .map_err(|e| ApiError::internal(format!("cannot set sandbox permissions: {e}")))?;
         }
         let fs = tokio::fs::canonicalize(&fs)
             .await
