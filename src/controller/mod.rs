@@ -243,18 +243,43 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let patch = json!({
+    apply_status_at(api, object, manager, status, None).await?;
+    Ok(())
+}
+
+/// [`apply_status`], only if `object` is still at `resource_version` (when given): a write
+/// decided on one version of an object never lands on another. Returns the object as written;
+/// a conflict is [`is_conflict`].
+async fn apply_status_at<K>(
+    api: &Api<K>,
+    object: &K,
+    manager: &str,
+    status: serde_json::Value,
+    resource_version: Option<&str>,
+) -> Result<K>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut patch = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &object.name_any(),
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    if let Some(version) = resource_version {
+        patch["metadata"] = json!({ "resourceVersion": version });
+    }
+    Ok(api
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?)
+}
+
+/// Whether a conditional write lost: the object changed since the version it was decided on.
+fn is_conflict(error: &Error) -> bool {
+    matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409)
 }
 
 /// Marks `executor` unusable, for good: it never runs code again.

@@ -77,8 +77,12 @@ pub enum Turn {
 pub enum Step {
     /// This process has a result it could not write yet: write it.
     WriteResult,
-    /// Recorded as running without a result: the code may have run. Never send it again.
+    /// Recorded as running without a result, past the attempt's deadline: the code may have
+    /// run and nobody will report it. Never send it again.
     Interrupt,
+    /// Recorded as running by someone (another operator process, or this one before a
+    /// restart) whose attempt may still report: look again after this long.
+    AwaitAttempt(Duration),
     Refuse(Refusal),
     /// Not at the head of its executor's queue: wait there.
     Queue,
@@ -92,7 +96,9 @@ pub struct Observed<'a> {
     pub namespace: &'a str,
     /// Whether this process holds an unwritten result for it.
     pub unwritten_result: bool,
-    pub attempt_recorded: bool,
+    /// The attempt recorded in the status, if any.
+    pub attempt: Option<Attempt>,
+    pub now: Timestamp,
     /// Whether the Execution has an owner reference to an executor of its executor's name: it
     /// was adopted once, so its executor existed.
     pub adopted: bool,
@@ -102,12 +108,42 @@ pub struct Observed<'a> {
     pub heads_queue: bool,
 }
 
+/// An attempt recorded in an Execution's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    pub started: Option<Timestamp>,
+    /// The run's deadline in seconds ([`timeout_seconds`]).
+    pub timeout_seconds: u32,
+}
+
+/// How long after an attempt's deadline its result may still arrive: the bridge's own margin
+/// and the status write.
+pub const ATTEMPT_GRACE: SignedDuration = SignedDuration::from_secs(15);
+
+impl Attempt {
+    /// How long its runner may still report a result; `None` once nobody can.
+    pub fn may_report_for(&self, now: Timestamp) -> Option<Duration> {
+        let timeout = SignedDuration::from_secs(self.timeout_seconds.into());
+        let until = self
+            .started?
+            .checked_add(timeout)
+            .ok()?
+            .checked_add(ATTEMPT_GRACE)
+            .ok()?;
+        let left = now.duration_until(until);
+        left.is_positive().then(|| left.unsigned_abs())
+    }
+}
+
 pub fn decide(observed: &Observed) -> Step {
     if observed.unwritten_result {
         return Step::WriteResult;
     }
-    if observed.attempt_recorded {
-        return Step::Interrupt;
+    if let Some(attempt) = &observed.attempt {
+        return match attempt.may_report_for(observed.now) {
+            Some(left) => Step::AwaitAttempt(left),
+            None => Step::Interrupt,
+        };
     }
     if let Err(refusal) = admit(observed) {
         return Step::Refuse(refusal);

@@ -29,13 +29,14 @@ use tracing::{info, instrument, warn};
 
 use self::{
     bookkeeping::Bookkeeping,
-    decide::{Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
+    decide::{Attempt, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
 };
 use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
+    apply_status_at,
     backoff::Backoff,
     conditions::{self, SUCCEEDED},
-    mark_unusable, object_key,
+    is_conflict, mark_unusable, object_key,
     ownership::{Ownership, ownership},
     retry,
     session::Session,
@@ -43,13 +44,19 @@ use super::{
 };
 use crate::{
     briq::SandboxApi,
-    crd::{BriqExecutor, Execution, ExecutionStatus, reasons::ExecutionReason},
+    crd::{
+        BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus,
+        reasons::ExecutionReason,
+    },
 };
 
 /// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
 /// (it reads only the caches).
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
 const API_KEY_RECHECK: Duration = Duration::from_secs(30);
+/// After a conditional write lost to another writer: the watch brings the change; look again
+/// soon in any case.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 
 /// The execution controller's context: what it shares with the other controller, its caches
 /// and its own bookkeeping.
@@ -308,7 +315,16 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executor_name: name,
             namespace: &self.namespace,
             unwritten_result: self.ctx.kept.unwritten(uid).is_some(),
-            attempt_recorded: self.status().attempt_id.is_some(),
+            attempt: self.status().attempt_id.map(|_| Attempt {
+                started: self.status().start_time.map(|t| t.0),
+                timeout_seconds: decide::timeout_seconds(
+                    self.execution.spec.timeout_seconds,
+                    executor.map_or(DEFAULT_EXECUTION_TIMEOUT_SECONDS, |e| {
+                        e.spec.execution_timeout_seconds
+                    }),
+                ),
+            }),
+            now: Timestamp::now(),
             adopted: self
                 .execution
                 .owner_references()
@@ -348,14 +364,15 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 Ok(Action::await_change())
             }
             Step::Interrupt => self.interrupt().await,
+            Step::AwaitAttempt(left) => Ok(Action::requeue(left)),
             Step::Refuse(refusal) => self.refuse(refusal).await,
             Step::Queue => {
                 self.adopt(executor).await?;
                 self.queued(QUEUED_RECHECK).await
             }
             Step::ConfirmTurn => {
-                self.adopt(executor).await?;
-                self.take_turn(&uid).await
+                let version = self.adopt(executor).await?;
+                self.take_turn(&uid, &version).await
             }
         }
     }
@@ -363,7 +380,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// At the head of the cached queue: confirm the turn and the executor afresh (the cache can
     /// lag behind a sibling's creation or the executor's deletion), then run under the
     /// executor's lock.
-    async fn take_turn(&self, uid: &str) -> Result<Action> {
+    async fn take_turn(&self, uid: &str, version: &str) -> Result<Action> {
         match self.ctx.turn(&self.api, self.execution).await? {
             Turn::Mine => {}
             Turn::Behind => return self.queued(QUEUED_RECHECK).await,
@@ -385,11 +402,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         if let Some(verdict) = decide::unable(executor, self.ctx.is_unusable(executor)) {
             return self.conclude(self.status(), &verdict, None).await;
         }
-        self.run(executor).await
+        self.run(executor, version).await
     }
 
-    /// Records the attempt, then sends the code: at most once.
-    async fn run(&self, executor: &BriqExecutor) -> Result<Action> {
+    /// Records the attempt, then sends the code: at most once. `version` is the Execution's
+    /// resourceVersion this run was decided on: the attempt is recorded only if the Execution
+    /// is still at that version, so of two operators that decided at once only one sends it.
+    async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
         let key = match api_key(&self.ctx.shared, executor).await {
             Ok(key) => key,
             Err(Error::ApiKey(message)) => {
@@ -423,7 +442,25 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             attempt.clone(),
             conditions::now(),
         );
-        self.write(&running).await?;
+        let running_status = serde_json::to_value(&running).expect("status serializes");
+        let recorded = apply_status_at(
+            &self.api,
+            self.execution,
+            EXECUTOR_MANAGER,
+            running_status,
+            Some(version),
+        )
+        .await;
+        match recorded {
+            Ok(_) => {}
+            Err(error) if is_conflict(&error) => {
+                // Changed since the decision (another operator recorded its attempt, or anyone
+                // wrote it): decide again on what it is now.
+                info!("the Execution changed before its attempt was recorded; deciding again");
+                return Ok(Action::requeue(CONFLICT_RECHECK));
+            }
+            Err(error) => return Err(error),
+        }
         let timeout = decide::timeout_seconds(
             self.execution.spec.timeout_seconds,
             executor.spec.execution_timeout_seconds,
@@ -576,14 +613,16 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     /// Makes the executor the Execution's owner, so that deleting an executor deletes its
     /// history.
-    async fn adopt(&self, executor: Option<&BriqExecutor>) -> Result<()> {
+    /// Returns the Execution's resourceVersion after it (the patched one, or the one seen).
+    async fn adopt(&self, executor: Option<&BriqExecutor>) -> Result<String> {
+        let seen = self.execution.resource_version().unwrap_or_default();
         let Some(uid) = executor.and_then(|e| e.uid()) else {
-            return Ok(());
+            return Ok(seen);
         };
         let executor = executor.expect("an executor with a uid");
         let mut owners = self.execution.owner_references().to_vec();
         if owners.iter().any(|owner| owner.uid == uid) {
-            return Ok(());
+            return Ok(seen);
         }
         owners.push(OwnerReference {
             api_version: BriqExecutor::api_version(&()).into_owned(),
@@ -594,15 +633,18 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             controller: None,
             block_owner_deletion: None,
         });
-        let patch = json!({ "metadata": { "ownerReferences": owners } });
-        self.api
+        // Conditional too: an owner reference added on top of someone else's change would make
+        // the decision look fresher than it is.
+        let patch = json!({ "metadata": { "ownerReferences": owners, "resourceVersion": seen } });
+        let adopted = self
+            .api
             .patch(
                 &self.execution.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
             )
             .await?;
-        Ok(())
+        Ok(adopted.resource_version().unwrap_or_default())
     }
 
     /// Deletes the oldest finished Executions beyond the executor's `executionHistoryLimit`.

@@ -29,7 +29,7 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    conditions, mark_unusable, object_key, publish, retry,
+    conditions, is_conflict, mark_unusable, object_key, publish, retry,
     session::{Session, SetupError},
     settle,
 };
@@ -41,6 +41,10 @@ use crate::{
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
 /// How often an executor without a usable API key looks again.
 const API_KEY_RECHECK: Duration = Duration::from_secs(30);
+/// After a conditional write lost to another writer: look again soon.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
+/// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
+const RECORD_ATTEMPTS: usize = 3;
 
 /// The executor controller's context: what it shares with the other controller, and its own
 /// bookkeeping.
@@ -142,13 +146,11 @@ impl<S: SandboxApi> Actor<'_, S> {
                 Ok(Action::await_change())
             }
             Step::CreateSandbox { pending } => {
-                self.report_provisioning(executor, "creating the sandbox")
-                    .await?;
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(Action::requeue(API_KEY_RECHECK));
                 };
                 let Some(id) = self.create_sandbox(executor, &key, pending).await? else {
-                    return Ok(Action::await_change());
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
                 let sandbox = SandboxFields {
                     id: Some(id.clone()),
@@ -248,6 +250,8 @@ impl<S: SandboxApi> Actor<'_, S> {
             &executor.uid().unwrap_or_default(),
         );
         if pending {
+            self.report_provisioning(executor, "creating the sandbox")
+                .await?;
             // An earlier create has no recorded outcome. The name is deterministic, so look.
             let found = self
                 .shared
@@ -262,7 +266,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                         .await?;
                     warn!(sandbox = %duplicate, "destroyed a duplicate sandbox left by an uncertain create");
                 }
-                self.record_sandbox(executor, &keep).await?;
+                if !self.record_created(executor, key, &keep).await? {
+                    return Ok(None);
+                }
                 let note = format!("found sandbox {keep} created before a restart");
                 self.event(
                     executor,
@@ -276,8 +282,30 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             // Nothing by that name: the create never took effect, so creating now is safe.
         } else {
+            // The claim to create is conditional on the version the decision was made on: of
+            // two operators that decided at once, one claims and the other decides again.
             let started = conditions::now().0.to_string();
-            self.annotate(executor, json!({ CREATE_PENDING_ANNOTATION: started }))
+            let claim = json!({
+                "metadata": {
+                    "annotations": { CREATE_PENDING_ANNOTATION: started },
+                    "resourceVersion": executor.resource_version(),
+                }
+            });
+            let claimed = self
+                .api
+                .patch(
+                    &executor.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&claim),
+                )
+                .await
+                .map_err(Error::from);
+            match claimed {
+                Ok(_) => {}
+                Err(error) if is_conflict(&error) => return Ok(None),
+                Err(error) => return Err(error),
+            }
+            self.report_provisioning(executor, "creating the sandbox")
                 .await?;
         }
         let request = CreateSandbox {
@@ -309,7 +337,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             Err(error) => return Err(error.into()),
         };
-        self.record_sandbox(executor, &sandbox.id).await?;
+        if !self.record_created(executor, key, &sandbox.id).await? {
+            return Ok(None);
+        }
         let note = format!("created sandbox {}", sandbox.id);
         self.event(
             executor,
@@ -600,6 +630,66 @@ impl<S: SandboxApi> Actor<'_, S> {
             .await?;
         info!(sandbox = %id, "destroyed the sandbox of a failed setup");
         Ok(())
+    }
+
+    /// Records `id`, a sandbox of this executor's own that this process just created or found,
+    /// unless another one got recorded meanwhile (another operator's create won): then `id` is
+    /// a duplicate, destroyed at once, and the answer is false.
+    async fn record_created(
+        &self,
+        executor: &BriqExecutor,
+        key: &ApiKey,
+        id: &str,
+    ) -> Result<bool> {
+        for _ in 0..RECORD_ATTEMPTS {
+            let fresh = self.api.get(&executor.name_any()).await?;
+            let recorded = decide::recorded_sandbox(&status_of(&fresh), fresh.annotations());
+            match recorded {
+                Some(recorded) if recorded == id => return Ok(true),
+                // Only a sandbox of this executor's own can have won; a foreign id (a copied
+                // manifest) is overwritten.
+                Some(recorded)
+                    if self.ownership(executor, key, &recorded).await? == Ownership::Owned =>
+                {
+                    self.shared.sandboxes.destroy_sandbox(key, id).await?;
+                    let note = format!(
+                        "destroyed sandbox {id}: sandbox {recorded} was recorded first by another create"
+                    );
+                    warn!(sandbox = %id, %recorded, "destroyed a sandbox that lost the race to be recorded");
+                    self.event(
+                        executor,
+                        EventType::Normal,
+                        "SandboxDestroyed",
+                        "Create",
+                        note,
+                    )
+                    .await;
+                    return Ok(false);
+                }
+                _ => {}
+            }
+            let patch = json!({ "metadata": {
+                "annotations": { SANDBOX_ID_ANNOTATION: id, CREATE_PENDING_ANNOTATION: null },
+                "resourceVersion": fresh.resource_version(),
+            } });
+            let recorded = self
+                .api
+                .patch(
+                    &executor.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(Error::from);
+            match recorded {
+                Ok(_) => return Ok(true),
+                Err(error) if is_conflict(&error) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(Error::Invariant(format!(
+            "sandbox {id} could not be recorded: the executor kept changing"
+        )))
     }
 
     async fn record_sandbox(&self, executor: &BriqExecutor, id: &str) -> Result<()> {

@@ -44,11 +44,19 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor_name: "py",
         namespace: "ns",
         unwritten_result: false,
-        attempt_recorded: false,
+        attempt: None,
+        now: at("30"),
         adopted: false,
         executor,
         executor_known_unusable: false,
         heads_queue: true,
+    }
+}
+
+fn attempt(started: &str, timeout_seconds: u32) -> Attempt {
+    Attempt {
+        started: Some(at(started)),
+        timeout_seconds,
     }
 }
 
@@ -82,15 +90,34 @@ fn decide_table() {
             "an unwritten result comes first",
             Observed {
                 unwritten_result: true,
-                attempt_recorded: true,
+                attempt: Some(attempt("00", 30)),
                 ..observed(None)
             },
             Step::WriteResult,
         ),
         (
-            "running without a result is never sent again",
+            "running without a result, past its deadline and grace: never sent again",
             Observed {
-                attempt_recorded: true,
+                attempt: Some(attempt("00", 10)),
+                ..observed(Some(&ready))
+            },
+            Step::Interrupt,
+        ),
+        (
+            "running without a result, its runner may still report",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                ..observed(Some(&ready))
+            },
+            Step::AwaitAttempt(Duration::from_secs(10)),
+        ),
+        (
+            "running without a start time: nobody can say when it ends",
+            Observed {
+                attempt: Some(Attempt {
+                    started: None,
+                    timeout_seconds: 30,
+                }),
                 ..observed(Some(&ready))
             },
             Step::Interrupt,
