@@ -8,7 +8,7 @@ use briq_dev::local_server::{self, AdminClient, Config, Fault, FaultRule, LocalS
 use briq_operator::briq::api::ErrorCode;
 use briq_operator::briq::{
     ApiKey, BriqClient, ClientOptions, CreateSandbox, DestroyOutcome, Error, ErrorClass,
-    ExecOutput, ExecRequest, Sandbox, SandboxApi as _, SandboxState,
+    ExecOutcome, ExecOutput, ExecRequest, Sandbox, SandboxApi as _, SandboxState,
 };
 
 const KEY: &str = "local-test-key-Zq81xK";
@@ -612,12 +612,13 @@ async fn exec_dropped_after_running_is_uncertain_and_ran_once() {
         .add_fault(&FaultRule::on(Operation::Exec, Fault::DropAfterEffect).for_sandbox(&sandbox.id))
         .await
         .unwrap();
-    expect_class(
+    let error = expect_class(
         h.client
             .exec(&h.key, &sandbox.id, &sh("echo ran >> ran.txt"))
             .await,
         ErrorClass::Uncertain,
     );
+    assert_eq!(error.exec_outcome(), ExecOutcome::Unknown);
     assert_eq!(h.calls(Operation::Exec).await, 1);
     let ran = h
         .client
@@ -625,6 +626,123 @@ async fn exec_dropped_after_running_is_uncertain_and_ran_once() {
         .await
         .unwrap();
     assert_eq!(ran, b"ran\n");
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+impl Harness {
+    /// Runs `echo <mark> >> ran.txt` through an exec that fails; what `ran.txt` then holds.
+    async fn failed_exec(&self, id: &str, mark: &str) -> (Error, String) {
+        let error = self
+            .client
+            .exec(&self.key, id, &sh(&format!("echo {mark} >> ran.txt")))
+            .await
+            .expect_err("expected the exec to fail");
+        assert_no_key(&error);
+        let ran = match self.client.read_file(&self.key, id, "/work/ran.txt").await {
+            Ok(content) => String::from_utf8(content).unwrap(),
+            Err(Error::NotFound { .. }) => String::new(),
+            Err(other) => panic!("reading ran.txt: {other}"),
+        };
+        (error, ran)
+    }
+}
+
+#[tokio::test]
+async fn exec_answered_5xx_after_running_ran_once_and_its_outcome_is_unknown() {
+    let h = harness().await;
+    let sandbox = h.sandbox("status-after").await;
+    let mut expected = String::new();
+    for status in [500, 502, 503, 504] {
+        let execs = h.calls(Operation::Exec).await;
+        h.admin
+            .add_fault(
+                &FaultRule::on(Operation::Exec, Fault::status_after_effect(status))
+                    .for_sandbox(&sandbox.id),
+            )
+            .await
+            .unwrap();
+        let (error, ran) = h.failed_exec(&sandbox.id, &format!("ran-{status}")).await;
+        expected.push_str(&format!("ran-{status}\n"));
+        assert_eq!(ran, expected, "HTTP {status}: the command ran, once");
+        assert!(
+            matches!(error, Error::Unavailable { status: s, .. } if s == status),
+            "{error:?}"
+        );
+        assert!(error.request_id().is_some());
+        // Worth retrying for an idempotent call; for an exec, the command may have run.
+        assert_eq!(error.class(), ErrorClass::Retryable, "HTTP {status}");
+        assert_eq!(error.exec_outcome(), ExecOutcome::Unknown, "HTTP {status}");
+        assert_eq!(h.calls(Operation::Exec).await - execs, 1, "never retried");
+    }
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn exec_hanging_past_the_request_timeout_after_running_is_unknown() {
+    let h = harness_with(|options| options.request_timeout = Duration::from_millis(500)).await;
+    let sandbox = h.sandbox("hang-after").await;
+    // The client waits the command's timeout (1 s) plus the request timeout (0.5 s).
+    let mut request = sh("echo ran >> ran.txt");
+    request.timeout = Duration::from_secs(1);
+    let hang = Duration::from_secs(4);
+    h.admin
+        .add_fault(
+            &FaultRule::on(Operation::Exec, Fault::hang_after_effect(hang))
+                .for_sandbox(&sandbox.id),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = expect_class(
+        h.client.exec(&h.key, &sandbox.id, &request).await,
+        ErrorClass::Uncertain,
+    );
+    assert!(
+        started.elapsed() < hang - Duration::from_secs(1),
+        "the client gave up first: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.exec_outcome(), ExecOutcome::Unknown);
+    let ran = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+        .await
+        .unwrap();
+    assert_eq!(ran, b"ran\n", "the command ran before the client gave up");
+    assert_eq!(h.calls(Operation::Exec).await, 1);
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn exec_refused_before_acting_did_not_run() {
+    let h = harness().await;
+    let sandbox = h.sandbox("refused").await;
+    for status in [400, 401, 403, 404, 409, 422, 429] {
+        h.admin
+            .add_fault(
+                &FaultRule::on(Operation::Exec, Fault::status(status)).for_sandbox(&sandbox.id),
+            )
+            .await
+            .unwrap();
+        let (error, ran) = h.failed_exec(&sandbox.id, "ran").await;
+        assert_eq!(ran, "", "HTTP {status}: nothing ran");
+        assert_eq!(
+            error.exec_outcome(),
+            ExecOutcome::NotRun,
+            "HTTP {status}: {error:?}"
+        );
+    }
+    // A 5xx without the effect reads exactly like one after it: unknown too.
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Exec, Fault::status(503)).for_sandbox(&sandbox.id))
+        .await
+        .unwrap();
+    let (error, ran) = h.failed_exec(&sandbox.id, "ran").await;
+    assert_eq!(ran, "");
+    assert_eq!(error.exec_outcome(), ExecOutcome::Unknown);
     h.destroy(&sandbox.id).await;
     h.finish().await;
 }
@@ -725,6 +843,13 @@ async fn unreachable_briq_is_retryable() {
         client.create_sandbox(&key, &create_request("x")).await,
         ErrorClass::Retryable,
     );
+    // And an exec certainly did not run.
+    let error = expect_class(
+        client.exec(&key, "bq_x", &command(&["true"])).await,
+        ErrorClass::Retryable,
+    );
+    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+    assert_eq!(error.exec_outcome(), ExecOutcome::NotRun);
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use briq_dev::local_server::{Fault, FaultRule, Operation};
 use briq_operator::{
+    briq::{self, BriqClient, ClientOptions, SandboxApi as _},
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
     crd::{BriqExecutor, Execution},
 };
@@ -684,4 +685,150 @@ async fn queued_executions_wait_without_reading_from_the_api_server() {
             "{name}"
         );
     }
+}
+
+/// Appends a line to `marker.txt` in the kernel's directory: proof in the sandbox that it ran.
+const MARK: &str = "with open('marker.txt', 'a') as f:\n    f.write('ran\\n')\n";
+
+/// What the kernel's `marker.txt` holds (empty when it does not exist), read past the operator.
+async fn marker(operator: &Operator, sandbox: &str) -> String {
+    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    match client
+        .read_file(operator.server.api_key(), sandbox, "/work/home/marker.txt")
+        .await
+    {
+        Ok(content) => String::from_utf8(content).unwrap(),
+        Err(briq::Error::NotFound { .. }) => String::new(),
+        Err(error) => panic!("reading marker.txt: {error}"),
+    }
+}
+
+/// A ready executor `py`, with the fault rule `rule` makes for its sandbox added; its sandbox id.
+async fn executor_with_fault(
+    env: &TestEnv,
+    operator: &Operator,
+    rule: impl FnOnce(&str) -> FaultRule,
+) -> String {
+    let executor = ready_executor(env, "py").await;
+    let sandbox = executor.status.unwrap().sandbox_id.unwrap();
+    operator.admin().add_fault(&rule(&sandbox)).await.unwrap();
+    sandbox
+}
+
+/// The executor `py` turns unusable for `why`, and a later Execution fails without any exec.
+async fn assert_unusable_for_good(env: &TestEnv, operator: &Operator, why: &str) {
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
+        condition(executor, "Stalled").0 == "True"
+    })
+    .await;
+    let status = executor.status.clone().unwrap();
+    assert!(status.unusable);
+    let reason_given = status.unusable_reason.unwrap_or_default();
+    assert!(reason_given.contains(why), "{reason_given}");
+    assert_eq!(condition(&executor, "Ready").0, "False");
+    assert_eq!(condition(&executor, "Ready").1, "Unusable");
+    assert_eq!(condition(&executor, "Stalled").1, "Unusable");
+    let execs_before = support::execs(&operator.admin()).await;
+    let later = run(env, "later", "py", "1 + 1").await;
+    assert_eq!(reason(&later), "ExecutorUnusable");
+    assert_eq!(
+        support::execs(&operator.admin()).await,
+        execs_before,
+        "an unusable executor never runs code again"
+    );
+}
+
+#[tokio::test]
+async fn exec_performed_then_answered_502_leaves_the_outcome_unknown_and_the_executor_unusable() {
+    let env = TestEnv::new("e2e-502-after").await;
+    let operator = Operator::start(&env).await;
+    // A gateway answers 502 after the sandbox ran the code.
+    let sandbox = executor_with_fault(&env, &operator, |id| {
+        FaultRule::on(Operation::Exec, Fault::status_after_effect(502)).for_sandbox(id)
+    })
+    .await;
+
+    let ran = run(&env, "ran", "py", MARK).await;
+    assert_eq!(reason(&ran), "TransportError", "{:?}", ran.status);
+    assert_eq!(
+        marker(&operator, &sandbox).await,
+        "ran\n",
+        "the code ran once"
+    );
+    let (_, _, message) = condition(&ran, "Succeeded");
+    assert!(!message.contains("did not run"), "{message}");
+    assert!(
+        message.contains("may have run") && message.contains("502"),
+        "{message}"
+    );
+    assert_unusable_for_good(&env, &operator, "outcome unknown").await;
+}
+
+#[tokio::test]
+async fn exec_answered_429_without_performing_did_not_run_and_the_executor_stays_usable() {
+    let env = TestEnv::new("e2e-429").await;
+    let operator = Operator::start(&env).await;
+    let sandbox = executor_with_fault(&env, &operator, |id| {
+        FaultRule::on(Operation::Exec, Fault::status(429)).for_sandbox(id)
+    })
+    .await;
+
+    let refused = run(&env, "refused", "py", MARK).await;
+    assert_eq!(reason(&refused), "TransportError", "{:?}", refused.status);
+    let (_, _, message) = condition(&refused, "Succeeded");
+    assert!(
+        message.contains("did not run") && message.contains("429"),
+        "{message}"
+    );
+    assert_eq!(marker(&operator, &sandbox).await, "", "nothing ran");
+
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert!(!executor.status.clone().unwrap().unusable);
+    assert_eq!(condition(&executor, "Ready").0, "True");
+    let next = run(&env, "next", "py", &format!("{MARK}1 + 1")).await;
+    assert_eq!(reason(&next), "Completed", "{:?}", next.status);
+    assert_eq!(support::output(&next), "2");
+    assert_eq!(
+        marker(&operator, &sandbox).await,
+        "ran\n",
+        "only the next Execution ran, and the refused one was not sent again"
+    );
+}
+
+#[tokio::test]
+async fn spilled_result_unreadable_after_the_exec_leaves_the_outcome_unknown_and_the_executor_unusable()
+ {
+    let env = TestEnv::new("e2e-spill-lost").await;
+    let operator = Operator::start(&env).await;
+    // Three 503s: every attempt of the (idempotent, retried) read of the spilled result fails.
+    let sandbox = executor_with_fault(&env, &operator, |id| {
+        FaultRule::on(Operation::ReadFile, Fault::status(503))
+            .times(3)
+            .for_sandbox(id)
+    })
+    .await;
+    let reads_before = operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .calls(Operation::ReadFile);
+
+    // Over 32 KiB of output: the bridge spills its answer to .briq/results/<nonce>.out.
+    let big = run(&env, "big", "py", &format!("{MARK}print('a' * 40_000)")).await;
+    assert_eq!(reason(&big), "TransportError", "{:?}", big.status);
+    assert_eq!(
+        marker(&operator, &sandbox).await,
+        "ran\n",
+        "the code ran once"
+    );
+    let stats = operator.admin().stats().await.unwrap();
+    assert!(
+        stats.calls(Operation::ReadFile) >= reads_before + 3,
+        "the spilled result was asked for"
+    );
+    let (_, _, message) = condition(&big, "Succeeded");
+    assert!(!message.contains("did not run"), "{message}");
+    assert!(message.contains("spilled answer failed"), "{message}");
+    assert_unusable_for_good(&env, &operator, "result could not be read").await;
 }

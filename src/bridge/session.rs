@@ -15,33 +15,23 @@ const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
 /// Why a bridge call gave no trustworthy answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
+    /// The exec of the bridge command failed; [`briq::Error::exec_outcome`] tells whether the
+    /// command can have run.
     #[error(transparent)]
     Briq(#[from] briq::Error),
-    /// Uploading an action failed: its code never ran.
+    /// Uploading an action failed: its code was never sent to run.
     #[error("uploading the code: {0}")]
     Upload(#[source] briq::Error),
+    /// The exec returned and the bridge spilled its answer to a file, but reading that file
+    /// failed: the command ran, its answer is lost.
+    #[error("the command ran, but reading its spilled answer failed: {0}")]
+    ResultUnreadable(#[source] briq::Error),
     #[error("the bridge command did not finish within {0:?}")]
     TimedOut(Duration),
     #[error("{0}")]
     Malformed(#[from] Malformed),
     #[error("the bridge answered with a {0} envelope where another kind was expected")]
     UnexpectedKind(&'static str),
-}
-
-impl CallError {
-    /// The call may have had an effect nobody saw (code ran, state changed).
-    pub fn is_uncertain(&self) -> bool {
-        match self {
-            CallError::Briq(error) => !matches!(
-                error.class(),
-                briq::ErrorClass::NotFound
-                    | briq::ErrorClass::Terminal
-                    | briq::ErrorClass::Retryable
-            ),
-            CallError::Upload(_) => false,
-            CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => true,
-        }
-    }
 }
 
 /// Why provisioning a sandbox failed for good.
@@ -172,7 +162,12 @@ impl<S: SandboxApi> Session<'_, S> {
         match bridge::parse(&output.stdout, &nonce)? {
             Envelope::Spilled(spill) => {
                 let path = bridge::spill_file(&nonce);
-                let content = self.api.read_file(self.key, self.sandbox_id, &path).await?;
+                // The command ran: whatever goes wrong from here, it ran.
+                let content = self
+                    .api
+                    .read_file(self.key, self.sandbox_id, &path)
+                    .await
+                    .map_err(CallError::ResultUnreadable)?;
                 Ok(bridge::parse_spilled(&content, &spill, &nonce)?)
             }
             envelope => Ok(envelope),

@@ -22,6 +22,22 @@ pub enum ErrorClass {
     Malformed,
 }
 
+/// What a failed call that runs code (an exec) may have done in the sandbox. Unlike
+/// [`ErrorClass`], which decides whether an idempotent call may be repeated (a GET after a 503
+/// may), this answers whether the code can have run: an exec is never repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecOutcome {
+    /// The request provably never reached the sandbox, or briq refused it before acting.
+    NotRun,
+    /// The sandbox may have run the command: a gateway can answer 5xx, time out or reset the
+    /// connection after briq acted on the request.
+    Unknown,
+}
+
+/// Statuses with which briq refuses a request before acting on it: malformed or invalid
+/// requests, authentication and authorization, a missing sandbox, conflicts, rate limits.
+const REFUSED_BEFORE_ACTING: [u16; 7] = [400, 401, 403, 404, 409, 422, 429];
+
 /// An error from the briq client. Never contains the API key.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -138,6 +154,35 @@ impl Error {
             | Self::NotReady { .. } => ErrorClass::Retryable,
             Self::Uncertain { .. } => ErrorClass::Uncertain,
             Self::Malformed { .. } => ErrorClass::Malformed,
+        }
+    }
+
+    /// What the sandbox may have done when this error is the answer to an exec. Only a request
+    /// that never left ([`Error::Unreachable`], [`Error::Build`]) or a refusal with one of
+    /// [`REFUSED_BEFORE_ACTING`]'s statuses proves the command did not run; everything else
+    /// (any 5xx, any other status, a timeout or reset after sending, a malformed answer) leaves
+    /// it unknown.
+    pub fn exec_outcome(&self) -> ExecOutcome {
+        let refused = |status: &u16| REFUSED_BEFORE_ACTING.contains(status);
+        match self {
+            Self::Unreachable { .. } | Self::Build { .. } | Self::NotFound { .. } => {
+                ExecOutcome::NotRun
+            }
+            Self::Unauthorized { status, .. }
+            | Self::Rejected { status, .. }
+            | Self::Unavailable { status, .. }
+                if refused(status) =>
+            {
+                ExecOutcome::NotRun
+            }
+            Self::Unauthorized { .. }
+            | Self::Rejected { .. }
+            | Self::Unavailable { .. }
+            | Self::Uncertain { .. }
+            | Self::Malformed { .. }
+            // Neither answers an exec; if one ever did, nothing would prove the code did not run.
+            | Self::Integrity { .. }
+            | Self::NotReady { .. } => ExecOutcome::Unknown,
         }
     }
 
@@ -351,6 +396,118 @@ mod tests {
             class_of(502, "<html>bad gateway</html>"),
             ErrorClass::Retryable
         );
+    }
+
+    /// A transport error to wrap: which variant holds it is all the classification looks at.
+    fn reqwest_error() -> reqwest::Error {
+        reqwest::Client::new()
+            .get("http://[::1")
+            .build()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn failed_execs_classify_by_what_the_sandbox_may_have_done() {
+        use ExecOutcome::{NotRun, Unknown};
+        let quota = r#"{"error":{"code":"quota_exceeded","message":"max"}}"#;
+        let statuses: [(u16, &str, ExecOutcome); 23] = [
+            (400, "", NotRun),
+            (401, "", NotRun),
+            (403, "", NotRun),
+            (404, "", NotRun),
+            (409, "", NotRun),
+            (422, "", NotRun),
+            (429, "", NotRun),
+            (429, quota, NotRun),
+            // Not known to be refused before acting: 402 is a plan refusal on paper, but nothing
+            // in briq's description proves the command never started.
+            (402, quota, Unknown),
+            (405, "", Unknown),
+            (408, "", Unknown),
+            (410, "", Unknown),
+            (413, "", Unknown),
+            (499, "", Unknown),
+            (500, "", Unknown),
+            (501, "", Unknown),
+            (502, "<html>bad gateway</html>", Unknown),
+            (503, "", Unknown),
+            (503, quota, Unknown),
+            (504, "", Unknown),
+            (520, "", Unknown),
+            (599, "", Unknown),
+            // A success status never becomes an error; a redirect is not followed.
+            (302, "", Unknown),
+        ];
+        for (status, body, expected) in statuses {
+            let error = Error::from_answer(
+                StatusCode::from_u16(status).unwrap(),
+                body.as_bytes(),
+                None,
+                None,
+                &key(),
+            );
+            assert_eq!(
+                error.exec_outcome(),
+                expected,
+                "HTTP {status} {body}: {error:?}"
+            );
+        }
+        let others = [
+            (
+                Error::Unreachable {
+                    source: reqwest_error(),
+                },
+                NotRun,
+            ),
+            (
+                Error::Build {
+                    source: reqwest_error(),
+                },
+                NotRun,
+            ),
+            (
+                Error::Uncertain {
+                    source: reqwest_error(),
+                    request_id: None,
+                },
+                Unknown,
+            ),
+            (
+                Error::Malformed {
+                    detail: "not JSON".into(),
+                    request_id: None,
+                },
+                Unknown,
+            ),
+            (
+                Error::Integrity {
+                    path: "/work/x".into(),
+                    expected: "ab".into(),
+                    answered: "cd".into(),
+                    request_id: None,
+                },
+                Unknown,
+            ),
+            (
+                Error::NotReady {
+                    id: "bq_1".into(),
+                    state: SandboxState::Creating,
+                    waited: Duration::from_secs(1),
+                },
+                Unknown,
+            ),
+        ];
+        for (error, expected) in others {
+            assert_eq!(error.exec_outcome(), expected, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn idempotent_calls_keep_retrying_server_errors() {
+        // The exec classification does not change what a GET may do after a 503.
+        for status in [429, 500, 502, 503, 504] {
+            assert_eq!(class_of(status, ""), ErrorClass::Retryable, "HTTP {status}");
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! Retries: `get`, `list`, `destroy`, `write_file`, `read_file` and `preview_url` are repeated on
 //! [`ErrorClass::Retryable`] errors (3 attempts, exponential backoff with jitter, Retry-After
 //! honoured). `create_sandbox` and `exec` are never repeated: a failed create may have created a
-//! sandbox (look it up by [`sandbox_name`]), a failed exec may have run.
+//! sandbox (look it up by [`sandbox_name`]), a failed exec may have run: whether it can have is
+//! [`Error::exec_outcome`], not [`ErrorClass`] (a 5xx is worth retrying for a GET, yet a gateway
+//! may answer it after the sandbox ran the command).
 
 pub mod api;
 mod client;
@@ -19,7 +21,7 @@ mod retry;
 
 pub use api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox, SandboxState};
 pub use client::{BriqClient, ClientOptions, NewClientError};
-pub use error::{Error, ErrorClass};
+pub use error::{Error, ErrorClass, ExecOutcome};
 pub use key::{ApiKey, InvalidApiKey, leaked_pieces};
 pub use name::sandbox_name;
 

@@ -66,8 +66,10 @@ reasons! {
         /// The code ran past its deadline; the kernel was interrupted and the executor is
         /// unusable.
         Timeout,
-        /// briq could not be reached or refused the request; when the outcome is unknown the
-        /// executor is unusable.
+        /// A call to briq failed. The code did not run only when briq was never reached or
+        /// refused the request before acting (HTTP 400, 401, 403, 404, 409, 422, 429); after
+        /// any other failure (a 5xx, a timeout, a lost connection, an unreadable result) it may
+        /// have run and the executor is unusable.
         TransportError,
         /// The bridge answered with output that breaks the protocol; the executor is unusable.
         MalformedResponse,

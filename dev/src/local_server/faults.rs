@@ -50,9 +50,18 @@ pub enum Fault {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_seconds: Option<u64>,
     },
+    /// The operation is performed, then answered with this error status (briq's error body),
+    /// as a gateway does when its upstream acted but answered late or not at all.
+    #[serde(untagged)]
+    StatusAfterEffect { status_after_effect: u16 },
     /// The operation is performed after this delay, even if the client gave up meanwhile.
     #[serde(untagged)]
     Delay { delay_ms: u64 },
+    /// The operation is performed at once, then the answer is held back this long and never
+    /// sent (the connection drops): set it past the client's timeout, and the client gives up
+    /// on an operation that already happened.
+    #[serde(untagged)]
+    HangAfterEffect { hang_after_effect_ms: u64 },
     /// A gateway's error page (HTML, not briq's JSON) that echoes the request's bearer key at
     /// many offsets, as a misconfigured proxy might; the operation is not performed.
     #[serde(untagged)]
@@ -76,9 +85,25 @@ impl Fault {
 
     pub fn delay(delay: Duration) -> Self {
         Self::Delay {
-            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            delay_ms: millis(delay),
         }
     }
+
+    pub fn status_after_effect(status: u16) -> Self {
+        Self::StatusAfterEffect {
+            status_after_effect: status,
+        }
+    }
+
+    pub fn hang_after_effect(hang: Duration) -> Self {
+        Self::HangAfterEffect {
+            hang_after_effect_ms: millis(hang),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Body of `POST /_admin/faults`: the next `count` matching calls get `fault`.
@@ -203,6 +228,30 @@ mod tests {
         assert_eq!(rule.fault, Fault::DropAfterEffect);
         let rule = parse(r#"{"operation":"write_file","count":1,"fault":{"delay_ms":5}}"#);
         assert_eq!(rule.fault, Fault::Delay { delay_ms: 5 });
+        let rule = parse(r#"{"operation":"exec","count":1,"fault":{"status_after_effect":502}}"#);
+        assert_eq!(rule.fault, Fault::status_after_effect(502));
+        let rule = parse(r#"{"operation":"exec","count":1,"fault":{"hang_after_effect_ms":2500}}"#);
+        assert_eq!(
+            rule.fault,
+            Fault::hang_after_effect(Duration::from_millis(2500))
+        );
+        for fault in [
+            Fault::status_after_effect(504),
+            Fault::hang_after_effect(Duration::from_secs(3)),
+            Fault::status(503),
+            Fault::delay(Duration::from_millis(7)),
+        ] {
+            let json = serde_json::to_string(&fault).unwrap();
+            assert_eq!(
+                serde_json::from_str::<Fault>(&json).unwrap(),
+                fault,
+                "{json}"
+            );
+        }
+        assert_eq!(
+            serde_json::to_string(&Fault::status_after_effect(502)).unwrap(),
+            r#"{"status_after_effect":502}"#
+        );
         let json =
             serde_json::to_string(&FaultRule::on(Operation::Get, Fault::MalformedJson)).unwrap();
         assert_eq!(

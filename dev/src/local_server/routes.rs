@@ -34,7 +34,9 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
 }
 
 /// Counts the call, applies a pending fault, and runs `effect` in its own task so that it
-/// completes even when the client hangs up, as it would on a real server.
+/// completes even when the client hangs up, as it would on a real server. Faults named
+/// `…AfterEffect` break the answer only after the operation was performed (whether it succeeded
+/// or failed).
 async fn perform<F>(
     shared: &Shared,
     request_id: &RequestId,
@@ -70,6 +72,21 @@ where
     .unwrap_or_else(|e| Err(ApiError::internal(format!("operation failed: {e}"))));
     match (fault, outcome) {
         (Some(Fault::DropAfterEffect), _) => dropped_connection(),
+        (
+            Some(Fault::StatusAfterEffect {
+                status_after_effect,
+            }),
+            _,
+        ) => ApiError::injected(status_after_effect, None, None).respond(Some(request_id)),
+        (
+            Some(Fault::HangAfterEffect {
+                hang_after_effect_ms,
+            }),
+            _,
+        ) => {
+            tokio::time::sleep(Duration::from_millis(hang_after_effect_ms)).await;
+            dropped_connection()
+        }
         (Some(Fault::MalformedJson), Ok(_)) => malformed_json(),
         (_, Ok(response)) => response,
         (_, Err(error)) => error.respond(Some(request_id)),

@@ -11,7 +11,7 @@ use k8s_openapi::{
 use crate::{
     bridge::session::CallError,
     bridge::{RunResult, RunStatus},
-    briq::ErrorClass,
+    briq::{ErrorClass, ExecOutcome},
     controller::{
         conditions::{self, READY, STALLED, SUCCEEDED, desired},
         ownership::{Ownership, not_owned_message},
@@ -271,7 +271,18 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
     let result = match outcome {
         Ok(result) => result,
         Err(CallError::Upload(error)) => {
-            let message = format!("could not upload the code, so it did not run: {error}");
+            // The run command is only sent after a successful upload, so a failed upload never
+            // ran the code, whatever the failure. A 5xx or a lost answer may still have written
+            // the action file; nothing runs it, and the next action gets a file of its own.
+            let message = match error.exec_outcome() {
+                ExecOutcome::NotRun => {
+                    format!("could not upload the code, so it did not run: {error}")
+                }
+                ExecOutcome::Unknown => format!(
+                    "uploading the code failed (the file may have been written), but the code \
+                     was never sent to run, so it did not run: {error}"
+                ),
+            };
             return (Verdict::new(TransportError, message), None);
         }
         Err(CallError::TimedOut(waited)) => {
@@ -289,19 +300,35 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
                 .poisons("the bridge answered malformed output");
             return (verdict, None);
         }
-        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
-            let message = format!("the sandbox is gone ({error}); the executor is now unusable");
-            let verdict = Verdict::new(KernelLost, message).poisons("its sandbox no longer exists");
+        Err(error @ CallError::ResultUnreadable(_)) => {
+            let message = format!("the outcome is unknown: {error}; the executor is now unusable");
+            let verdict = Verdict::new(TransportError, message)
+                .poisons("an Execution's result could not be read after its code ran");
             return (verdict, None);
         }
-        Err(error) if !error.is_uncertain() => {
-            let message = format!("briq refused to run the code, so it did not run: {error}");
-            return (Verdict::new(TransportError, message), None);
-        }
-        Err(error) => {
-            let message = format!("the outcome is unknown ({error}); the executor is now unusable");
-            let verdict = Verdict::new(TransportError, message)
-                .poisons("a transport failure left an Execution's outcome unknown");
+        Err(CallError::Briq(error)) => {
+            let verdict = match (error.exec_outcome(), error.class()) {
+                (ExecOutcome::NotRun, ErrorClass::NotFound) => Verdict::new(
+                    KernelLost,
+                    format!(
+                        "the sandbox is gone ({error}), so the code did not run; the executor is now unusable"
+                    ),
+                )
+                .poisons("its sandbox no longer exists"),
+                (ExecOutcome::NotRun, _) => Verdict::new(
+                    TransportError,
+                    format!(
+                        "briq refused the request to run the code or was never reached, so the code did not run: {error}"
+                    ),
+                ),
+                (ExecOutcome::Unknown, _) => Verdict::new(
+                    TransportError,
+                    format!(
+                        "the outcome is unknown: the code may have run ({error}); the executor is now unusable"
+                    ),
+                )
+                .poisons("a failed call to briq left an Execution's outcome unknown"),
+            };
             return (verdict, None);
         }
     };

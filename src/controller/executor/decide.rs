@@ -514,6 +514,11 @@ mod tests {
                 ))),
                 SetupVerdict::Retry,
             ),
+            // Setup is idempotent: an answer lost after it ran costs one more try, not the sandbox.
+            (
+                Err(SetupError::Call(CallError::ResultUnreadable(not_found()))),
+                SetupVerdict::Retry,
+            ),
             (
                 Err(SetupError::Call(CallError::UnexpectedKind("result"))),
                 SetupVerdict::Failed(

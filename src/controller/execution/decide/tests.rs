@@ -311,6 +311,23 @@ fn briq_error(status: u16, code: ErrorCode) -> briq::Error {
     }
 }
 
+fn unavailable(status: u16) -> briq::Error {
+    briq::Error::Unavailable {
+        status,
+        code: ErrorCode::Unavailable,
+        message: "bad gateway".into(),
+        retry_after: None,
+        request_id: Some("req_1".into()),
+    }
+}
+
+fn not_found() -> briq::Error {
+    briq::Error::NotFound {
+        message: "gone".into(),
+        request_id: None,
+    }
+}
+
 /// (outcome, reason, poisons the executor, keeps the result)
 type JudgeCase = (Result<RunResult, CallError>, ExecutionReason, bool, bool);
 
@@ -401,6 +418,79 @@ fn judge_table() {
             true,
             false,
         ),
+        // Refused before acting: the code did not run and the executor stays usable.
+        (
+            Err(CallError::Briq(unavailable(429))),
+            TransportError,
+            false,
+            false,
+        ),
+        (
+            Err(CallError::Briq(briq_error(409, ErrorCode::Other))),
+            TransportError,
+            false,
+            false,
+        ),
+        // A gateway may answer any 5xx after the sandbox ran the code.
+        (
+            Err(CallError::Briq(unavailable(500))),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(unavailable(502))),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(unavailable(503))),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(unavailable(504))),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::Briq(briq_error(402, ErrorCode::PaymentRequired))),
+            TransportError,
+            true,
+            false,
+        ),
+        // An upload failure never ran the code, whatever it was: run was never sent.
+        (
+            Err(CallError::Upload(unavailable(503))),
+            TransportError,
+            false,
+            false,
+        ),
+        // The exec returned: the code ran, whatever reading its answer ran into.
+        (
+            Err(CallError::ResultUnreadable(unavailable(503))),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::ResultUnreadable(not_found())),
+            TransportError,
+            true,
+            false,
+        ),
+        (
+            Err(CallError::ResultUnreadable(briq_error(
+                400,
+                ErrorCode::InvalidRequest,
+            ))),
+            TransportError,
+            true,
+            false,
+        ),
     ];
     for (outcome, reason, poisons, keeps_result) in cases {
         let shown = format!("{outcome:?}");
@@ -408,6 +498,66 @@ fn judge_table() {
         assert_eq!(verdict.reason, reason, "{shown}");
         assert_eq!(verdict.unusable.is_some(), poisons, "{shown}");
         assert_eq!(kept.is_some(), keeps_result, "{shown}");
+    }
+}
+
+#[test]
+fn failed_calls_say_whether_the_code_ran() {
+    let message = |outcome: CallError| judge(Err(outcome), 30).0.message;
+    assert_eq!(
+        message(CallError::Briq(unavailable(429))),
+        "briq refused the request to run the code or was never reached, so the code did not run: \
+         briq is unavailable (HTTP 429, unavailable): bad gateway (request id req_1)"
+    );
+    assert_eq!(
+        message(CallError::Briq(unavailable(502))),
+        "the outcome is unknown: the code may have run (briq is unavailable (HTTP 502, \
+         unavailable): bad gateway (request id req_1)); the executor is now unusable"
+    );
+    assert_eq!(
+        message(CallError::ResultUnreadable(unavailable(503))),
+        "the outcome is unknown: the command ran, but reading its spilled answer failed: briq is \
+         unavailable (HTTP 503, unavailable): bad gateway (request id req_1); the executor is now \
+         unusable"
+    );
+    assert_eq!(
+        message(CallError::Briq(not_found())),
+        "the sandbox is gone (briq: not found: gone), so the code did not run; the executor is \
+         now unusable"
+    );
+    assert_eq!(
+        message(CallError::Upload(unavailable(503))),
+        "uploading the code failed (the file may have been written), but the code was never sent \
+         to run, so it did not run: briq is unavailable (HTTP 503, unavailable): bad gateway \
+         (request id req_1)"
+    );
+    assert_eq!(
+        message(CallError::Upload(briq_error(
+            400,
+            ErrorCode::InvalidRequest
+        ))),
+        "could not upload the code, so it did not run: briq refused the request (HTTP 400, \
+         invalid_request): no"
+    );
+    // No verdict that leaves the outcome unknown claims the code did not run.
+    for outcome in [
+        CallError::Briq(unavailable(500)),
+        CallError::Briq(unavailable(504)),
+        CallError::Briq(briq::Error::Malformed {
+            detail: "not JSON".into(),
+            request_id: None,
+        }),
+        CallError::ResultUnreadable(not_found()),
+        CallError::ResultUnreadable(briq_error(400, ErrorCode::InvalidRequest)),
+    ] {
+        let shown = format!("{outcome:?}");
+        let (verdict, _) = judge(Err(outcome), 30);
+        assert!(verdict.unusable.is_some(), "{shown}");
+        assert!(
+            !verdict.message.contains("did not run"),
+            "{shown}: {}",
+            verdict.message
+        );
     }
 }
 
