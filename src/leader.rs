@@ -3,9 +3,10 @@
 //!
 //! - Standby: try to take the lease whenever it is free or expired.
 //! - Leading: run the controllers; the lease manager renews the lease `grace` seconds before it
-//!   expires. If a renewal fails or the lease is found held by another replica, the controllers
-//!   are dropped at once (not drained: another replica may be taking over) and this replica goes
-//!   back to standby. An Execution cut off that way is found `Running` without a result by the
+//!   expires. A failed renewal (a slow or briefly unavailable API server) is retried while the
+//!   lease is surely still held ([`keep_retrying`]); if renewals keep failing until close to
+//!   expiry, or the lease is found held by another replica, the controllers are dropped at once
+//!   (not drained: another replica may be taking over) and this replica goes back to standby. An Execution cut off that way is found `Running` without a result by the
 //!   next leader and failed as `Interrupted`, never sent again.
 //! - Shutdown (SIGTERM): the controllers stop taking new work and finish what runs, the lease is
 //!   renewed meanwhile, then released so that a standby takes over at once.
@@ -119,7 +120,8 @@ pub async fn run<L, Fut>(
         info!(identity = %lease.identity, lease = %lease.name, "acquired the lease: starting the controllers");
         health.set_role(Role::Leader);
         metrics.set_leader(true);
-        let outcome = lead_while_held(&manager, &health, shutdown.as_mut(), &mut lead).await;
+        let grace = Duration::from_secs(lease.grace_seconds);
+        let outcome = lead_while_held(&manager, &health, grace, shutdown.as_mut(), &mut lead).await;
         health.set_synced(false);
         metrics.set_leader(false);
         match outcome {
@@ -136,9 +138,24 @@ pub async fn run<L, Fut>(
     }
 }
 
+/// How long before the lease could expire a leader stops retrying a failed renewal and steps
+/// down: another replica may take the lease once it expires, and two must never lead at once.
+pub const STEP_DOWN_MARGIN: Duration = Duration::from_secs(2);
+
+/// Whether a leader whose renewals have failed for `failing_for` still holds the lease for sure
+/// and may retry: a renewal is due `grace` before expiry, so the lease lasts about `grace` after
+/// the first failed one.
+pub fn keep_retrying(failing_for: Duration, grace: Duration) -> bool {
+    failing_for + STEP_DOWN_MARGIN < grace
+}
+
+/// Pause between retries of a failed renewal.
+const RENEW_RETRY: Duration = Duration::from_millis(500);
+
 async fn lead_while_held<L, Fut>(
     manager: &LeaseManager,
     health: &Health,
+    grace: Duration,
     mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     lead: &mut L,
 ) -> Outcome
@@ -150,6 +167,8 @@ where
     let mut stop_tx = Some(stop_tx);
     let controllers = lead(stop_rx);
     let mut controllers = std::pin::pin!(controllers);
+    // Since when renewals fail: a slow API server is not a lost lease, until it could be.
+    let mut failing_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = &mut controllers => {
@@ -161,14 +180,19 @@ where
                 return Outcome::Lost;
             }
             changed = manager.changed() => match changed {
-                Ok(true) => {}
+                Ok(true) => failing_since = None,
                 Ok(false) => {
                     warn!("another replica holds the lease now");
                     return Outcome::Lost;
                 }
                 Err(error) => {
-                    warn!(%error, "could not renew the lease");
-                    return Outcome::Lost;
+                    let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                    if !keep_retrying(since.elapsed(), grace) {
+                        warn!(%error, "could not renew the lease before it could expire: stepping down");
+                        return Outcome::Lost;
+                    }
+                    warn!(%error, "could not renew the lease; retrying while it is still ours");
+                    tokio::time::sleep(RENEW_RETRY).await;
                 }
             },
             () = &mut shutdown, if stop_tx.is_some() => {
@@ -212,6 +236,33 @@ async fn release(manager: &LeaseManager, lease: &LeaseConfig) {
         }
         Err(_) => {
             warn!(lease = %lease.name, "releasing the lease timed out; it expires on its own")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leader_retries_failed_renewals_only_while_the_lease_is_surely_its_own() {
+        let s = Duration::from_secs;
+        // (failing for, grace, keep retrying)
+        let cases = [
+            (s(0), s(5), true),
+            (s(2), s(5), true),
+            (Duration::from_millis(2_999), s(5), true),
+            (s(3), s(5), false),
+            (s(10), s(5), false),
+            (s(0), s(2), false),
+            (s(0), s(1), false),
+        ];
+        for (failing_for, grace, expected) in cases {
+            assert_eq!(
+                keep_retrying(failing_for, grace),
+                expected,
+                "{failing_for:?} {grace:?}"
+            );
         }
     }
 }

@@ -7,6 +7,7 @@ mod support;
 use std::{collections::BTreeSet, time::Duration};
 
 use briq_dev::local_server::Operation;
+use briq_operator::bridge::session::{LONGEST_PROVISIONING, LONGEST_RUN};
 use briq_operator::crd::{BriqExecutor, Execution};
 use k8s_openapi::api::{
     authorization::v1::SubjectAccessReview, core::v1::Secret, events::v1::Event,
@@ -147,6 +148,30 @@ fn bad_values_fail_before_anything_is_installed() {
 }
 
 #[test]
+fn a_drain_evicts_at_most_one_replica_at_a_time() {
+    let documents = ops::template("ops", "briq-system", &[]);
+    let deployment = ops::find(&documents, "Deployment")[0];
+    let budgets = ops::find(&documents, "PodDisruptionBudget");
+    assert_eq!(budgets.len(), 1, "two replicas by default get a budget");
+    assert_eq!(budgets[0]["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        budgets[0]["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"],
+        "the budget selects the operator's pods"
+    );
+    for single in [
+        &["--set", "replicas=1"][..],
+        &["--set", "podDisruptionBudget.enabled=false"],
+    ] {
+        let documents = ops::template("ops", "briq-system", single);
+        assert!(
+            ops::find(&documents, "PodDisruptionBudget").is_empty(),
+            "{single:?}"
+        );
+    }
+}
+
+#[test]
 fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
     let documents = ops::template("ops", "briq-system", ALL_FEATURES);
     let deployment = ops::find(&documents, "Deployment")[0];
@@ -157,10 +182,11 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
         pod["securityContext"]["seccompProfile"]["type"],
         "RuntimeDefault"
     );
-    assert!(
-        pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 40,
-        "the longest Execution fits"
-    );
+    // A graceful shutdown finishes what runs: the longest provisioning and the longest
+    // Execution, with room for their status writes and the lease's release.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    let longest = LONGEST_PROVISIONING.max(LONGEST_RUN).as_secs();
+    assert!(grace >= longest + 15, "{grace} s < {longest} s + 15 s");
     let container = &pod["containers"][0];
     let security = &container["securityContext"];
     assert_eq!(security["allowPrivilegeEscalation"], false);

@@ -12,6 +12,18 @@ use crate::{
 const BRIDGE_MARGIN: Duration = Duration::from_secs(5);
 const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
 
+/// The longest one executor's provisioning may wait on briq: setup (briq's longest synchronous
+/// command), then the kernel's start, each with the bridge's margin.
+pub const LONGEST_PROVISIONING: Duration = Duration::from_secs(
+    briq::api::MAX_EXEC_TIMEOUT.as_secs()
+        + KERNEL_START_DEADLINE.as_secs()
+        + BRIDGE_MARGIN.as_secs(),
+);
+
+/// The longest one Execution may wait on briq: its deadline and the bridge's margin.
+pub const LONGEST_RUN: Duration =
+    Duration::from_secs(crate::crd::MAX_EXECUTION_TIMEOUT_SECONDS as u64 + BRIDGE_MARGIN.as_secs());
+
 /// Why a bridge call gave no trustworthy answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
