@@ -344,6 +344,21 @@ pub async fn run<S>(
     run_observed(client, sandboxes, settings, shutdown, Observer::default()).await
 }
 
+/// Logs what the controller runtime reports. A reconcile scheduled for an object deleted
+/// meanwhile is the normal end of that object, not a failure worth a warning.
+fn log_failure<T, E: std::fmt::Display>(
+    controller: &str,
+    result: Result<T, kube::runtime::controller::Error<E, watcher::Error>>,
+) {
+    match result {
+        Ok(_) => {}
+        Err(kube::runtime::controller::Error::ObjectNotFound(gone)) => {
+            tracing::debug!(%gone, controller, "the object was deleted before its reconcile ran");
+        }
+        Err(error) => warn!(%error, controller, "reconcile failed"),
+    }
+}
+
 /// Unfinished Executions (queued, running) and executors holding a sandbox, from the caches;
 /// `bookkeeping` entries held by the controllers.
 fn live(
@@ -547,11 +562,7 @@ pub async fn run_observed<S>(
             execution::error_policy,
             execution_ctx.clone(),
         )
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "execution reconcile failed");
-            }
-        });
+        .for_each(|result| async move { log_failure("execution", result) });
     let on_executor_deleted = executor_ctx.clone();
     let executor_events = watcher(executors, watcher::Config::default().any_semantic())
         .modify(cache::compact)
@@ -592,11 +603,7 @@ pub async fn run_observed<S>(
             executor::error_policy,
             executor_ctx,
         )
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "executor reconcile failed");
-            }
-        });
+        .for_each(|result| async move { log_failure("executor", result) });
     info!("controllers started");
     futures::future::join(execution_loop, executor_loop).await;
     drop(sweeper);
