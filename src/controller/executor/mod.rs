@@ -104,8 +104,17 @@ pub async fn reconcile<S: SandboxApi>(
             FinalizerEvent::Cleanup(executor) => actor.cleanup(&executor).await,
         }
     })
-    .await
-    .map_err(|error| Error::Finalizer(Box::new(error)));
+    .await;
+    let result = match result {
+        // A reconcile of a stale copy found the executor already gone: its finalizer was removed
+        // by the reconcile before (which the cleanup's own status write had queued again).
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(status)))
+            if status.code == 404 =>
+        {
+            Ok(Action::await_change())
+        }
+        other => other.map_err(|error| Error::Finalizer(Box::new(error))),
+    };
     settle(&ctx.backoff, &object, result)
 }
 
