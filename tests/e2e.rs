@@ -197,6 +197,19 @@ async fn a_timeout_makes_the_executor_unusable_for_good() {
     assert_eq!(condition(&executor, "Ready").0, "False");
     assert_eq!(condition(&executor, "Ready").1, "Unusable");
     assert_eq!(status.observed_generation, executor.metadata.generation);
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let unusable: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Unusable"))
+        .filter_map(|e| e.note.clone())
+        .collect();
+    assert_eq!(unusable.len(), 1, "one Event says why: {unusable:?}");
+    assert!(unusable[0].contains("deadline"), "{unusable:?}");
 
     let execs_before = operator
         .admin()

@@ -295,7 +295,11 @@ async fn mark_unusable<S>(shared: &Shared<S>, executor: &BriqExecutor, reason: &
         &executor.namespace().unwrap_or_default(),
     );
     let status = json!({ "unusable": true, "unusableReason": conditions::clip(reason.to_owned()) });
-    apply_status(&api, executor, UNUSABLE_MANAGER, status).await
+    apply_status(&api, executor, UNUSABLE_MANAGER, status).await?;
+    let note = format!("{reason}; it never runs code again");
+    let warning = kube::runtime::events::EventType::Warning;
+    publish(shared, executor, warning, "Unusable", "Run", note).await;
+    Ok(())
 }
 
 /// Publishes an event about `object`; a failure to publish is logged, never fatal.

@@ -445,15 +445,8 @@ impl<S: SandboxApi> Actor<'_, S> {
             ProbeVerdict::NotOwned => self.disown(executor, key, id, true).await,
             ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),
             ProbeVerdict::Lost(lost) => {
+                // Its Warning Event (`Unusable`, with why) comes with the mark.
                 mark_unusable(self.shared, executor, &lost).await?;
-                self.event(
-                    executor,
-                    EventType::Warning,
-                    "KernelLost",
-                    "Probe",
-                    lost.clone(),
-                )
-                .await;
                 self.report(executor, unusable_state(&lost), sandbox)
                     .await?;
                 Ok(Action::await_change())
