@@ -9,7 +9,7 @@ use briq_dev::local_server::{Fault, FaultRule, Operation};
 use briq_operator::{
     briq::{self, BriqClient, ClientOptions, SandboxApi as _},
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
-    crd::{BriqExecutor, Execution},
+    crd::{BriqExecutor, Execution, MAX_CODE_CHARS, MAX_STATUS_BYTES},
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::{
@@ -521,6 +521,57 @@ async fn oversized_output_is_truncated_and_flagged() {
         logs.starts_with("aaaa") && logs.contains("truncated"),
         "head and a marked cut are kept"
     );
+}
+
+/// The whole object as the API server stores it (JSON, `<` and U+2028 as `\uXXXX`), and the
+/// bytes its status takes there.
+fn stored_size(env: &TestEnv, name: &str) -> (usize, usize) {
+    let path = format!(
+        "/apis/briq.cloud/v1alpha1/namespaces/{}/executions/{name}",
+        env.namespace
+    );
+    let (ok, raw, stderr) = env.kubectl(&["get", "--raw", &path]);
+    assert!(ok, "{stderr}");
+    let raw = raw.trim_end();
+    let key = ",\"status\":";
+    let status = raw.find(key).expect("a status") + key.len();
+    // The status is the object's last field: what follows the key, less the closing brace.
+    (raw.len(), raw.len() - status - 1)
+}
+
+#[tokio::test]
+async fn an_error_that_grows_sixfold_when_stored_is_cut_to_the_status_budget() {
+    let env = TestEnv::new("e2e-budget").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    // Issue 14: logs and an error message the API server stores as 6 bytes per character, and
+    // code of the largest size, mostly `<`. Uncut, the status alone would take 1.2 MB and the
+    // object over etcd's 1.5 MiB: the write was refused and retried forever.
+    let body = "print('<' * 65_536)\nraise ValueError('\\u2028<' * 70_000)\n";
+    let padding = MAX_CODE_CHARS - body.len() - 2;
+    let code = format!("#{}\n{body}", "<".repeat(padding));
+    assert_eq!(
+        code.chars().count(),
+        MAX_CODE_CHARS,
+        "the largest code allowed"
+    );
+    let raised = run(&env, "huge-error", "py", &code).await;
+    assert_eq!(reason(&raised), "CodeError");
+    let status = raised.status.clone().unwrap();
+    assert!(status.truncated);
+    let error = status.error.unwrap();
+    assert_eq!(error.name, "ValueError");
+    assert!(error.message.starts_with("\u{2028}<") && error.message.contains("characters cut"));
+    let (object, stored_status) = stored_size(&env, "huge-error");
+    assert!(
+        stored_status <= MAX_STATUS_BYTES,
+        "status {stored_status} bytes"
+    );
+    assert!(object < 1 << 20, "object {object} bytes");
+
+    let after = run(&env, "after", "py", "2 + 2").await;
+    assert_eq!(reason(&after), "Completed");
+    assert_eq!(after.status.unwrap().output.as_deref(), Some("4"));
 }
 
 #[tokio::test]

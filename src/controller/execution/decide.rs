@@ -10,14 +10,16 @@ use k8s_openapi::{
 
 use crate::{
     bridge::session::CallError,
-    bridge::{RunResult, RunStatus},
+    bridge::{CodeError, RunResult, RunStatus},
     briq::{ErrorClass, ExecOutcome},
     controller::{
         conditions::{self, READY, STALLED, SUCCEEDED, desired},
+        execution::budget,
         ownership::{Ownership, not_owned_message},
     },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
+        MAX_STATUS_BYTES,
         reasons::{ExecutionReason, Phase},
     },
 };
@@ -332,6 +334,7 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
             return (verdict, None);
         }
     };
+    let result = refuse_oversized_answer(result);
     let error_text = |fallback: &str| {
         result
             .error
@@ -361,6 +364,31 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
         .poisons("its kernel was lost (the sandbox slept or restarted)"),
     };
     (verdict, Some(result))
+}
+
+/// A final answer too large to store whole ([`budget::MAX_FINAL_ANSWER_BYTES`] as the API
+/// server encodes it) is refused, as the bridge refuses one over its own budget: a cut answer
+/// would not decode.
+fn refuse_oversized_answer(mut result: RunResult) -> RunResult {
+    let Some(size) = result
+        .final_answer
+        .as_deref()
+        .map(budget::encoded_len)
+        .filter(|size| *size > budget::MAX_FINAL_ANSWER_BYTES)
+    else {
+        return result;
+    };
+    result.status = RunStatus::FinalAnswerRejected;
+    result.final_answer = None;
+    result.error = Some(CodeError {
+        name: "FinalAnswerRejected".into(),
+        message: format!(
+            "the final answer takes {size} bytes as stored, over its {}-byte budget",
+            budget::MAX_FINAL_ANSWER_BYTES
+        ),
+        traceback: String::new(),
+    });
+    result
 }
 
 /// What to do when briq says whose the sandbox an executor's status names is: `None`, run.
@@ -427,7 +455,7 @@ pub fn running_status(
 }
 
 /// The final status of an Execution: `base`'s attempt and start, the verdict, and the result
-/// if the bridge gave one.
+/// if the bridge gave one, cut to [`MAX_STATUS_BYTES`] as the API server stores it.
 pub fn final_status(
     base: &ExecutionStatus,
     generation: Option<i64>,
@@ -469,7 +497,7 @@ pub fn final_status(
             traceback: None,
         });
     }
-    status
+    budget::fit(status, MAX_STATUS_BYTES)
 }
 
 /// Which finished Executions to delete so that `limit` remain: the oldest first.

@@ -10,6 +10,7 @@
 //! [`decide`] what comes next, and performs it.
 
 mod bookkeeping;
+mod budget;
 mod decide;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};

@@ -707,3 +707,77 @@ fn code_is_sent_only_to_a_sandbox_briq_confirms_as_the_executors_own() {
     assert_eq!(gone.reason, ExecutionReason::KernelLost);
     assert!(gone.unusable.is_some());
 }
+
+#[test]
+fn the_largest_results_the_bridge_can_send_fit_the_status_budget() {
+    use crate::bridge::{FINAL_ANSWER_MAX_CHARS, TEXT_BUDGET_CHARS};
+    // Issue 14: 70,000 `\u2028<` pairs (the bridge passes 65,536 characters of them) in the
+    // message and the traceback, and a full text budget of `<` in the logs: 1.2 MB as stored.
+    let worst = "\u{2028}<".repeat(TEXT_BUDGET_CHARS / 2);
+    let mut raised = result(RunStatus::Error, Some(("ValueError", &worst)));
+    raised.logs = "<".repeat(TEXT_BUDGET_CHARS);
+    raised.output = None;
+    raised.error.as_mut().unwrap().traceback = worst.clone();
+    let (verdict, kept) = judge(Ok(raised), 30);
+    assert_eq!(verdict.reason, ExecutionReason::CodeError);
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    let size = budget::status_len(&done);
+    assert!(size <= MAX_STATUS_BYTES, "{size} bytes");
+    assert!(
+        size > MAX_STATUS_BYTES - 1_000,
+        "the budget is used: {size} bytes"
+    );
+    assert!(done.truncated);
+    let error = done.error.unwrap();
+    assert!(error.message.starts_with("\u{2028}<") && error.message.ends_with("\u{2028}<"));
+    assert!(error.message.contains(" characters cut] "));
+    assert_eq!(error.name, "ValueError");
+
+    // A final answer the bridge accepts (65,536 characters) but that takes over half the
+    // budget as stored (5 + 2 + 65,529 × 6 + 2 bytes) is refused, never cut.
+    let mut answered = result(RunStatus::FinalAnswer, None);
+    answered.final_answer = Some(format!(
+        "safe:\"{}\"",
+        "<".repeat(FINAL_ANSWER_MAX_CHARS - 7)
+    ));
+    let (verdict, kept) = judge(Ok(answered), 30);
+    assert_eq!(verdict.reason, ExecutionReason::FinalAnswerRejected);
+    assert_eq!(
+        verdict.message,
+        "FinalAnswerRejected: the final answer takes 393183 bytes as stored, over its \
+         131072-byte budget"
+    );
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    assert_eq!(
+        (done.final_answer.as_deref(), done.is_final_answer),
+        (None, false)
+    );
+    assert!(budget::status_len(&done) <= MAX_STATUS_BYTES);
+
+    // One that fits is kept whole.
+    let mut answered = result(RunStatus::FinalAnswer, None);
+    let answer = format!("safe:\"{}\"", "a".repeat(FINAL_ANSWER_MAX_CHARS - 7));
+    answered.final_answer = Some(answer.clone());
+    let (verdict, kept) = judge(Ok(answered), 30);
+    assert_eq!(verdict.reason, ExecutionReason::FinalAnswer);
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    assert_eq!(done.final_answer, Some(answer));
+}
