@@ -19,7 +19,7 @@ use kube::{
 use serde_json::json;
 use support::{
     Operator, READY_SECONDS, TestEnv, condition, create_execution, create_execution_from,
-    create_executor, finished, reason, wait_deleted, wait_for, wait_ready,
+    create_executor, finished, output, reason, wait_deleted, wait_for, wait_ready,
 };
 
 const RUN_SECONDS: u64 = 60;
@@ -572,6 +572,37 @@ async fn an_error_that_grows_sixfold_when_stored_is_cut_to_the_status_budget() {
     let after = run(&env, "after", "py", "2 + 2").await;
     assert_eq!(reason(&after), "Completed");
     assert_eq!(after.status.unwrap().output.as_deref(), Some("4"));
+}
+
+#[tokio::test]
+async fn an_execution_beyond_a_full_queue_fails_at_once_and_the_queue_runs_on() {
+    let env = TestEnv::new("e2e-queue-cap").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "maxQueuedExecutions": 1 })).await;
+    wait_ready(&env, "py").await;
+    create_execution(&env, "a-run", "py", "import time\ntime.sleep(6)\n'a'").await;
+    create_execution(&env, "b-wait", "py", "'b'").await;
+    create_execution(&env, "c-refused", "py", "'c'").await;
+
+    let refused = finished(&env, "c-refused", 5).await;
+    assert_eq!(reason(&refused), "QueueFull");
+    assert_eq!(
+        condition(&refused, "Succeeded").2,
+        "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); this one \
+         was not run: create it again once the queue drains"
+    );
+    assert!(refused.status.unwrap().start_time.is_none(), "it never ran");
+    let running = env.api::<Execution>().get("a-run").await.unwrap();
+    assert_eq!(
+        condition(&running, "Succeeded").0,
+        "Unknown",
+        "refused at once, while the head still runs"
+    );
+
+    assert_eq!(output(&finished(&env, "a-run", RUN_SECONDS).await), "'a'");
+    assert_eq!(output(&finished(&env, "b-wait", RUN_SECONDS).await), "'b'");
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert!(!executor.status.unwrap().unusable);
 }
 
 #[tokio::test]

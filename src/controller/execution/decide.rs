@@ -108,6 +108,9 @@ pub struct Observed<'a> {
     /// This process made the executor unusable; its cache may not show it yet.
     pub executor_known_unusable: bool,
     pub heads_queue: bool,
+    /// How many unfinished Executions of the executor come before it in the cached queue (the
+    /// running one among them).
+    pub ahead: usize,
 }
 
 /// An attempt recorded in an Execution's status.
@@ -177,6 +180,9 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
     if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
         return Err(Refusal::Fail(verdict));
     }
+    if let Some(verdict) = queue_full(executor, observed.ahead) {
+        return Err(Refusal::Fail(verdict));
+    }
     let conditions = executor
         .status
         .as_ref()
@@ -222,6 +228,23 @@ pub fn unable(executor: &BriqExecutor, known_unusable: bool) -> Option<Verdict> 
                 ),
             )
         })
+}
+
+/// Why an Execution with `ahead` unfinished Executions before it may not wait in `executor`'s
+/// queue, if it may not: the one at the head runs, `maxQueuedExecutions` wait behind it.
+pub fn queue_full(executor: &BriqExecutor, ahead: usize) -> Option<Verdict> {
+    let max = executor.spec.max_queued_executions as usize;
+    let waiting = ahead.saturating_sub(1);
+    (waiting >= max).then(|| {
+        Verdict::new(
+            ExecutionReason::QueueFull,
+            format!(
+                "BriqExecutor {} already has {waiting} Executions waiting (maxQueuedExecutions is \
+                 {max}); this one was not run: create it again once the queue drains",
+                executor.metadata.name.as_deref().unwrap_or_default()
+            ),
+        )
+    })
 }
 
 /// An Execution's place in its executor's queue: creationTimestamp (whole seconds), then name.

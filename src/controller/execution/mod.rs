@@ -158,16 +158,16 @@ impl<S> Context<S> {
         self.executors.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// Whether the cache puts `execution` at the head of its executor's queue. The watch
-    /// delivers Executions in the order the API server stored them, so a cached Execution comes
-    /// with every one stored before it; but the run order breaks ties within one
-    /// creationTimestamp second by name, so an Execution stored a moment later may still come
-    /// first: the head confirms with [`Context::turn`].
-    fn heads_queue(&self, execution: &Execution) -> bool {
+    /// How many unfinished Executions come before `execution` in the cached queue; `None` when
+    /// it is not in it. The watch delivers Executions in the order the API server stored them,
+    /// so a cached Execution comes with every one stored before it; but the run order breaks
+    /// ties within one creationTimestamp second by name, so an Execution stored a moment later
+    /// may still come first: the head confirms with [`Context::turn`].
+    fn ahead(&self, execution: &Execution) -> Option<usize> {
         let namespace = execution.namespace().unwrap_or_default();
         self.queue(&namespace, &execution.spec.executor_ref.name)
-            .first()
-            .is_some_and(|head| head.uid() == execution.uid())
+            .iter()
+            .position(|e| e.uid() == execution.uid())
     }
 
     /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
@@ -312,6 +312,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     fn observed<'b>(&'b self, executor: Option<&'b BriqExecutor>, uid: &str) -> Observed<'b> {
         let name = self.executor_name();
+        let ahead = self.ctx.ahead(self.execution);
         Observed {
             executor_name: name,
             namespace: &self.namespace,
@@ -333,7 +334,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .any(|owner| owner.kind == "BriqExecutor" && owner.name == name),
             executor,
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
-            heads_queue: self.ctx.heads_queue(self.execution),
+            heads_queue: ahead == Some(0),
+            ahead: ahead.unwrap_or_default(),
         }
     }
 

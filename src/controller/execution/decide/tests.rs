@@ -50,6 +50,7 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor,
         executor_known_unusable: false,
         heads_queue: true,
+        ahead: 0,
     }
 }
 
@@ -68,6 +69,8 @@ fn fail(reason: ExecutionReason, message: &str) -> Step {
 fn decide_table() {
     use ExecutionReason::*;
     let ready = ready();
+    let mut queue_of_one = ready.clone();
+    queue_of_one.spec.max_queued_executions = 1;
     let deleting = executor(json!({}), true);
     let unusable = executor(
         json!({ "unusable": true, "unusableReason": "an Execution ran past its 30s deadline",
@@ -182,9 +185,79 @@ fn decide_table() {
             "behind others",
             Observed {
                 heads_queue: false,
+                ahead: 1,
                 ..observed(Some(&ready))
             },
             Step::Queue,
+        ),
+        (
+            "the last place in a full queue: one runs, 100 wait",
+            Observed {
+                heads_queue: false,
+                ahead: 100,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "beyond a full queue",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&ready))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "beyond a full queue of an executor still provisioning",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&provisioning))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "beyond a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 2,
+                ..observed(Some(&queue_of_one))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "behind the running one in a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&queue_of_one))
+            },
+            Step::Queue,
+        ),
+        (
+            "no executor to count against yet",
+            Observed {
+                heads_queue: false,
+                ahead: 500,
+                ..observed(None)
+            },
+            Step::Refuse(Refusal::Wait(
+                ExecutorNotFound,
+                "BriqExecutor py does not exist in namespace ns".into(),
+            )),
         ),
         (
             "head of the queue",
