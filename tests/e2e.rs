@@ -606,6 +606,38 @@ async fn an_execution_beyond_a_full_queue_fails_at_once_and_the_queue_runs_on() 
 }
 
 #[tokio::test]
+async fn finished_executions_are_deleted_after_their_time_to_live() {
+    let env = TestEnv::new("e2e-ttl").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "executionTtlSecondsAfterFinished": 3 })).await;
+    wait_ready(&env, "py").await;
+    let api = env.api::<Execution>();
+
+    let default = run(&env, "default", "py", "1").await;
+    let completed = default.status.unwrap().completion_time.unwrap().0;
+    wait_deleted(&api, "default", 15).await;
+    let lived = completed.duration_until(k8s_openapi::jiff::Timestamp::now());
+    assert!(
+        lived.as_secs() >= 2,
+        "deleted {lived:?} after its completion"
+    );
+
+    let spec =
+        json!({ "executorRef": { "name": "py" }, "code": "2", "ttlSecondsAfterFinished": 3600 });
+    create_execution_from(&env, "own-ttl", spec).await;
+    finished(&env, "own-ttl", RUN_SECONDS).await;
+    let spec =
+        json!({ "executorRef": { "name": "py" }, "code": "3", "ttlSecondsAfterFinished": 0 });
+    create_execution_from(&env, "at-once", spec).await;
+    wait_deleted(&api, "at-once", RUN_SECONDS).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        api.get_opt("own-ttl").await.unwrap().is_some(),
+        "its own time to live overrides the executor's"
+    );
+}
+
+#[tokio::test]
 async fn executions_cannot_reach_an_executor_in_another_namespace() {
     let env = TestEnv::new("e2e-ns-a").await;
     let other = TestEnv::new("e2e-ns-b").await;

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    MAX_EXECUTION_TIMEOUT_SECONDS,
+    MAX_EXECUTION_TIMEOUT_SECONDS, MAX_TTL_SECONDS,
     reasons::{ExecutionReason, describe},
 };
 
@@ -62,6 +62,13 @@ pub struct ExecutionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u32>,
+
+    /// Seconds after `status.completionTime` at which the finished Execution is deleted, as
+    /// Jobs' `ttlSecondsAfterFinished` (0 deletes it as soon as it finishes). Defaults to the
+    /// executor's `executionTtlSecondsAfterFinished`; when both are omitted, it is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_TTL_SECONDS))]
+    pub ttl_seconds_after_finished: Option<u32>,
 }
 
 /// Reference to a `BriqExecutor` in the Execution's namespace.

@@ -12,6 +12,8 @@ pub const DEFAULT_EXECUTION_TIMEOUT_SECONDS: u32 = 30;
 pub const MAX_EXECUTION_TIMEOUT_SECONDS: u32 = 40;
 pub const DEFAULT_SETUP_TIMEOUT_SECONDS: u32 = 60;
 pub const DEFAULT_MAX_QUEUED_EXECUTIONS: u32 = 100;
+/// Largest `ttlSecondsAfterFinished`, as Jobs' (an int32).
+pub const MAX_TTL_SECONDS: u32 = i32::MAX as u32;
 pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
 /// The label a Secret needs for the operator to use it as an API key (opt-in).
 pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
@@ -115,6 +117,13 @@ pub struct BriqExecutorSpec {
     #[serde(default = "default_max_queued_executions")]
     #[schemars(range(min = 1, max = 10000))]
     pub max_queued_executions: u32,
+
+    /// Seconds after its completion at which a finished Execution of this executor is deleted,
+    /// unless the Execution sets its own `ttlSecondsAfterFinished`. When omitted, finished
+    /// Executions are kept (see also `executionHistoryLimit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_TTL_SECONDS))]
+    pub execution_ttl_seconds_after_finished: Option<u32>,
 }
 
 /// An environment variable set in the sandbox.

@@ -523,6 +523,33 @@ pub fn final_status(
     budget::fit(status, MAX_STATUS_BYTES)
 }
 
+/// What becomes of a finished Execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// Kept: no time to live, or no completion time recorded yet.
+    Keep,
+    DeleteNow,
+    /// Deleted after this long.
+    DeleteAfter(Duration),
+}
+
+/// When a finished Execution is deleted: `ttl` seconds (its own, else its executor's) after
+/// it `completed`.
+pub fn expiry(completed: Option<Timestamp>, ttl: Option<u32>, now: Timestamp) -> Expiry {
+    let (Some(completed), Some(ttl)) = (completed, ttl) else {
+        return Expiry::Keep;
+    };
+    let Ok(at) = completed.checked_add(SignedDuration::from_secs(ttl.into())) else {
+        return Expiry::Keep;
+    };
+    let left = now.duration_until(at);
+    if left.is_positive() {
+        Expiry::DeleteAfter(left.unsigned_abs())
+    } else {
+        Expiry::DeleteNow
+    }
+}
+
 /// Which finished Executions to delete so that `limit` remain: the oldest first.
 pub fn beyond_history<T>(mut finished: Vec<(RunOrder, T)>, limit: usize) -> Vec<T> {
     finished.sort_by(|a, b| a.0.cmp(&b.0));

@@ -18,7 +18,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
     runtime::{
         controller::Action,
         reflector::{ObjectRef, Store},
@@ -30,7 +30,7 @@ use tracing::{info, instrument, warn};
 
 use self::{
     bookkeeping::Bookkeeping,
-    decide::{Attempt, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
+    decide::{Attempt, Expiry, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
 };
 use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
@@ -270,10 +270,42 @@ pub async fn reconcile<S: SandboxApi>(
     // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
     // here, before the full reconcile's future (some 7 KiB) is allocated.
     if ctx.is_finished(&execution) {
-        return Ok(Action::await_change());
+        return expire(&execution, &ctx).await;
     }
     let result = Box::pin(Actor::new(&execution, &ctx).reconcile()).await;
     settle(&ctx.backoff, execution.as_ref(), result)
+}
+
+/// Deletes a finished Execution once its time to live is over, or asks to be back then.
+async fn expire<S>(execution: &Execution, ctx: &Context<S>) -> Result<Action> {
+    let namespace = execution.namespace().unwrap_or_default();
+    let ttl = execution.spec.ttl_seconds_after_finished.or_else(|| {
+        ctx.cached_executor(&namespace, &execution.spec.executor_ref.name)
+            .and_then(|executor| executor.spec.execution_ttl_seconds_after_finished)
+    });
+    let completed = execution
+        .status
+        .as_ref()
+        .and_then(|s| s.completion_time.as_ref())
+        .map(|t| t.0);
+    match decide::expiry(completed, ttl, Timestamp::now()) {
+        Expiry::Keep => Ok(Action::await_change()),
+        Expiry::DeleteAfter(left) => Ok(Action::requeue(left)),
+        Expiry::DeleteNow => {
+            let api: Api<Execution> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+            let uid = execution.uid().unwrap_or_default();
+            let params = DeleteParams::default().preconditions(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            });
+            match api.delete(&execution.name_any(), &params).await {
+                Ok(_) => info!("deleted a finished Execution whose time to live is over"),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+            Ok(Action::await_change())
+        }
+    }
 }
 
 pub fn error_policy<S>(execution: Arc<Execution>, error: &Error, ctx: Arc<Context<S>>) -> Action {

@@ -854,3 +854,38 @@ fn the_largest_results_the_bridge_can_send_fit_the_status_budget() {
     );
     assert_eq!(done.final_answer, Some(answer));
 }
+
+#[test]
+fn expiry_table() {
+    let done = Some(at("10"));
+    let table = [
+        ("no time to live", done, None, "10", Expiry::Keep),
+        (
+            "not recorded as completed yet",
+            None,
+            Some(5),
+            "30",
+            Expiry::Keep,
+        ),
+        (
+            "before its time",
+            done,
+            Some(5),
+            "12",
+            Expiry::DeleteAfter(Duration::from_secs(3)),
+        ),
+        ("at its time", done, Some(5), "15", Expiry::DeleteNow),
+        ("past its time", done, Some(5), "50", Expiry::DeleteNow),
+        ("zero: at once", done, Some(0), "10", Expiry::DeleteNow),
+        (
+            "the longest",
+            done,
+            Some(i32::MAX as u32),
+            "10",
+            Expiry::DeleteAfter(Duration::from_secs(i32::MAX as u64)),
+        ),
+    ];
+    for (name, completed, ttl, now, expected) in table {
+        assert_eq!(expiry(completed, ttl, at(now)), expected, "{name}");
+    }
+}
