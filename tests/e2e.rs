@@ -593,10 +593,10 @@ async fn an_execution_beyond_a_full_queue_fails_at_once_and_the_queue_runs_on() 
     );
     assert!(refused.status.unwrap().start_time.is_none(), "it never ran");
     let running = env.api::<Execution>().get("a-run").await.unwrap();
-    assert_eq!(
-        condition(&running, "Succeeded").0,
-        "Unknown",
-        "refused at once, while the head still runs"
+    let head = condition(&running, "Succeeded").0;
+    assert!(
+        !["True", "False"].contains(&head.as_str()),
+        "refused at once, before the head finished: {head:?}"
     );
 
     assert_eq!(output(&finished(&env, "a-run", RUN_SECONDS).await), "'a'");
