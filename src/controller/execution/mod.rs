@@ -486,8 +486,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Some(version),
         )
         .await;
-        match recorded {
-            Ok(_) => {}
+        // The cache holds no code: the recorded Execution (the whole object, at the version
+        // decided on plus this status; the spec is immutable) brings it.
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
             Err(error) if is_conflict(&error) => {
                 // Changed since the decision (another operator recorded its attempt, or anyone
                 // wrote it): decide again on what it is now.
@@ -495,7 +497,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 return Ok(Action::requeue(CONFLICT_RECHECK));
             }
             Err(error) => return Err(error),
-        }
+        };
         let timeout = decide::timeout_seconds(
             self.execution.spec.timeout_seconds,
             executor.spec.execution_timeout_seconds,
@@ -508,7 +510,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let outcome = session
             .run(
                 &attempt,
-                &self.execution.spec.code,
+                &recorded.spec.code,
                 Duration::from_secs(timeout.into()),
             )
             .await;
