@@ -609,9 +609,21 @@ async fn an_execution_beyond_a_full_queue_fails_at_once_and_the_queue_runs_on() 
 async fn finished_executions_are_deleted_after_their_time_to_live() {
     let env = TestEnv::new("e2e-ttl").await;
     let _operator = Operator::start(&env).await;
-    create_executor(&env, "py", json!({ "executionTtlSecondsAfterFinished": 3 })).await;
+    create_executor(&env, "py", json!({})).await;
     wait_ready(&env, "py").await;
     let api = env.api::<Execution>();
+    run(&env, "before-ttl", "py", "0").await;
+    // A time to live given to the executor later reaches the Executions already finished.
+    let ttl = json!({ "spec": { "executionTtlSecondsAfterFinished": 3 } });
+    env.api::<BriqExecutor>()
+        .patch(
+            "py",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&ttl),
+        )
+        .await
+        .unwrap();
+    wait_deleted(&api, "before-ttl", 15).await;
 
     let default = run(&env, "default", "py", "1").await;
     let completed = default.status.unwrap().completion_time.unwrap().0;

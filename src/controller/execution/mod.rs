@@ -241,11 +241,14 @@ pub(super) fn finished(execution: &Execution) -> bool {
         .is_some_and(|c| c.status != "Unknown")
 }
 
-/// The unfinished Executions that wait on `executor` (for the watch on executors).
+/// The Executions a change of `executor` concerns (for the watch on executors): the unfinished
+/// ones, which wait on it, and the finished ones whose time to live is the executor's (the
+/// executor cache may have been empty when they were last reconciled, or the TTL changed).
 pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<ObjectRef<Execution>> {
     let namespace = executor.namespace().unwrap_or_default();
+    let ttl = executor.spec.execution_ttl_seconds_after_finished.is_some();
     of_executor(store, &namespace, &executor.name_any())
-        .filter(|e| !finished(e))
+        .filter(|e| !finished(e) || (ttl && e.spec.ttl_seconds_after_finished.is_none()))
         .map(|e| ObjectRef::from_obj(e.as_ref()))
         .collect()
 }
