@@ -9,7 +9,7 @@ use briq_dev::local_server::{Fault, FaultRule, Operation};
 use briq_operator::{
     briq::{self, BriqClient, ClientOptions, SandboxApi as _},
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
-    crd::{BriqExecutor, Execution},
+    crd::{BriqExecutor, Execution, MAX_CODE_CHARS, MAX_STATUS_BYTES},
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::{
@@ -19,7 +19,7 @@ use kube::{
 use serde_json::json;
 use support::{
     Operator, READY_SECONDS, TestEnv, condition, create_execution, create_execution_from,
-    create_executor, finished, reason, wait_deleted, wait_for, wait_ready,
+    create_executor, finished, output, reason, wait_deleted, wait_for, wait_ready,
 };
 
 const RUN_SECONDS: u64 = 60;
@@ -533,6 +533,132 @@ async fn oversized_output_is_truncated_and_flagged() {
     assert!(
         logs.starts_with("aaaa") && logs.contains("truncated"),
         "head and a marked cut are kept"
+    );
+}
+
+/// The whole object as the API server stores it (JSON, `<` and U+2028 as `\uXXXX`), and the
+/// bytes its status takes there.
+fn stored_size(env: &TestEnv, name: &str) -> (usize, usize) {
+    let path = format!(
+        "/apis/briq.cloud/v1alpha1/namespaces/{}/executions/{name}",
+        env.namespace
+    );
+    let (ok, raw, stderr) = env.kubectl(&["get", "--raw", &path]);
+    assert!(ok, "{stderr}");
+    let raw = raw.trim_end();
+    let key = ",\"status\":";
+    let status = raw.find(key).expect("a status") + key.len();
+    // The status is the object's last field: what follows the key, less the closing brace.
+    (raw.len(), raw.len() - status - 1)
+}
+
+#[tokio::test]
+async fn an_error_that_grows_sixfold_when_stored_is_cut_to_the_status_budget() {
+    let env = TestEnv::new("e2e-budget").await;
+    let _operator = Operator::start(&env).await;
+    ready_executor(&env, "py").await;
+    // Issue 14: logs and an error message the API server stores as 6 bytes per character, and
+    // code of the largest size, mostly `<`. Uncut, the status alone would take 1.2 MB and the
+    // object over etcd's 1.5 MiB: the write was refused and retried forever.
+    let body = "print('<' * 65_536)\nraise ValueError('\\u2028<' * 70_000)\n";
+    let padding = MAX_CODE_CHARS - body.len() - 2;
+    let code = format!("#{}\n{body}", "<".repeat(padding));
+    assert_eq!(
+        code.chars().count(),
+        MAX_CODE_CHARS,
+        "the largest code allowed"
+    );
+    let raised = run(&env, "huge-error", "py", &code).await;
+    assert_eq!(reason(&raised), "CodeError");
+    let status = raised.status.clone().unwrap();
+    assert!(status.truncated);
+    let error = status.error.unwrap();
+    assert_eq!(error.name, "ValueError");
+    assert!(error.message.starts_with("\u{2028}<") && error.message.contains("characters cut"));
+    let (object, stored_status) = stored_size(&env, "huge-error");
+    assert!(
+        stored_status <= MAX_STATUS_BYTES,
+        "status {stored_status} bytes"
+    );
+    assert!(object < 1 << 20, "object {object} bytes");
+
+    let after = run(&env, "after", "py", "2 + 2").await;
+    assert_eq!(reason(&after), "Completed");
+    assert_eq!(after.status.unwrap().output.as_deref(), Some("4"));
+}
+
+#[tokio::test]
+async fn an_execution_beyond_a_full_queue_fails_at_once_and_the_queue_runs_on() {
+    let env = TestEnv::new("e2e-queue-cap").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "maxQueuedExecutions": 1 })).await;
+    wait_ready(&env, "py").await;
+    create_execution(&env, "a-run", "py", "import time\ntime.sleep(6)\n'a'").await;
+    create_execution(&env, "b-wait", "py", "'b'").await;
+    create_execution(&env, "c-refused", "py", "'c'").await;
+
+    let refused = finished(&env, "c-refused", 5).await;
+    assert_eq!(reason(&refused), "QueueFull");
+    assert_eq!(
+        condition(&refused, "Succeeded").2,
+        "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); this one \
+         was not run: create it again once the queue drains"
+    );
+    assert!(refused.status.unwrap().start_time.is_none(), "it never ran");
+    let running = env.api::<Execution>().get("a-run").await.unwrap();
+    let head = condition(&running, "Succeeded").0;
+    assert!(
+        !["True", "False"].contains(&head.as_str()),
+        "refused at once, before the head finished: {head:?}"
+    );
+
+    assert_eq!(output(&finished(&env, "a-run", RUN_SECONDS).await), "'a'");
+    assert_eq!(output(&finished(&env, "b-wait", RUN_SECONDS).await), "'b'");
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert!(!executor.status.unwrap().unusable);
+}
+
+#[tokio::test]
+async fn finished_executions_are_deleted_after_their_time_to_live() {
+    let env = TestEnv::new("e2e-ttl").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({})).await;
+    wait_ready(&env, "py").await;
+    let api = env.api::<Execution>();
+    run(&env, "before-ttl", "py", "0").await;
+    // A time to live given to the executor later reaches the Executions already finished.
+    let ttl = json!({ "spec": { "executionTtlSecondsAfterFinished": 3 } });
+    env.api::<BriqExecutor>()
+        .patch(
+            "py",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&ttl),
+        )
+        .await
+        .unwrap();
+    wait_deleted(&api, "before-ttl", 15).await;
+
+    let default = run(&env, "default", "py", "1").await;
+    let completed = default.status.unwrap().completion_time.unwrap().0;
+    wait_deleted(&api, "default", 15).await;
+    let lived = completed.duration_until(k8s_openapi::jiff::Timestamp::now());
+    assert!(
+        lived.as_secs() >= 2,
+        "deleted {lived:?} after its completion"
+    );
+
+    let spec =
+        json!({ "executorRef": { "name": "py" }, "code": "2", "ttlSecondsAfterFinished": 3600 });
+    create_execution_from(&env, "own-ttl", spec).await;
+    finished(&env, "own-ttl", RUN_SECONDS).await;
+    let spec =
+        json!({ "executorRef": { "name": "py" }, "code": "3", "ttlSecondsAfterFinished": 0 });
+    create_execution_from(&env, "at-once", spec).await;
+    wait_deleted(&api, "at-once", RUN_SECONDS).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        api.get_opt("own-ttl").await.unwrap().is_some(),
+        "its own time to live overrides the executor's"
     );
 }
 

@@ -88,6 +88,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
             },
             code,
             timeout_seconds: args.timeout,
+            ttl_seconds_after_finished: None,
         },
         status: None,
     };

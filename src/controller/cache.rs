@@ -1,7 +1,9 @@
 //! What the controllers keep of the objects they watch. Their caches hold every watched object
 //! for the operator's lifetime, so what no reconcile reads is dropped on the way in:
-//! server-side apply's bookkeeping, kubectl's copy of the last applied manifest, and the code
-//! and results of finished Executions (which are never run or written again).
+//! server-side apply's bookkeeping, kubectl's copy of the last applied manifest, the code of
+//! every Execution (up to 64 Ki characters each, and up to `maxQueuedExecutions` of them wait
+//! per executor: the run takes it from the write that records its attempt), and the results of
+//! finished Executions (which are never written again).
 
 use kube::ResourceExt;
 
@@ -17,10 +19,10 @@ pub fn compact<K: ResourceExt>(object: &mut K) {
 
 pub fn compact_execution(execution: &mut Execution) {
     compact(execution);
+    execution.spec.code = String::new();
     if !finished(execution) {
         return;
     }
-    execution.spec.code = String::new();
     if let Some(status) = &mut execution.status {
         status.logs = None;
         status.output = None;
@@ -83,11 +85,12 @@ mod tests {
     }
 
     #[test]
-    fn unfinished_executions_keep_their_code() {
+    fn unfinished_executions_keep_their_status_but_not_their_code() {
         let mut running = execution("Unknown");
         compact_execution(&mut running);
         assert!(running.managed_fields().is_empty());
-        assert_eq!(running.spec.code, "x = 1");
+        assert_eq!(running.spec.code, "", "the run reads it afresh");
+        assert_eq!(running.spec.executor_ref.name, "py");
         assert_eq!(running.status.unwrap().logs.as_deref(), Some("hello"));
     }
 }

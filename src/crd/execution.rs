@@ -5,13 +5,22 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    MAX_EXECUTION_TIMEOUT_SECONDS,
+    MAX_EXECUTION_TIMEOUT_SECONDS, MAX_TTL_SECONDS,
     reasons::{ExecutionReason, describe},
 };
 
-/// Largest accepted `spec.code`, in characters. The code travels as a file upload (briq takes
-/// 1 MiB per file) and the object must stay far below etcd's 1.5 MiB request limit.
-pub const MAX_CODE_CHARS: usize = 262_144;
+/// Largest accepted `spec.code`, in characters (the schema can only count characters). The
+/// API server stores objects as JSON, where a character can take up to 6 bytes (`<`, `>`, `&`,
+/// U+2028, U+2029 and control characters become `\uXXXX`), so the code takes at most 384 KiB
+/// as stored (64 KiB when ASCII). With the status ([`MAX_STATUS_BYTES`]) that is 640 KiB,
+/// which leaves 384 KiB of the 1 MiB an Execution may take for metadata: far below etcd's
+/// 1.5 MiB request limit. As a file upload (briq takes 1 MiB per file) it is at most 256 KiB.
+pub const MAX_CODE_CHARS: usize = 65_536;
+
+/// Largest status of an Execution, in bytes as the API server stores it (JSON, with the 6-byte
+/// escapes). Logs, output, the error and condition messages are cut to fit, head and tail
+/// kept, and `truncated` is set.
+pub const MAX_STATUS_BYTES: usize = 262_144;
 
 /// One action: Python code run once, in order, in the kernel of the referenced `BriqExecutor`.
 /// The spec is immutable; to run code again, create a new Execution (for imperative runs use
@@ -42,8 +51,9 @@ pub struct ExecutionSpec {
     /// The `BriqExecutor` (same namespace) whose kernel runs the code.
     pub executor_ref: ExecutorRef,
 
-    /// Python source run in the executor's kernel. State (variables, imports) persists across
-    /// Executions of one executor. The value of a final expression is returned as `output`.
+    /// Python source run in the executor's kernel, at most 65,536 characters. State (variables,
+    /// imports) persists across Executions of one executor. The value of a final expression is
+    /// returned as `output`.
     #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
     pub code: String,
 
@@ -52,6 +62,13 @@ pub struct ExecutionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u32>,
+
+    /// Seconds after `status.completionTime` at which the finished Execution is deleted, as
+    /// Jobs' `ttlSecondsAfterFinished` (0 deletes it as soon as it finishes). Defaults to the
+    /// executor's `executionTtlSecondsAfterFinished`; when both are omitted, it is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_TTL_SECONDS))]
+    pub ttl_seconds_after_finished: Option<u32>,
 }
 
 /// Reference to a `BriqExecutor` in the Execution's namespace.
@@ -106,8 +123,9 @@ pub struct ExecutionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ExecutionError>,
 
-    /// True when logs and output went over their shared 65,536-character budget and were cut
-    /// (head and tail kept).
+    /// True when something was cut (head and tail kept): logs and output over their shared
+    /// 65,536-character budget, or logs, output, error and condition messages over the status's
+    /// 262,144-byte budget (as the API server stores it, where `<`, `>`, `&` take 6 bytes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
 

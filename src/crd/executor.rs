@@ -11,6 +11,9 @@ pub const DEFAULT_SLEEP: &str = "30m";
 pub const DEFAULT_EXECUTION_TIMEOUT_SECONDS: u32 = 30;
 pub const MAX_EXECUTION_TIMEOUT_SECONDS: u32 = 40;
 pub const DEFAULT_SETUP_TIMEOUT_SECONDS: u32 = 60;
+pub const DEFAULT_MAX_QUEUED_EXECUTIONS: u32 = 100;
+/// Largest `ttlSecondsAfterFinished`, as Jobs' (an int32).
+pub const MAX_TTL_SECONDS: u32 = i32::MAX as u32;
 pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
 /// The label a Secret needs for the operator to use it as an API key (opt-in).
 pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
@@ -107,6 +110,20 @@ pub struct BriqExecutorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100000))]
     pub execution_history_limit: Option<u32>,
+
+    /// How many Executions of this executor may wait behind the running one (1 to 10,000). One
+    /// created beyond them fails at once with `QueueFull`: every waiting Execution costs the
+    /// operator memory and the API server a watch event.
+    #[serde(default = "default_max_queued_executions")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_queued_executions: u32,
+
+    /// Seconds after its completion at which a finished Execution of this executor is deleted,
+    /// unless the Execution sets its own `ttlSecondsAfterFinished`. When omitted, finished
+    /// Executions are kept (see also `executionHistoryLimit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_TTL_SECONDS))]
+    pub execution_ttl_seconds_after_finished: Option<u32>,
 }
 
 /// An environment variable set in the sandbox.
@@ -196,6 +213,9 @@ fn default_execution_timeout() -> u32 {
 }
 fn default_setup_timeout() -> u32 {
     DEFAULT_SETUP_TIMEOUT_SECONDS
+}
+fn default_max_queued_executions() -> u32 {
+    DEFAULT_MAX_QUEUED_EXECUTIONS
 }
 fn default_api_key_secret_key() -> String {
     DEFAULT_API_KEY_SECRET_KEY.to_owned()

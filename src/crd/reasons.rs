@@ -84,6 +84,9 @@ reasons! {
         SandboxNotOwned,
         /// The operator stopped while the code ran; it is never run again.
         Interrupted,
+        /// The executor already had `maxQueuedExecutions` Executions waiting: this one was
+        /// refused without running. Create it again once the queue drains.
+        QueueFull,
     }
 }
 
@@ -108,9 +111,8 @@ impl ExecutionReason {
             Running => Phase::Running,
             Completed | FinalAnswer => Phase::Succeeded,
             CodeError | FinalAnswerRejected | Timeout | TransportError | MalformedResponse
-            | KernelLost | ExecutorUnusable | ExecutorDeleted | SandboxNotOwned | Interrupted => {
-                Phase::Failed
-            }
+            | KernelLost | ExecutorUnusable | ExecutorDeleted | SandboxNotOwned | Interrupted
+            | QueueFull => Phase::Failed,
         }
     }
 
@@ -237,6 +239,7 @@ mod tests {
             (ExecutorDeleted, Phase::Failed),
             (SandboxNotOwned, Phase::Failed),
             (Interrupted, Phase::Failed),
+            (QueueFull, Phase::Failed),
         ];
         assert_eq!(table.len(), ExecutionReason::ALL.len());
         for (reason, phase) in table {

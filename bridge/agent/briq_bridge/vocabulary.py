@@ -2,7 +2,7 @@
 # A test fails when this file is stale.
 """Reasons and limits shared by briq-operator and its Python client."""
 
-MAX_CODE_CHARS = 262144
+MAX_CODE_CHARS = 65536
 MAX_TIMEOUT_SECONDS = 40
 DEFAULT_TIMEOUT_SECONDS = 30
 # Succeeded=False reasons after which the executor never runs code again.

@@ -10,14 +10,16 @@ use k8s_openapi::{
 
 use crate::{
     bridge::session::CallError,
-    bridge::{RunResult, RunStatus},
+    bridge::{CodeError, RunResult, RunStatus},
     briq::{ErrorClass, ExecOutcome},
     controller::{
         conditions::{self, READY, STALLED, SUCCEEDED, desired},
+        execution::budget,
         ownership::{Ownership, not_owned_message},
     },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
+        MAX_STATUS_BYTES,
         reasons::{ExecutionReason, Phase},
     },
 };
@@ -106,6 +108,9 @@ pub struct Observed<'a> {
     /// This process made the executor unusable; its cache may not show it yet.
     pub executor_known_unusable: bool,
     pub heads_queue: bool,
+    /// How many unfinished Executions of the executor come before it in the cached queue (the
+    /// running one among them).
+    pub ahead: usize,
 }
 
 /// An attempt recorded in an Execution's status.
@@ -175,6 +180,9 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
     if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
         return Err(Refusal::Fail(verdict));
     }
+    if let Some(verdict) = queue_full(executor, observed.ahead) {
+        return Err(Refusal::Fail(verdict));
+    }
     let conditions = executor
         .status
         .as_ref()
@@ -220,6 +228,23 @@ pub fn unable(executor: &BriqExecutor, known_unusable: bool) -> Option<Verdict> 
                 ),
             )
         })
+}
+
+/// Why an Execution with `ahead` unfinished Executions before it may not wait in `executor`'s
+/// queue, if it may not: the one at the head runs, `maxQueuedExecutions` wait behind it.
+pub fn queue_full(executor: &BriqExecutor, ahead: usize) -> Option<Verdict> {
+    let max = executor.spec.max_queued_executions as usize;
+    let waiting = ahead.saturating_sub(1);
+    (waiting >= max).then(|| {
+        Verdict::new(
+            ExecutionReason::QueueFull,
+            format!(
+                "BriqExecutor {} already has {waiting} Executions waiting (maxQueuedExecutions is \
+                 {max}); this one was not run: create it again once the queue drains",
+                executor.metadata.name.as_deref().unwrap_or_default()
+            ),
+        )
+    })
 }
 
 /// An Execution's place in its executor's queue: creationTimestamp (whole seconds), then name.
@@ -332,6 +357,7 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
             return (verdict, None);
         }
     };
+    let result = refuse_oversized_answer(result);
     let error_text = |fallback: &str| {
         result
             .error
@@ -361,6 +387,31 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
         .poisons("its kernel was lost (the sandbox slept or restarted)"),
     };
     (verdict, Some(result))
+}
+
+/// A final answer too large to store whole ([`budget::MAX_FINAL_ANSWER_BYTES`] as the API
+/// server encodes it) is refused, as the bridge refuses one over its own budget: a cut answer
+/// would not decode.
+fn refuse_oversized_answer(mut result: RunResult) -> RunResult {
+    let Some(size) = result
+        .final_answer
+        .as_deref()
+        .map(budget::encoded_len)
+        .filter(|size| *size > budget::MAX_FINAL_ANSWER_BYTES)
+    else {
+        return result;
+    };
+    result.status = RunStatus::FinalAnswerRejected;
+    result.final_answer = None;
+    result.error = Some(CodeError {
+        name: "FinalAnswerRejected".into(),
+        message: format!(
+            "the final answer takes {size} bytes as stored, over its {}-byte budget",
+            budget::MAX_FINAL_ANSWER_BYTES
+        ),
+        traceback: String::new(),
+    });
+    result
 }
 
 /// What to do when briq says whose the sandbox an executor's status names is: `None`, run.
@@ -427,7 +478,7 @@ pub fn running_status(
 }
 
 /// The final status of an Execution: `base`'s attempt and start, the verdict, and the result
-/// if the bridge gave one.
+/// if the bridge gave one, cut to [`MAX_STATUS_BYTES`] as the API server stores it.
 pub fn final_status(
     base: &ExecutionStatus,
     generation: Option<i64>,
@@ -469,7 +520,34 @@ pub fn final_status(
             traceback: None,
         });
     }
-    status
+    budget::fit(status, MAX_STATUS_BYTES)
+}
+
+/// What becomes of a finished Execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// Kept: no time to live, or no completion time recorded yet.
+    Keep,
+    DeleteNow,
+    /// Deleted after this long.
+    DeleteAfter(Duration),
+}
+
+/// When a finished Execution is deleted: `ttl` seconds (its own, else its executor's) after
+/// it `completed`.
+pub fn expiry(completed: Option<Timestamp>, ttl: Option<u32>, now: Timestamp) -> Expiry {
+    let (Some(completed), Some(ttl)) = (completed, ttl) else {
+        return Expiry::Keep;
+    };
+    let Ok(at) = completed.checked_add(SignedDuration::from_secs(ttl.into())) else {
+        return Expiry::Keep;
+    };
+    let left = now.duration_until(at);
+    if left.is_positive() {
+        Expiry::DeleteAfter(left.unsigned_abs())
+    } else {
+        Expiry::DeleteNow
+    }
 }
 
 /// Which finished Executions to delete so that `limit` remain: the oldest first.

@@ -10,6 +10,7 @@
 //! [`decide`] what comes next, and performs it.
 
 mod bookkeeping;
+mod budget;
 mod decide;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
@@ -17,7 +18,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
     runtime::{
         controller::Action,
         reflector::{ObjectRef, Store},
@@ -29,7 +30,7 @@ use tracing::{info, instrument, warn};
 
 use self::{
     bookkeeping::Bookkeeping,
-    decide::{Attempt, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
+    decide::{Attempt, Expiry, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
 };
 use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
@@ -157,16 +158,16 @@ impl<S> Context<S> {
         self.executors.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// Whether the cache puts `execution` at the head of its executor's queue. The watch
-    /// delivers Executions in the order the API server stored them, so a cached Execution comes
-    /// with every one stored before it; but the run order breaks ties within one
-    /// creationTimestamp second by name, so an Execution stored a moment later may still come
-    /// first: the head confirms with [`Context::turn`].
-    fn heads_queue(&self, execution: &Execution) -> bool {
+    /// How many unfinished Executions come before `execution` in the cached queue; `None` when
+    /// it is not in it. The watch delivers Executions in the order the API server stored them,
+    /// so a cached Execution comes with every one stored before it; but the run order breaks
+    /// ties within one creationTimestamp second by name, so an Execution stored a moment later
+    /// may still come first: the head confirms with [`Context::turn`].
+    fn ahead(&self, execution: &Execution) -> Option<usize> {
         let namespace = execution.namespace().unwrap_or_default();
         self.queue(&namespace, &execution.spec.executor_ref.name)
-            .first()
-            .is_some_and(|head| head.uid() == execution.uid())
+            .iter()
+            .position(|e| e.uid() == execution.uid())
     }
 
     /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
@@ -240,11 +241,14 @@ pub(super) fn finished(execution: &Execution) -> bool {
         .is_some_and(|c| c.status != "Unknown")
 }
 
-/// The unfinished Executions that wait on `executor` (for the watch on executors).
+/// The Executions a change of `executor` concerns (for the watch on executors): the unfinished
+/// ones, which wait on it, and the finished ones whose time to live is the executor's (the
+/// executor cache may have been empty when they were last reconciled, or the TTL changed).
 pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<ObjectRef<Execution>> {
     let namespace = executor.namespace().unwrap_or_default();
+    let ttl = executor.spec.execution_ttl_seconds_after_finished.is_some();
     of_executor(store, &namespace, &executor.name_any())
-        .filter(|e| !finished(e))
+        .filter(|e| !finished(e) || (ttl && e.spec.ttl_seconds_after_finished.is_none()))
         .map(|e| ObjectRef::from_obj(e.as_ref()))
         .collect()
 }
@@ -269,10 +273,42 @@ pub async fn reconcile<S: SandboxApi>(
     // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
     // here, before the full reconcile's future (some 7 KiB) is allocated.
     if ctx.is_finished(&execution) {
-        return Ok(Action::await_change());
+        return expire(&execution, &ctx).await;
     }
     let result = Box::pin(Actor::new(&execution, &ctx).reconcile()).await;
     settle(&ctx.backoff, execution.as_ref(), result)
+}
+
+/// Deletes a finished Execution once its time to live is over, or asks to be back then.
+async fn expire<S>(execution: &Execution, ctx: &Context<S>) -> Result<Action> {
+    let namespace = execution.namespace().unwrap_or_default();
+    let ttl = execution.spec.ttl_seconds_after_finished.or_else(|| {
+        ctx.cached_executor(&namespace, &execution.spec.executor_ref.name)
+            .and_then(|executor| executor.spec.execution_ttl_seconds_after_finished)
+    });
+    let completed = execution
+        .status
+        .as_ref()
+        .and_then(|s| s.completion_time.as_ref())
+        .map(|t| t.0);
+    match decide::expiry(completed, ttl, Timestamp::now()) {
+        Expiry::Keep => Ok(Action::await_change()),
+        Expiry::DeleteAfter(left) => Ok(Action::requeue(left)),
+        Expiry::DeleteNow => {
+            let api: Api<Execution> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+            let uid = execution.uid().unwrap_or_default();
+            let params = DeleteParams::default().preconditions(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            });
+            match api.delete(&execution.name_any(), &params).await {
+                Ok(_) => info!("deleted a finished Execution whose time to live is over"),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+            Ok(Action::await_change())
+        }
+    }
 }
 
 pub fn error_policy<S>(execution: Arc<Execution>, error: &Error, ctx: Arc<Context<S>>) -> Action {
@@ -311,6 +347,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     fn observed<'b>(&'b self, executor: Option<&'b BriqExecutor>, uid: &str) -> Observed<'b> {
         let name = self.executor_name();
+        let ahead = self.ctx.ahead(self.execution);
         Observed {
             executor_name: name,
             namespace: &self.namespace,
@@ -332,7 +369,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .any(|owner| owner.kind == "BriqExecutor" && owner.name == name),
             executor,
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
-            heads_queue: self.ctx.heads_queue(self.execution),
+            heads_queue: ahead == Some(0),
+            ahead: ahead.unwrap_or_default(),
         }
     }
 
@@ -451,8 +489,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Some(version),
         )
         .await;
-        match recorded {
-            Ok(_) => {}
+        // The cache holds no code: the recorded Execution (the whole object, at the version
+        // decided on plus this status; the spec is immutable) brings it.
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
             Err(error) if is_conflict(&error) => {
                 // Changed since the decision (another operator recorded its attempt, or anyone
                 // wrote it): decide again on what it is now.
@@ -460,7 +500,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 return Ok(Action::requeue(CONFLICT_RECHECK));
             }
             Err(error) => return Err(error),
-        }
+        };
         let timeout = decide::timeout_seconds(
             self.execution.spec.timeout_seconds,
             executor.spec.execution_timeout_seconds,
@@ -473,7 +513,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let outcome = session
             .run(
                 &attempt,
-                &self.execution.spec.code,
+                &recorded.spec.code,
                 Duration::from_secs(timeout.into()),
             )
             .await;

@@ -50,6 +50,7 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor,
         executor_known_unusable: false,
         heads_queue: true,
+        ahead: 0,
     }
 }
 
@@ -68,6 +69,8 @@ fn fail(reason: ExecutionReason, message: &str) -> Step {
 fn decide_table() {
     use ExecutionReason::*;
     let ready = ready();
+    let mut queue_of_one = ready.clone();
+    queue_of_one.spec.max_queued_executions = 1;
     let deleting = executor(json!({}), true);
     let unusable = executor(
         json!({ "unusable": true, "unusableReason": "an Execution ran past its 30s deadline",
@@ -182,9 +185,79 @@ fn decide_table() {
             "behind others",
             Observed {
                 heads_queue: false,
+                ahead: 1,
                 ..observed(Some(&ready))
             },
             Step::Queue,
+        ),
+        (
+            "the last place in a full queue: one runs, 100 wait",
+            Observed {
+                heads_queue: false,
+                ahead: 100,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "beyond a full queue",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&ready))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "beyond a full queue of an executor still provisioning",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&provisioning))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "beyond a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 2,
+                ..observed(Some(&queue_of_one))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "behind the running one in a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&queue_of_one))
+            },
+            Step::Queue,
+        ),
+        (
+            "no executor to count against yet",
+            Observed {
+                heads_queue: false,
+                ahead: 500,
+                ..observed(None)
+            },
+            Step::Refuse(Refusal::Wait(
+                ExecutorNotFound,
+                "BriqExecutor py does not exist in namespace ns".into(),
+            )),
         ),
         (
             "head of the queue",
@@ -706,4 +779,113 @@ fn code_is_sent_only_to_a_sandbox_briq_confirms_as_the_executors_own() {
     let gone = ownership_verdict("bq_1", &Ownership::Gone).unwrap();
     assert_eq!(gone.reason, ExecutionReason::KernelLost);
     assert!(gone.unusable.is_some());
+}
+
+#[test]
+fn the_largest_results_the_bridge_can_send_fit_the_status_budget() {
+    use crate::bridge::{FINAL_ANSWER_MAX_CHARS, TEXT_BUDGET_CHARS};
+    // Issue 14: 70,000 `\u2028<` pairs (the bridge passes 65,536 characters of them) in the
+    // message and the traceback, and a full text budget of `<` in the logs: 1.2 MB as stored.
+    let worst = "\u{2028}<".repeat(TEXT_BUDGET_CHARS / 2);
+    let mut raised = result(RunStatus::Error, Some(("ValueError", &worst)));
+    raised.logs = "<".repeat(TEXT_BUDGET_CHARS);
+    raised.output = None;
+    raised.error.as_mut().unwrap().traceback = worst.clone();
+    let (verdict, kept) = judge(Ok(raised), 30);
+    assert_eq!(verdict.reason, ExecutionReason::CodeError);
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    let size = budget::status_len(&done);
+    assert!(size <= MAX_STATUS_BYTES, "{size} bytes");
+    assert!(
+        size > MAX_STATUS_BYTES - 1_000,
+        "the budget is used: {size} bytes"
+    );
+    assert!(done.truncated);
+    let error = done.error.unwrap();
+    assert!(error.message.starts_with("\u{2028}<") && error.message.ends_with("\u{2028}<"));
+    assert!(error.message.contains(" characters cut] "));
+    assert_eq!(error.name, "ValueError");
+
+    // A final answer the bridge accepts (65,536 characters) but that takes over half the
+    // budget as stored (5 + 2 + 65,529 × 6 + 2 bytes) is refused, never cut.
+    let mut answered = result(RunStatus::FinalAnswer, None);
+    answered.final_answer = Some(format!(
+        "safe:\"{}\"",
+        "<".repeat(FINAL_ANSWER_MAX_CHARS - 7)
+    ));
+    let (verdict, kept) = judge(Ok(answered), 30);
+    assert_eq!(verdict.reason, ExecutionReason::FinalAnswerRejected);
+    assert_eq!(
+        verdict.message,
+        "FinalAnswerRejected: the final answer takes 393183 bytes as stored, over its \
+         131072-byte budget"
+    );
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    assert_eq!(
+        (done.final_answer.as_deref(), done.is_final_answer),
+        (None, false)
+    );
+    assert!(budget::status_len(&done) <= MAX_STATUS_BYTES);
+
+    // One that fits is kept whole.
+    let mut answered = result(RunStatus::FinalAnswer, None);
+    let answer = format!("safe:\"{}\"", "a".repeat(FINAL_ANSWER_MAX_CHARS - 7));
+    answered.final_answer = Some(answer.clone());
+    let (verdict, kept) = judge(Ok(answered), 30);
+    assert_eq!(verdict.reason, ExecutionReason::FinalAnswer);
+    let done = final_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        &verdict,
+        kept,
+        time("02"),
+    );
+    assert_eq!(done.final_answer, Some(answer));
+}
+
+#[test]
+fn expiry_table() {
+    let done = Some(at("10"));
+    let table = [
+        ("no time to live", done, None, "10", Expiry::Keep),
+        (
+            "not recorded as completed yet",
+            None,
+            Some(5),
+            "30",
+            Expiry::Keep,
+        ),
+        (
+            "before its time",
+            done,
+            Some(5),
+            "12",
+            Expiry::DeleteAfter(Duration::from_secs(3)),
+        ),
+        ("at its time", done, Some(5), "15", Expiry::DeleteNow),
+        ("past its time", done, Some(5), "50", Expiry::DeleteNow),
+        ("zero: at once", done, Some(0), "10", Expiry::DeleteNow),
+        (
+            "the longest",
+            done,
+            Some(i32::MAX as u32),
+            "10",
+            Expiry::DeleteAfter(Duration::from_secs(i32::MAX as u64)),
+        ),
+    ];
+    for (name, completed, ttl, now, expected) in table {
+        assert_eq!(expiry(completed, ttl, at(now)), expected, "{name}");
+    }
 }
