@@ -585,7 +585,7 @@ pub async fn run_observed<S>(
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(gone) = event {
                 on_executor_deleted.deleted(gone);
-                wake_sweeper.wake();
+                wake_sweeper.deleted(gone);
             }
         })
         .applied_objects();

@@ -178,8 +178,14 @@ impl<S: SandboxApi> Sweeper<S> {
         }
     }
 
-    /// An executor is gone: sweep soon (its key may be released, its sandbox may be orphaned).
-    pub fn wake(&self) {
+    /// An executor is gone: sweep soon with its key (the Secret may be released, its sandbox
+    /// may be orphaned), even if no sweep saw the executor while it existed.
+    pub fn deleted(&self, executor: &BriqExecutor) {
+        let (_, secrets) = observe(&[Arc::new(executor.clone())]);
+        self.remembered
+            .lock()
+            .expect("sweeper state")
+            .extend(secrets);
         self.wake.notify_one();
     }
 
