@@ -91,11 +91,74 @@ async fn deleting_a_namespace_with_executors_and_their_key_secret_leaves_no_sand
     )
     .await;
     let left = operator.admin().stats().await.unwrap().sandboxes;
-    assert!(
-        gone.is_ok(),
-        "the namespace is still there after 60 s ({gone:?}); sandboxes left: {left:?}"
-    );
+    if gone.is_err() {
+        let secret = secrets
+            .get_opt("briq-key")
+            .await
+            .unwrap()
+            .map(|s| s.metadata);
+        let executors: Vec<_> = executors
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|e| (e.metadata.name, e.metadata.finalizers, e.status))
+            .collect();
+        let namespace = namespaces.get_opt(&env.namespace).await.unwrap();
+        panic!(
+            "the namespace is still there after 60 s; sandboxes left: {left:?}; key Secret: \
+             {secret:?}; executors: {executors:?}; namespace: {namespace:?}"
+        );
+    }
     assert!(left.is_empty(), "sandboxes left behind: {left:?}");
+}
+
+/// A tenant deletes a key Secret two Ready executors use: it stays (Terminating) while either
+/// holds a sandbox, the executors keep working with it, and it goes when the last of them has
+/// destroyed its sandbox.
+#[tokio::test]
+async fn deleting_a_key_secret_in_use_waits_until_the_last_sandbox_using_it_is_destroyed() {
+    let env = TestEnv::new("orph-key").await;
+    let operator = Operator::start(&env).await;
+    let key = operator.server.api_key().expose().to_owned();
+    support::create_api_key_secret(&env, "briq-key", &key, true).await;
+    for name in ["a", "b"] {
+        let spec = json!({ "apiKeySecretRef": { "name": "briq-key" } });
+        create_executor(&env, name, spec).await;
+    }
+    wait_ready(&env, "a").await;
+    wait_ready(&env, "b").await;
+    let secrets = env.api::<Secret>();
+    secrets
+        .delete("briq-key", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = secrets.get("briq-key").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert_eq!(held.finalizers(), [KEY_IN_USE_FINALIZER.to_owned()]);
+
+    let executors = env.api::<BriqExecutor>();
+    executors
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&executors, "a", 30).await;
+    assert_eq!(operator.live_sandboxes().await, 1);
+    assert!(
+        secrets.get_opt("briq-key").await.unwrap().is_some(),
+        "b still needs the key"
+    );
+    create_execution(&env, "still", "b", "2 * 21").await;
+    assert_eq!(reason(&finished(&env, "still", 60).await), "Completed");
+
+    executors
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&executors, "b", 30).await;
+    wait_deleted(&secrets, "briq-key", 30).await;
+    assert_eq!(operator.live_sandboxes().await, 0);
 }
 
 /// The controllers of `env`'s namespace, reporting to `observer`, until aborted.
@@ -158,28 +221,25 @@ async fn stripping_the_finalizer_of_a_ready_executor_leaves_an_orphan_the_sweepe
     );
 
     let _controllers = AbortOnDrop(run_controllers(&env, &server, &observer));
-    // Interval 2 s + grace 5 s (already past: the sandbox is older) + a destroy.
-    let swept = wait::poll(
+    // Interval 2 s + grace 5 s + a destroy. The server forgets a sandbox before it answers the
+    // DELETE, so wait for the count, which follows the answer.
+    let counted = wait::poll(
         Duration::from_secs(20),
         Duration::from_millis(250),
-        "the orphan is destroyed",
+        "the orphan is destroyed and counted",
         || async {
-            let stats = server.admin().stats().await?;
-            Ok(!stats.sandboxes.iter().any(|s| s.id == doomed_sandbox))
+            let text = observer.metrics.render();
+            Ok(text.contains("briq_operator_orphans_destroyed_total 1"))
         },
     )
     .await;
-    assert!(swept.is_ok(), "{swept:?}");
-    let live = stack_sandboxes(&server).await;
-    assert_eq!(live, vec![kept_sandbox.clone()], "only the live executor's");
     assert!(
-        observer
-            .metrics
-            .render()
-            .contains("briq_operator_orphans_destroyed_total 1"),
-        "{}",
+        counted.is_ok(),
+        "{counted:?}: {}",
         observer.metrics.render()
     );
+    let live = stack_sandboxes(&server).await;
+    assert_eq!(live, vec![kept_sandbox.clone()], "only the live executor's");
     // The executor that still exists is untouched and still runs code.
     let kept = executors.get("keep").await.unwrap();
     assert!(kept.finalizers().contains(&FINALIZER.to_owned()));
@@ -188,6 +248,12 @@ async fn stripping_the_finalizer_of_a_ready_executor_leaves_an_orphan_the_sweepe
     // Another sweep or two changes nothing.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(stack_sandboxes(&server).await, vec![kept_sandbox]);
+    assert!(
+        observer
+            .metrics
+            .render()
+            .contains("briq_operator_orphans_destroyed_total 1")
+    );
 }
 
 async fn stack_sandboxes(server: &briq_dev::local_server::LocalServer) -> Vec<String> {
