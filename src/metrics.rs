@@ -66,6 +66,7 @@ pub struct Metrics {
     executor_ready: Histogram,
     execution_duration: Histogram,
     executions: Family<ReasonLabels, Counter>,
+    orphans_destroyed: Counter,
     queued: Gauge,
     running: Gauge,
     sandboxes: Gauge,
@@ -97,6 +98,13 @@ impl Default for Metrics {
         let execution_duration =
             Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0]);
         let executions = Family::<ReasonLabels, Counter>::default();
+        let orphans_destroyed = Counter::default();
+        registry.register(
+            "orphans_destroyed",
+            "Sandboxes with the operator's name prefix whose executor no longer exists, destroyed \
+             by the orphan sweeper",
+            orphans_destroyed.clone(),
+        );
         let (queued, running, sandboxes, bookkeeping, leader) = (
             Gauge::default(),
             Gauge::default(),
@@ -181,6 +189,7 @@ impl Default for Metrics {
             executor_ready,
             execution_duration,
             executions,
+            orphans_destroyed,
             queued,
             running,
             sandboxes,
@@ -211,6 +220,11 @@ impl Metrics {
             self.reconcile_errors.get_or_create(&labels).inc();
         }
         result
+    }
+
+    /// The orphan sweeper destroyed a sandbox whose executor is gone.
+    pub fn orphan_destroyed(&self) {
+        self.orphans_destroyed.inc();
     }
 
     /// An executor became ready for the first time; `created` is its creationTimestamp.

@@ -37,6 +37,16 @@ pub struct Args {
     #[arg(long, default_value_t = 30)]
     pub probe_interval_seconds: u64,
 
+    /// How often the orphan sweeper destroys sandboxes named like an executor that no longer
+    /// exists (also run when an executor is deleted), in seconds; 0 turns it off.
+    #[arg(long, default_value_t = 300)]
+    pub orphan_sweep_interval_seconds: u64,
+
+    /// How old a sandbox without an executor must be before the sweeper destroys it, in seconds
+    /// (a create in flight is never an orphan).
+    #[arg(long, default_value_t = 600)]
+    pub orphan_grace_seconds: u64,
+
     /// Per-request timeout of briq calls other than exec, in seconds.
     #[arg(long, default_value_t = 30)]
     pub briq_timeout_seconds: u64,
@@ -85,6 +95,9 @@ impl Args {
             default_api_key,
             probe_interval: Duration::from_secs(self.probe_interval_seconds),
             namespace: self.namespace.clone(),
+            orphan_sweep_interval: (self.orphan_sweep_interval_seconds > 0)
+                .then(|| Duration::from_secs(self.orphan_sweep_interval_seconds)),
+            orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
             ..Settings::default()
         })
     }

@@ -493,6 +493,7 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         ("briq.cloud", "briqexecutors/finalizers", "update", ""),
         ("briq.cloud", "executions", "delete", ""),
         ("", "secrets", "get", ""),
+        ("", "secrets", "patch", ""),
         ("events.k8s.io", "events", "create", ""),
         ("events.k8s.io", "events", "patch", ""),
     ]);
@@ -659,6 +660,7 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("patch", "briq.cloud", "executions/status", "x"),
         ("delete", "briq.cloud", "executions", "x"),
         ("get", "", "secrets", "briq-key"),
+        ("patch", "", "secrets", "briq-key"),
         ("create", "events.k8s.io", "events", ""),
         ("patch", "coordination.k8s.io", "leases", fullname.as_str()),
     ] {

@@ -1,4 +1,5 @@
-//! A real, local Kubernetes control plane (etcd + kube-apiserver on loopback), started the way
+//! A real, local Kubernetes control plane (etcd + kube-apiserver on loopback, and
+//! kube-controller-manager for namespace deletion and garbage collection), started the way
 //! controller-runtime's envtest starts one. Used by the tests and by the local demo; never in a
 //! cluster.
 //!
@@ -34,12 +35,28 @@ rules:
 - level: Metadata
 ";
 
+/// The controllers of kube-controller-manager the control plane runs: deleting a namespace
+/// deletes its objects, and owner references are garbage collected. Nothing else (no pods run).
+const CONTROLLERS: &str = "namespace,garbagecollector";
+
 /// How to start a control plane; the default is what the tests use.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Make kube-apiserver write an audit log ([`ControlPlane::audit_log`]; JSON lines, see
     /// [`AUDIT_POLICY`]), for counting the API requests of a client.
     pub audit_log: bool,
+    /// Run kube-controller-manager ([`CONTROLLERS`]): without it namespaces never finish
+    /// deleting and owner references are never collected.
+    pub controller_manager: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            audit_log: false,
+            controller_manager: true,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +123,11 @@ impl ControlPlane {
 
     /// [`ControlPlane::start`] with `options`.
     pub async fn start_with(bin_dir: &Path, options: Options) -> Result<Self, Error> {
-        for binary in ["etcd", "kube-apiserver"] {
+        let mut binaries = vec!["etcd", "kube-apiserver"];
+        if options.controller_manager {
+            binaries.push("kube-controller-manager");
+        }
+        for binary in binaries {
             if !bin_dir.join(binary).is_file() {
                 return Err(Error::BinariesMissing(bin_dir.to_owned()));
             }
@@ -202,6 +223,28 @@ impl ControlPlane {
         plane.spawn("kube-apiserver", apiserver)?;
         let ca_pem = plane.pki.ca_pem.clone();
         plane.wait_ready(&ca_pem).await?;
+        if options.controller_manager {
+            // Its own user name, in system:masters: the bootstrap role of
+            // system:kube-controller-manager covers only what it does itself, while each
+            // controller's own role is reached through per-controller service-account
+            // credentials, which need the token controller and more.
+            let kubeconfig =
+                plane.kubeconfig_for("system:kube-controller-manager", &["system:masters"])?;
+            let mut manager = Command::new(bin_dir.join("kube-controller-manager"));
+            manager
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["--controllers", CONTROLLERS])
+                .args([
+                    "--leader-elect=false",
+                    "--use-service-account-credentials=false",
+                ])
+                // No serving endpoint: nothing probes it, and a fixed port would collide
+                // between control planes started at once.
+                .args(["--secure-port=0", "--bind-address", "127.0.0.1"])
+                .args(["--v=1"]);
+            plane.spawn("kube-controller-manager", manager)?;
+        }
         Ok(plane)
     }
 

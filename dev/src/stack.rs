@@ -118,6 +118,7 @@ impl Builder {
             None => {
                 let options = control_plane::Options {
                     audit_log: self.audit_log,
+                    ..control_plane::Options::default()
                 };
                 let plane = ControlPlane::start_with(&bin_dir, options).await?;
                 let kubeconfig = plane.kubeconfig().to_owned();

@@ -314,6 +314,27 @@ impl SandboxApi for BriqClient {
         )
     }
 
+    async fn list_sandboxes(&self, key: &ApiKey) -> Result<Vec<Sandbox>, Error> {
+        redacted(
+            key,
+            async {
+                let query = ListQuery { name: None };
+                let list: SandboxList = idempotent("list", || async {
+                    self.call(
+                        key,
+                        self.request(Method::GET, paths::SANDBOXES, &[])
+                            .query(&query),
+                    )
+                    .await?
+                    .decode()
+                })
+                .await?;
+                Ok(list.sandboxes)
+            }
+            .await,
+        )
+    }
+
     async fn get_sandbox(&self, key: &ApiKey, id: &str) -> Result<Sandbox, Error> {
         redacted(
             key,

@@ -23,7 +23,7 @@ pub use api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox, SandboxState};
 pub use client::{BriqClient, ClientOptions, NewClientError};
 pub use error::{Error, ErrorClass, ExecOutcome};
 pub use key::{ApiKey, InvalidApiKey, leaked_pieces};
-pub use name::sandbox_name;
+pub use name::{sandbox_name, sandbox_name_prefix};
 
 use url::Url;
 
@@ -54,6 +54,9 @@ pub trait SandboxApi: Send + Sync {
         key: &ApiKey,
         name: &str,
     ) -> impl Future<Output = Result<Vec<Sandbox>>> + Send;
+
+    /// Every sandbox the key's account holds (the orphan sweeper picks its own by name).
+    fn list_sandboxes(&self, key: &ApiKey) -> impl Future<Output = Result<Vec<Sandbox>>> + Send;
 
     fn get_sandbox(&self, key: &ApiKey, id: &str) -> impl Future<Output = Result<Sandbox>> + Send;
 

@@ -32,6 +32,16 @@ pub fn sandbox_name(namespace: &str, name: &str, uid: &str) -> String {
     format!("{PREFIX}-{head}-{}-{short_uid}", &digest[..HASH_CHARS])
 }
 
+/// What every sandbox name of executors in `namespace` (all namespaces: `None`) starts with.
+/// A namespace prefix is not exclusive (namespace `a` also prefixes `a-b`'s names), and a long
+/// namespace's hashed names may be cut before its end: a filter, never proof of ownership.
+pub fn sandbox_name_prefix(namespace: Option<&str>) -> String {
+    match namespace {
+        None => format!("{PREFIX}-"),
+        Some(namespace) => format!("{PREFIX}-{}-", sanitize(namespace)),
+    }
+}
+
 /// Every character outside `[a-z0-9-]` becomes `-`, so the result is ASCII.
 fn sanitize(raw: &str) -> String {
     raw.chars()
@@ -56,6 +66,15 @@ mod tests {
     #[test]
     fn short_names_stay_readable() {
         assert_eq!(sandbox_name("team-a", "py", UID), "bqe-team-a-py-3f2a9c1e");
+    }
+
+    #[test]
+    fn names_start_with_their_scope_prefix() {
+        let name = sandbox_name("Team.A", "py", UID);
+        assert!(name.starts_with(&sandbox_name_prefix(None)));
+        assert!(name.starts_with(&sandbox_name_prefix(Some("Team.A"))));
+        assert_eq!(sandbox_name_prefix(Some("Team.A")), "bqe-team-a-");
+        assert!(!name.starts_with(&sandbox_name_prefix(Some("team-b"))));
     }
 
     #[test]

@@ -13,9 +13,11 @@ mod cache;
 mod conditions;
 mod execution;
 mod executor;
+mod orphans;
 mod ownership;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
+pub use orphans::{KEY_IN_USE_FINALIZER, orphans};
 
 use std::{
     sync::{
@@ -111,6 +113,12 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
+    /// How often the orphan sweeper looks for sandboxes whose executor is gone (it also looks
+    /// when an executor is deleted); `None`: never.
+    pub orphan_sweep_interval: Option<Duration>,
+    /// How old an ownerless sandbox must be before the sweeper destroys it: a create in flight
+    /// is never taken for an orphan.
+    pub orphan_grace: Duration,
 }
 
 impl Default for Settings {
@@ -121,6 +129,8 @@ impl Default for Settings {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
             namespace: None,
+            orphan_sweep_interval: Some(Duration::from_secs(300)),
+            orphan_grace: Duration::from_secs(600),
         }
     }
 }
@@ -182,57 +192,68 @@ fn retry<K: Resource<DynamicType = ()>>(
 
 /// The API key of `executor`: from its Secret, or the operator's default.
 async fn api_key<S>(shared: &Shared<S>, executor: &BriqExecutor) -> Result<ApiKey> {
+    Ok(key_and_secret(shared, executor).await?.0)
+}
+
+/// [`api_key`], with the Secret it came from (`None`: the operator's default key).
+async fn key_and_secret<S>(
+    shared: &Shared<S>,
+    executor: &BriqExecutor,
+) -> Result<(ApiKey, Option<Secret>)> {
     let Some(reference) = &executor.spec.api_key_secret_ref else {
-        return shared.settings.default_api_key.clone().ok_or_else(|| {
+        let key = shared.settings.default_api_key.clone().ok_or_else(|| {
             Error::ApiKey(
                 "no apiKeySecretRef is set and the operator has no default briq API key".into(),
             )
-        });
+        })?;
+        return Ok((key, None));
     };
     let namespace = executor.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(shared.client.clone(), &namespace);
+    let (key, secret) = secret_key(shared, &namespace, &reference.name, &reference.key).await?;
+    Ok((key, Some(secret)))
+}
+
+/// The API key in field `key` (empty: the default field) of the labelled Secret
+/// `namespace/name`.
+async fn secret_key<S>(
+    shared: &Shared<S>,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<(ApiKey, Secret)> {
+    let secrets: Api<Secret> = Api::namespaced(shared.client.clone(), namespace);
     // Only Secrets labelled for it are keys: otherwise anyone who may create an executor could
     // have the operator send any Secret of the namespace to briq, even one they cannot read.
     // An unlabelled Secret is reported exactly like a missing one.
     let secret = secrets
-        .get_opt(&reference.name)
+        .get_opt(name)
         .await?
         .filter(|secret| {
             secret.labels().get(API_KEY_LABEL).map(String::as_str) == Some(API_KEY_LABEL_VALUE)
         })
         .ok_or_else(|| {
             Error::ApiKey(format!(
-                "no Secret {namespace}/{} labelled {API_KEY_LABEL}={API_KEY_LABEL_VALUE}",
-                reference.name
+                "no Secret {namespace}/{name} labelled {API_KEY_LABEL}={API_KEY_LABEL_VALUE}"
             ))
         })?;
-    let key = if reference.key.is_empty() {
+    let key = if key.is_empty() {
         DEFAULT_API_KEY_SECRET_KEY
     } else {
-        &reference.key
+        key
     };
     let bytes = secret
         .data
         .as_ref()
         .and_then(|data| data.get(key))
-        .ok_or_else(|| {
-            Error::ApiKey(format!(
-                "Secret {namespace}/{} has no key {key}",
-                reference.name
-            ))
-        })?;
+        .ok_or_else(|| Error::ApiKey(format!("Secret {namespace}/{name} has no key {key}")))?;
     let text = String::from_utf8(bytes.0.clone()).map_err(|_| {
         Error::ApiKey(format!(
-            "key {key} of Secret {namespace}/{} is not UTF-8",
-            reference.name
+            "key {key} of Secret {namespace}/{name} is not UTF-8"
         ))
     })?;
-    ApiKey::new(text.trim()).map_err(|e| {
-        Error::ApiKey(format!(
-            "key {key} of Secret {namespace}/{}: {e}",
-            reference.name
-        ))
-    })
+    let api_key = ApiKey::new(text.trim())
+        .map_err(|e| Error::ApiKey(format!("key {key} of Secret {namespace}/{name}: {e}")))?;
+    Ok((api_key, secret))
 }
 
 /// Server-side applies `status` (a JSON object of the fields `manager` owns) to `object`.
@@ -567,13 +588,19 @@ pub async fn run_observed<S>(
             execution_ctx.clone(),
         )
         .for_each(|result| async move { log_failure("execution", result) });
+    let orphan_sweep = Arc::new(orphans::Sweeper::new(
+        shared.clone(),
+        executor_store.clone(),
+    ));
     let on_executor_deleted = executor_ctx.clone();
+    let wake_sweeper = orphan_sweep.clone();
     let executor_events = watcher(executors, watcher::Config::default().any_semantic())
         .modify(cache::compact)
         .reflect(executor_writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(gone) = event {
                 on_executor_deleted.deleted(gone);
+                wake_sweeper.deleted(gone);
             }
         })
         .applied_objects();
@@ -583,6 +610,10 @@ pub async fn run_observed<S>(
         Box::new(move || executor_ctx.bookkeeping() + execution_ctx.bookkeeping())
     };
     let _reporting = Reporting::start(&observer, executor_store, execution_store, bookkeeping);
+    let orphan_sweeper = shared
+        .settings
+        .orphan_sweep_interval
+        .map(|interval| AbortOnDrop(tokio::spawn(orphan_sweep.run(interval))));
     // Deletions prune the bookkeeping at once; a reconcile still running then may add an entry
     // after that, which this sweep removes.
     let sweeper = {
@@ -611,5 +642,6 @@ pub async fn run_observed<S>(
     info!("controllers started");
     futures::future::join(execution_loop, executor_loop).await;
     drop(sweeper);
+    drop(orphan_sweeper);
     info!("controllers stopped");
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kubectl and etcd from the Go module proxy, once per version, into a cache
+# Builds kube-apiserver, kube-controller-manager, kubectl and etcd from the Go module proxy, once per version, into a cache
 # outside the repo. Prints the cache directory on stdout (last line); progress goes to stderr.
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every staging module with
@@ -15,7 +15,8 @@ OUT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 
 log() { printf '[control-plane build] %s\n' "$*" >&2; }
 
-if [[ -x "$OUT/bin/kube-apiserver" && -x "$OUT/bin/kubectl" && -x "$OUT/bin/etcd" ]]; then
+if [[ -x "$OUT/bin/kube-apiserver" && -x "$OUT/bin/kube-controller-manager" && -x "$OUT/bin/kubectl" &&
+  -x "$OUT/bin/etcd" ]]; then
   log "cached: $OUT"
   echo "$OUT"
   exit 0
@@ -55,6 +56,7 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -66,9 +68,10 @@ GO
     ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$now"
   done
-  log "building kube-apiserver and kubectl (this takes a while on a cold cache)"
+  log "building kube-apiserver, kube-controller-manager and kubectl (this takes a while on a cold cache)"
   (cd "$dir" && go build -trimpath -tags grpcnotrace -ldflags "-s -w $ld" \
-    -o "$OUT/bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl >&2)
+    -o "$OUT/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl >&2)
 }
 
 build_etcd() {
@@ -81,7 +84,8 @@ build_etcd() {
   (cd "$dir" && go mod tidy -e >&2 && go build -trimpath -ldflags "-s -w" -o "$OUT/bin/etcd" go.etcd.io/etcd/server/v3 >&2)
 }
 
-build_etcd
+# An older cache may hold all but the newer binaries: build only what is missing.
+[[ -x "$OUT/bin/etcd" ]] || build_etcd
 build_kubernetes
 log "built in $(( $(date +%s) - start )) s: $OUT"
 echo "$OUT"

@@ -106,8 +106,9 @@ impl RequestLog {
     }
 }
 
-/// One test's view of the cluster: an admin client and a namespace of its own. Without
-/// kube-controller-manager namespaces never finish deleting, so they are left behind.
+/// One test's view of the cluster: an admin client and a namespace of its own. Namespaces are
+/// left behind (the control plane, and kube-controller-manager which could delete them, end
+/// with the test binary); a test may delete its own (see `tests/orphans.rs`).
 pub struct TestEnv {
     pub client: Client,
     pub namespace: String,

@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Duration};
 
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
     runtime::{
         controller::Action,
         events::EventType,
@@ -29,7 +29,7 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    conditions, is_conflict, mark_unusable, object_key, publish, retry,
+    conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, publish, retry,
     session::{Session, SetupError},
     settle,
 };
@@ -204,10 +204,17 @@ impl<S: SandboxApi> Actor<'_, S> {
         }
     }
 
-    /// The executor's API key; `None` (reported in the status) while there is none to use.
+    /// The executor's API key; `None` (reported in the status) while there is none to use. Its
+    /// Secret, if it comes from one, is protected from deletion first: every step that asks for
+    /// it has or makes a sandbox, which the finalizer must be able to destroy.
     async fn credentials(&self, executor: &BriqExecutor) -> Result<Option<ApiKey>> {
-        match api_key(self.shared, executor).await {
-            Ok(key) => Ok(Some(key)),
+        match key_and_secret(self.shared, executor).await {
+            Ok((key, secret)) => {
+                if let Some(secret) = &secret {
+                    orphans::protect(self.shared, secret).await?;
+                }
+                Ok(Some(key))
+            }
             Err(Error::ApiKey(message)) => {
                 let waiting = state("False", false, ExecutorReason::ApiKeyMissing, message);
                 self.report(executor, waiting, sandbox_fields(executor))
@@ -590,6 +597,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         .await;
         match outcome {
             Ok(()) => {
+                self.release_key(executor).await;
                 let note = format!(
                     "destroyed sandbox {}",
                     ids.into_iter().collect::<Vec<_>>().join(", ")
@@ -620,6 +628,28 @@ impl<S: SandboxApi> Actor<'_, S> {
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// After a confirmed destroy: the executor's key Secret is released unless another executor
+    /// of the namespace uses it. Two executors finishing at once may each still see the other;
+    /// the sweeper, woken by their deletion, releases it then. A failure is only logged.
+    async fn release_key(&self, executor: &BriqExecutor) {
+        let Some(reference) = &executor.spec.api_key_secret_ref else {
+            return;
+        };
+        let released = async {
+            let others = self.api.list(&ListParams::default()).await?;
+            let uid = executor.uid().unwrap_or_default();
+            if orphans::secret_used_by_others(&others.items, &reference.name, &uid) {
+                return Ok(());
+            }
+            let namespace = executor.namespace().unwrap_or_default();
+            orphans::release(self.shared, &namespace, &reference.name).await
+        }
+        .await;
+        if let Err(error) = released {
+            warn!(%error, secret = %reference.name, "could not release the API key Secret; the sweeper will");
         }
     }
 
