@@ -25,6 +25,8 @@ use briq_operator::crd::{BriqExecutor, Execution};
 const EXECUTORS_NAMESPACE: &str = "bench-memory-executors";
 const EXECUTIONS_NAMESPACE: &str = "bench-memory-executions";
 const WRITES_AT_ONCE: usize = 32;
+const QUEUED_LARGEST: usize = 250;
+const CYCLES: usize = 1_000;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Memory {
@@ -38,6 +40,18 @@ pub struct Memory {
     /// Peak RSS of an operator started on a namespace holding that many finished Executions.
     pub with_executions_peak_kib: u64,
     pub with_executions_rss_kib: u64,
+    /// RSS with that many Executions of the largest code queued (their executor does not exist).
+    pub queued_largest: usize,
+    pub with_queued_rss_kib: u64,
+    /// RSS after that many Executions were created and deleted, one after another.
+    pub cycles: usize,
+    pub after_cycles_rss_kib: u64,
+}
+
+/// The largest code an Execution may carry, in the characters that take the most memory.
+fn largest_code() -> String {
+    let body = "\u{1F600}".repeat(briq_operator::crd::MAX_CODE_CHARS - 3);
+    format!("# {body}\n")
 }
 
 pub async fn run(
@@ -98,6 +112,41 @@ pub async fn run(
     }
     first.settle().await?;
     let with_executors = first.memory()?;
+
+    // Queued Executions must not keep their code in memory.
+    let waiting: Api<Execution> = Api::namespaced(stack.admin().clone(), EXECUTORS_NAMESPACE);
+    let code = largest_code();
+    stream::iter(0..QUEUED_LARGEST)
+        .map(|i| {
+            let (api, code) = (waiting.clone(), code.clone());
+            async move {
+                let object = objects::execution(&format!("q-{i:04}"), "absent", &code)?;
+                api.create(&PostParams::default(), &object).await?;
+                Ok::<_, anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(WRITES_AT_ONCE)
+        .try_collect::<Vec<()>>()
+        .await?;
+    first.settle().await?;
+    let with_queued = first.memory()?;
+    waiting
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await?;
+
+    // Nothing kept per object may outlive it.
+    progress.step(format!(
+        "5: {} KiB RSS with {QUEUED_LARGEST} queued of the largest code; {CYCLES} create/delete cycles",
+        with_queued.rss
+    ));
+    for i in 0..CYCLES {
+        let name = format!("c-{i:05}");
+        let object = objects::execution(&name, "absent", "1 + 1")?;
+        waiting.create(&PostParams::default(), &object).await?;
+        waiting.delete(&name, &Default::default()).await?;
+    }
+    first.settle().await?;
+    let after_cycles = first.memory()?;
     first.stop().await;
 
     progress.step(format!(
@@ -123,6 +172,10 @@ pub async fn run(
         executions,
         with_executions_peak_kib: with_executions.peak,
         with_executions_rss_kib: with_executions.rss,
+        queued_largest: QUEUED_LARGEST,
+        with_queued_rss_kib: with_queued.rss,
+        cycles: CYCLES,
+        after_cycles_rss_kib: after_cycles.rss,
     })
 }
 

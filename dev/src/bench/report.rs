@@ -271,6 +271,23 @@ pub fn table(report: &Report) -> String {
         ));
         rows.push(plain(
             "5",
+            &format!(
+                "operator RSS, {} queued Executions of the largest code",
+                m.queued_largest
+            ),
+            format!(
+                "{} ({} with the executors alone)",
+                mib(m.with_queued_rss_kib),
+                mib(m.with_executors_rss_kib)
+            ),
+        ));
+        rows.push(plain(
+            "5",
+            &format!("operator RSS after {} create/delete cycles", m.cycles),
+            mib(m.after_cycles_rss_kib),
+        ));
+        rows.push(plain(
+            "5",
             &format!("operator peak RSS, {} finished Executions", m.executions),
             format!(
                 "{} (RSS now {})",
