@@ -249,6 +249,26 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::try_from(wait).unwrap_or(Duration::ZERO))
 }
 
+impl BriqClient {
+    /// `GET /v1/sandboxes`, filtered by `name` when given; repeated on retryable errors.
+    async fn list(&self, key: &ApiKey, name: Option<&str>) -> Result<Vec<Sandbox>, Error> {
+        let query = ListQuery {
+            name: name.map(str::to_owned),
+        };
+        let list: SandboxList = idempotent("list", || async {
+            self.call(
+                key,
+                self.request(Method::GET, paths::SANDBOXES, &[])
+                    .query(&query),
+            )
+            .await?
+            .decode()
+        })
+        .await?;
+        Ok(list.sandboxes)
+    }
+}
+
 /// Every error leaves the client through here: remote text (messages, details, request ids) is
 /// scrubbed of the key, then cut.
 fn redacted<T>(key: &ApiKey, result: Result<T, Error>) -> Result<T, Error> {
@@ -290,49 +310,16 @@ impl SandboxApi for BriqClient {
         redacted(
             key,
             async {
-                let query = ListQuery {
-                    name: Some(name.to_owned()),
-                };
-                let list: SandboxList = idempotent("list", || async {
-                    self.call(
-                        key,
-                        self.request(Method::GET, paths::SANDBOXES, &[])
-                            .query(&query),
-                    )
-                    .await?
-                    .decode()
-                })
-                .await?;
+                let listed = self.list(key, Some(name)).await?;
                 // The filter's exact semantics are assumed; only an exact match identifies our sandbox.
-                Ok(list
-                    .sandboxes
-                    .into_iter()
-                    .filter(|s| s.name == name)
-                    .collect())
+                Ok(listed.into_iter().filter(|s| s.name == name).collect())
             }
             .await,
         )
     }
 
     async fn list_sandboxes(&self, key: &ApiKey) -> Result<Vec<Sandbox>, Error> {
-        redacted(
-            key,
-            async {
-                let query = ListQuery { name: None };
-                let list: SandboxList = idempotent("list", || async {
-                    self.call(
-                        key,
-                        self.request(Method::GET, paths::SANDBOXES, &[])
-                            .query(&query),
-                    )
-                    .await?
-                    .decode()
-                })
-                .await?;
-                Ok(list.sandboxes)
-            }
-            .await,
-        )
+        redacted(key, async { self.list(key, None).await }.await)
     }
 
     async fn get_sandbox(&self, key: &ApiKey, id: &str) -> Result<Sandbox, Error> {

@@ -157,6 +157,19 @@ impl<S> Shared<S> {
     }
 }
 
+/// Drops the backoff counts of objects `store` no longer holds.
+fn prune_backoff<K>(backoff: &backoff::Backoff, store: &Store<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let live: std::collections::HashSet<String> = store
+        .state()
+        .iter()
+        .map(|o| object_key(o.as_ref()))
+        .collect();
+    backoff.retain(|key| live.contains(key));
+}
+
 /// The key of `object` in a controller's bookkeeping.
 fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     format!(

@@ -39,7 +39,7 @@ use super::{
     conditions::{self, SUCCEEDED},
     is_conflict, mark_unusable, object_key,
     ownership::{Ownership, ownership},
-    retry,
+    prune_backoff, retry,
     session::Session,
     settle,
 };
@@ -123,13 +123,7 @@ impl<S> Context<S> {
             |uid| executions.contains(uid),
             |uid| executors.contains(uid),
         );
-        let keys: HashSet<String> = self
-            .store
-            .state()
-            .iter()
-            .map(|e| object_key(e.as_ref()))
-            .collect();
-        self.backoff.retain(|key| keys.contains(key));
+        prune_backoff(&self.backoff, &self.store);
     }
 
     fn is_finished(&self, execution: &Execution) -> bool {

@@ -29,7 +29,8 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, publish, retry,
+    conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, prune_backoff,
+    publish, retry,
     session::{Session, SetupError},
     settle,
 };
@@ -65,13 +66,7 @@ impl<S> Context<S> {
 
     /// Drops what is kept of executors the cache no longer holds.
     pub fn sweep(&self) {
-        let keys: std::collections::HashSet<String> = self
-            .store
-            .state()
-            .iter()
-            .map(|e| object_key(e.as_ref()))
-            .collect();
-        self.backoff.retain(|key| keys.contains(key));
+        prune_backoff(&self.backoff, &self.store);
     }
 
     /// The executor is gone: nothing kept of it may outlive it.
