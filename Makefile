@@ -42,7 +42,9 @@ test: test-unit control-plane python-env tools
 	cargo test --workspace --all-targets
 	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q)
 	# The agent end to end: a real CodeAgent + KubernetesExecutor against `briq-dev local-stack`
-	# (kube-apiserver, local sandbox server, operator), with the binary cargo test just built.
+	# (kube-apiserver, local sandbox server, operator). cargo test builds briq-dev only as a test
+	# harness, so its binary is built here.
+	cargo build --quiet -p briq-dev
 	cd bridge/agent
 	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
