@@ -118,18 +118,21 @@ pub async fn kube_config(env: &TestEnv) -> kube::Config {
     config
 }
 
-/// A short lease in the test namespace, so that fail-overs take seconds.
+/// A short lease in the test namespace, so that fail-overs take seconds. Its grace leaves a
+/// renewal (whose requests time out at a third of it) room on a busy 2-CPU machine: with 1 s, a
+/// request slower than 333 ms made the leader step down mid-test.
 pub fn lease(env: &TestEnv, name: &str, identity: &str) -> LeaseConfig {
     LeaseConfig {
         name: name.into(),
         namespace: env.namespace.clone(),
         identity: identity.into(),
         duration_seconds: LEASE_SECONDS,
-        grace_seconds: 1,
+        grace_seconds: LEASE_GRACE_SECONDS,
     }
 }
 
-pub const LEASE_SECONDS: u64 = 4;
+pub const LEASE_SECONDS: u64 = 6;
+pub const LEASE_GRACE_SECONDS: u64 = 3;
 
 /// Waits until `check` holds, polling; panics with `what` after `timeout`.
 pub async fn until(timeout: Duration, what: &str, check: impl FnMut() -> bool) -> Duration {
