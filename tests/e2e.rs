@@ -438,7 +438,7 @@ async fn deleting_an_executor_destroys_its_sandbox_even_when_destroy_fails_at_fi
 }
 
 #[tokio::test]
-async fn queued_executions_of_a_deleted_executor_fail_clearly() {
+async fn a_deleted_executor_lets_its_executions_conclude_before_garbage_collection_removes_them() {
     let env = TestEnv::new("e2e-deleted").await;
     let _operator = Operator::start(&env).await;
     ready_executor(&env, "py").await;
@@ -456,6 +456,8 @@ async fn queued_executions_of_a_deleted_executor_fail_clearly() {
         .delete("py", &DeleteParams::default())
         .await
         .unwrap();
+    // Garbage collection removes an executor's Executions with it: each must have said how it
+    // ended before that, the queued one at once, the running one when its action ends.
     let queued = finished(&env, "queued", RUN_SECONDS).await;
     assert_eq!(
         reason(&queued),
@@ -463,6 +465,14 @@ async fn queued_executions_of_a_deleted_executor_fail_clearly() {
         "{:?}",
         condition(&queued, "Succeeded")
     );
+    let busy = finished(&env, "busy", RUN_SECONDS).await;
+    assert_eq!(
+        condition(&busy, "Succeeded").0,
+        "True",
+        "the running action ends before its sandbox is destroyed: {:?}",
+        condition(&busy, "Succeeded")
+    );
+    wait_deleted(&env.api::<BriqExecutor>(), "py", RUN_SECONDS).await;
 }
 
 #[tokio::test]

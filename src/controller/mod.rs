@@ -557,6 +557,7 @@ pub async fn run_observed<S>(
     let executor_ctx = Arc::new(executor::Context::new(
         shared.clone(),
         executor_store.clone(),
+        execution_store.clone(),
     ));
 
     // A deleted Execution is not reconciled, but the one queued behind it must hear of it, and

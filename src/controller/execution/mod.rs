@@ -13,6 +13,8 @@ mod bookkeeping;
 mod budget;
 mod decide;
 
+pub(crate) use decide::ATTEMPT_GRACE;
+
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
@@ -245,6 +247,14 @@ pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<Obje
         .filter(|e| !finished(e) || (ttl && e.spec.ttl_seconds_after_finished.is_none()))
         .map(|e| ObjectRef::from_obj(e.as_ref()))
         .collect()
+}
+
+/// How many cached Executions of executor `namespace/name` have neither concluded nor are being
+/// deleted: what a deleted executor waits for.
+pub fn unfinished(store: &Store<Execution>, namespace: &str, name: &str) -> usize {
+    of_executor(store, namespace, name)
+        .filter(|e| e.metadata.deletion_timestamp.is_none() && !finished(e))
+        .count()
 }
 
 /// Every cached Execution of executor `namespace/name`, finished or not.

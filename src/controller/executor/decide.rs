@@ -3,14 +3,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
 
 pub use crate::controller::ownership::{Ownership, not_owned_message, ownership};
 use crate::{
     bridge::session::{CallError, SetupError},
     briq::{self, ErrorClass, SandboxState},
     controller::conditions::{self, Desired, READY, STALLED, desired},
-    crd::{BriqExecutorStatus, reasons::ExecutorReason},
+    controller::execution::ATTEMPT_GRACE,
+    crd::{BriqExecutorStatus, MAX_EXECUTION_TIMEOUT_SECONDS, reasons::ExecutorReason},
 };
 
 /// Set before a sandbox is created and removed once its id is recorded: if the operator stops in
@@ -198,6 +202,40 @@ pub fn cleanup(
         ids,
         look_up_by_name,
     })
+}
+
+/// How long a deleted executor waits for its unfinished Executions before it destroys its
+/// sandbox regardless: the longest action, the grace an attempt gets before it counts as
+/// interrupted, and a little slack for the result's write.
+pub const DRAIN_LIMIT: SignedDuration =
+    SignedDuration::from_secs(MAX_EXECUTION_TIMEOUT_SECONDS as i64 + ATTEMPT_GRACE.as_secs() + 5);
+
+/// What a deleted executor does about its Executions that have not concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drain {
+    /// Let them conclude first: a queued one fails at once (`ExecutorDeleted`), a running one
+    /// when its action ends. Garbage collection removes the executor's Executions with it, so an
+    /// Execution that had not concluded would vanish without saying why it never ran.
+    Wait {
+        unfinished: usize,
+        left: SignedDuration,
+    },
+    /// Destroy the sandbox now: none is left, or they had [`DRAIN_LIMIT`].
+    Destroy,
+}
+
+/// `unfinished`: the executor's Executions neither concluded nor being deleted.
+pub fn drain(unfinished: usize, deleted_at: Option<Timestamp>, now: Timestamp) -> Drain {
+    let waited = deleted_at
+        .map_or(SignedDuration::ZERO, |at| now.duration_since(at))
+        .max(SignedDuration::ZERO);
+    if unfinished == 0 || waited >= DRAIN_LIMIT {
+        return Drain::Destroy;
+    }
+    Drain::Wait {
+        unfinished,
+        left: DRAIN_LIMIT - waited,
+    }
 }
 
 /// The executor's state as its two conditions say it.
@@ -660,6 +698,34 @@ mod tests {
         ];
         for (status, annotations, expected) in cases {
             assert_eq!(cleanup(&status, &annotations), expected, "{annotations:?}");
+        }
+    }
+
+    #[test]
+    fn drain_table() {
+        let deleted: Timestamp = "2026-12-03T10:00:00Z".parse().unwrap();
+        let after = |seconds: i64| deleted + SignedDuration::from_secs(seconds);
+        let wait = |unfinished, left: i64| Drain::Wait {
+            unfinished,
+            left: SignedDuration::from_secs(left),
+        };
+        assert_eq!(DRAIN_LIMIT, SignedDuration::from_secs(60));
+        let cases = [
+            (0, Some(deleted), after(0), Drain::Destroy),
+            (2, Some(deleted), after(0), wait(2, 60)),
+            (1, Some(deleted), after(59), wait(1, 1)),
+            (1, Some(deleted), after(60), Drain::Destroy),
+            (1, Some(deleted), after(3600), Drain::Destroy),
+            // A deletion timestamp ahead of this clock (skew) counts as just deleted.
+            (1, Some(after(10)), after(0), wait(1, 60)),
+            (1, None, after(0), wait(1, 60)),
+        ];
+        for (unfinished, deleted_at, now, expected) in cases {
+            assert_eq!(
+                drain(unfinished, deleted_at, now),
+                expected,
+                "{unfinished} at {now}"
+            );
         }
     }
 

@@ -10,6 +10,7 @@ pub use decide::{CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
@@ -24,7 +25,8 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use self::decide::{
-    Adoption, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state, unusable_state,
+    Adoption, Drain, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state,
+    unusable_state,
 };
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
@@ -36,7 +38,7 @@ use super::{
 };
 use crate::{
     briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
-    crd::{BriqExecutor, reasons::ExecutorReason},
+    crd::{BriqExecutor, Execution, reasons::ExecutorReason},
 };
 
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
@@ -46,21 +48,30 @@ const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
 const RECORD_ATTEMPTS: usize = 3;
+/// How often a deleted executor looks whether its Executions have concluded.
+const DRAIN_RECHECK: Duration = Duration::from_millis(500);
 
 /// The executor controller's context: what it shares with the other controller, and its own
 /// bookkeeping.
 pub struct Context<S> {
     pub shared: Arc<Shared<S>>,
     store: Store<BriqExecutor>,
+    /// Read only: a deleted executor waits for its Executions to conclude.
+    executions: Store<Execution>,
     backoff: Backoff,
 }
 
 impl<S> Context<S> {
-    pub fn new(shared: Arc<Shared<S>>, store: Store<BriqExecutor>) -> Self {
+    pub fn new(
+        shared: Arc<Shared<S>>,
+        store: Store<BriqExecutor>,
+        executions: Store<Execution>,
+    ) -> Self {
         Context {
             backoff: shared.backoff(),
             shared,
             store,
+            executions,
         }
     }
 
@@ -92,7 +103,17 @@ pub async fn reconcile<S: SandboxApi>(
     let actor = Actor {
         shared: &ctx.shared,
         api: &api,
+        executions: &ctx.executions,
     };
+    // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
+    // executor's Executions comes before it.
+    if executor.metadata.deletion_timestamp.is_some()
+        && executor.finalizers().iter().any(|f| f == FINALIZER)
+    {
+        if let Some(wait) = actor.drain(&executor).await.transpose() {
+            return settle(&ctx.backoff, &object, wait);
+        }
+    }
     let result = finalizer(&api, FINALIZER, executor, |event| async {
         match event {
             FinalizerEvent::Apply(executor) => actor.apply(&executor).await,
@@ -121,6 +142,7 @@ pub fn error_policy<S>(executor: Arc<BriqExecutor>, error: &Error, ctx: Arc<Cont
 struct Actor<'a, S> {
     shared: &'a Shared<S>,
     api: &'a Api<BriqExecutor>,
+    executions: &'a Store<Execution>,
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
@@ -533,6 +555,34 @@ impl<S: SandboxApi> Actor<'_, S> {
                 self.provision(executor, key, fields).await
             }
         }
+    }
+
+    /// While a deleted executor's Executions have not concluded (see [`decide::drain`]): says
+    /// so and when to look again.
+    async fn drain(&self, executor: &BriqExecutor) -> Result<Option<Action>> {
+        let unfinished = super::execution::unfinished(
+            self.executions,
+            &executor.namespace().unwrap_or_default(),
+            &executor.name_any(),
+        );
+        let deleted_at = executor.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+        let Drain::Wait { unfinished, left } =
+            decide::drain(unfinished, deleted_at, Timestamp::now())
+        else {
+            return Ok(None);
+        };
+        let waiting = state(
+            "False",
+            false,
+            ExecutorReason::Terminating,
+            format!("waiting for {unfinished} Execution(s) to conclude"),
+        );
+        self.report(executor, waiting, sandbox_fields(executor))
+            .await?;
+        // Nothing wakes an executor when its Executions change: look again soon, within the limit.
+        Ok(Some(Action::requeue(
+            DRAIN_RECHECK.min(left.unsigned_abs()),
+        )))
     }
 
     /// Destroys every sandbox this executor may own. The finalizer is removed only when all are
