@@ -109,10 +109,9 @@ pub async fn reconcile<S: SandboxApi>(
     // executor's Executions comes before it.
     if executor.metadata.deletion_timestamp.is_some()
         && executor.finalizers().iter().any(|f| f == FINALIZER)
+        && let Some(wait) = actor.drain(&executor).await.transpose()
     {
-        if let Some(wait) = actor.drain(&executor).await.transpose() {
-            return settle(&ctx.backoff, &object, wait);
-        }
+        return settle(&ctx.backoff, &object, wait);
     }
     let result = finalizer(&api, FINALIZER, executor, |event| async {
         match event {
