@@ -47,6 +47,11 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     pub orphan_grace_seconds: u64,
 
+    /// How long an Execution waits for a BriqExecutor that does not exist before it fails with
+    /// `ExecutorNeverAppeared`, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub executor_wait_seconds: u64,
+
     /// Per-request timeout of briq calls other than exec, in seconds.
     #[arg(long, default_value_t = 30)]
     pub briq_timeout_seconds: u64,
@@ -98,6 +103,7 @@ impl Args {
             orphan_sweep_interval: (self.orphan_sweep_interval_seconds > 0)
                 .then(|| Duration::from_secs(self.orphan_sweep_interval_seconds)),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
+            executor_wait: Duration::from_secs(self.executor_wait_seconds),
             ..Settings::default()
         })
     }

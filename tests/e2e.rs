@@ -688,6 +688,30 @@ async fn executions_cannot_reach_an_executor_in_another_namespace() {
     assert!(condition(&stray, "Succeeded").2.contains(&other.namespace));
 }
 
+/// A misspelt executor name: the Execution says what it waits for, then fails once the
+/// operator's wait is over, instead of waiting forever.
+#[tokio::test]
+async fn an_execution_naming_an_executor_that_never_appears_fails_after_the_wait() {
+    let env = TestEnv::new("e2e-never").await;
+    let _operator = Operator::start_with(&env, |settings| {
+        settings.executor_wait = Duration::from_secs(4);
+    })
+    .await;
+    create_execution(&env, "typo", "pyy", "1 + 1").await;
+    let waiting = wait_for(&env.api::<Execution>(), "typo", 30, |e| {
+        reason(e) == "ExecutorNotFound"
+    })
+    .await;
+    assert_eq!(condition(&waiting, "Succeeded").0, "Unknown");
+    let failed = finished(&env, "typo", 30).await;
+    let (status, reason, message) = condition(&failed, "Succeeded");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ExecutorNeverAppeared")
+    );
+    assert!(message.contains("within 4s"), "{message}");
+}
+
 #[tokio::test]
 async fn a_failed_setup_destroys_the_sandbox_and_stalls() {
     let env = TestEnv::new("e2e-setup").await;

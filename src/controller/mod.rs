@@ -119,6 +119,9 @@ pub struct Settings {
     /// How old an ownerless sandbox must be before the sweeper destroys it: a create in flight
     /// is never taken for an orphan.
     pub orphan_grace: Duration,
+    /// How long an Execution waits for an executor that does not exist before it fails
+    /// (`ExecutorNeverAppeared`): a misspelt name must not keep it waiting forever.
+    pub executor_wait: Duration,
 }
 
 impl Default for Settings {
@@ -131,6 +134,7 @@ impl Default for Settings {
             namespace: None,
             orphan_sweep_interval: Some(Duration::from_secs(300)),
             orphan_grace: Duration::from_secs(600),
+            executor_wait: Duration::from_secs(600),
         }
     }
 }

@@ -80,6 +80,10 @@ reasons! {
         ExecutorUnusable,
         /// The executor was deleted.
         ExecutorDeleted,
+        /// The referenced BriqExecutor did not appear within the operator's wait
+        /// (`--executor-wait-seconds`, 10 minutes by default) after the Execution was created;
+        /// the code did not run.
+        ExecutorNeverAppeared,
         /// The executor names a sandbox that belongs to another object: the code was not sent.
         SandboxNotOwned,
         /// The operator stopped while the code ran; it is never run again.
@@ -110,8 +114,17 @@ impl ExecutionReason {
             Queued | ExecutorNotFound | ExecutorNotReady => Phase::Waiting,
             Running => Phase::Running,
             Completed | FinalAnswer => Phase::Succeeded,
-            CodeError | FinalAnswerRejected | Timeout | TransportError | MalformedResponse
-            | KernelLost | ExecutorUnusable | ExecutorDeleted | SandboxNotOwned | Interrupted
+            CodeError
+            | FinalAnswerRejected
+            | Timeout
+            | TransportError
+            | MalformedResponse
+            | KernelLost
+            | ExecutorUnusable
+            | ExecutorDeleted
+            | ExecutorNeverAppeared
+            | SandboxNotOwned
+            | Interrupted
             | QueueFull => Phase::Failed,
         }
     }
@@ -237,6 +250,7 @@ mod tests {
             (KernelLost, Phase::Failed),
             (ExecutorUnusable, Phase::Failed),
             (ExecutorDeleted, Phase::Failed),
+            (ExecutorNeverAppeared, Phase::Failed),
             (SandboxNotOwned, Phase::Failed),
             (Interrupted, Phase::Failed),
             (QueueFull, Phase::Failed),

@@ -61,8 +61,13 @@ impl Verdict {
 pub enum Refusal {
     /// Never: the Execution fails.
     Fail(Verdict),
-    /// Not yet: the Execution waits, with this reason and message.
-    Wait(ExecutionReason, String),
+    /// Not yet: the Execution waits, with this reason and message, until something it waits on
+    /// changes, or at the latest `recheck` from now.
+    Wait {
+        reason: ExecutionReason,
+        message: String,
+        recheck: Option<SignedDuration>,
+    },
 }
 
 /// Where an Execution stands in its executor's queue.
@@ -105,6 +110,10 @@ pub struct Observed<'a> {
     /// was adopted once, so its executor existed.
     pub adopted: bool,
     pub executor: Option<&'a BriqExecutor>,
+    /// When the Execution was created, and how long it may wait for an executor that does not
+    /// exist (`Settings::executor_wait`).
+    pub created: Option<Timestamp>,
+    pub executor_wait: SignedDuration,
     /// This process made the executor unusable; its cache may not show it yet.
     pub executor_known_unusable: bool,
     pub heads_queue: bool,
@@ -171,11 +180,34 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
                 message,
             )));
         }
+        // A name that never comes must not keep an Execution waiting forever; a creation time
+        // ahead of this clock (skew) counts as just created.
+        let waited = observed
+            .created
+            .map_or(SignedDuration::ZERO, |created| {
+                observed.now.duration_since(created)
+            })
+            .max(SignedDuration::ZERO);
+        if waited >= observed.executor_wait {
+            let message = format!(
+                "BriqExecutor {name} did not appear in namespace {} within {}s; the code did not run",
+                observed.namespace,
+                observed.executor_wait.as_secs()
+            );
+            return Err(Refusal::Fail(Verdict::new(
+                ExecutionReason::ExecutorNeverAppeared,
+                message,
+            )));
+        }
         let message = format!(
             "BriqExecutor {name} does not exist in namespace {}",
             observed.namespace
         );
-        return Err(Refusal::Wait(ExecutionReason::ExecutorNotFound, message));
+        return Err(Refusal::Wait {
+            reason: ExecutionReason::ExecutorNotFound,
+            message,
+            recheck: Some(observed.executor_wait - waited),
+        });
     };
     if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
         return Err(Refusal::Fail(verdict));
@@ -193,7 +225,11 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
             .map(|c| c.message.as_str())
             .unwrap_or_default();
         let message = format!("BriqExecutor {name} is not ready: {why}");
-        return Err(Refusal::Wait(ExecutionReason::ExecutorNotReady, message));
+        return Err(Refusal::Wait {
+            reason: ExecutionReason::ExecutorNotReady,
+            message,
+            recheck: None,
+        });
     }
     Ok(())
 }

@@ -17,7 +17,10 @@ pub(crate) use decide::ATTEMPT_GRACE;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
@@ -372,6 +375,14 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .iter()
                 .any(|owner| owner.kind == "BriqExecutor" && owner.name == name),
             executor,
+            created: self
+                .execution
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0),
+            executor_wait: SignedDuration::try_from(self.ctx.shared.settings.executor_wait)
+                .unwrap_or(SignedDuration::MAX),
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
             heads_queue: ahead == Some(0),
             ahead: ahead.unwrap_or_default(),
@@ -598,7 +609,16 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     async fn refuse(&self, refusal: Refusal) -> Result<Action> {
         match refusal {
             Refusal::Fail(verdict) => self.conclude(self.status(), &verdict, None).await,
-            Refusal::Wait(reason, message) => self.wait(reason, message).await,
+            Refusal::Wait {
+                reason,
+                message,
+                recheck,
+            } => {
+                self.wait(reason, message).await?;
+                Ok(recheck.map_or_else(Action::await_change, |left| {
+                    Action::requeue(left.unsigned_abs())
+                }))
+            }
         }
     }
 
@@ -642,12 +662,12 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 
     /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so.
-    async fn wait(&self, reason: ExecutionReason, message: String) -> Result<Action> {
+    async fn wait(&self, reason: ExecutionReason, message: String) -> Result<()> {
         let generation = self.execution.metadata.generation;
         if let Some(waiting) = decide::waiting_status(&self.status(), generation, reason, message) {
             self.write(&waiting).await?;
         }
-        Ok(Action::await_change())
+        Ok(())
     }
 
     async fn write(&self, status: &ExecutionStatus) -> Result<()> {

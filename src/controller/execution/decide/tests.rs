@@ -48,6 +48,8 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         now: at("30"),
         adopted: false,
         executor,
+        created: Some(at("00")),
+        executor_wait: SignedDuration::from_secs(600),
         executor_known_unusable: false,
         heads_queue: true,
         ahead: 0,
@@ -128,10 +130,35 @@ fn decide_table() {
         (
             "no executor yet",
             observed(None),
-            Step::Refuse(Refusal::Wait(
-                ExecutorNotFound,
-                "BriqExecutor py does not exist in namespace ns".into(),
-            )),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Some(SignedDuration::from_secs(570)),
+            }),
+        ),
+        (
+            "no executor for the whole wait",
+            Observed {
+                executor_wait: SignedDuration::from_secs(30),
+                ..observed(None)
+            },
+            fail(
+                ExecutorNeverAppeared,
+                "BriqExecutor py did not appear in namespace ns within 30s; the code did not run",
+            ),
+        ),
+        (
+            "a creation time ahead of the operator's clock counts as just created",
+            Observed {
+                created: Some(at("40")),
+                executor_wait: SignedDuration::from_secs(30),
+                ..observed(None)
+            },
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Some(SignedDuration::from_secs(30)),
+            }),
         ),
         (
             "the executor it was adopted by is gone",
@@ -176,10 +203,11 @@ fn decide_table() {
         (
             "executor still provisioning",
             observed(Some(&provisioning)),
-            Step::Refuse(Refusal::Wait(
-                ExecutorNotReady,
-                "BriqExecutor py is not ready: creating the sandbox".into(),
-            )),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotReady,
+                message: "BriqExecutor py is not ready: creating the sandbox".into(),
+                recheck: None,
+            }),
         ),
         (
             "behind others",
@@ -254,10 +282,11 @@ fn decide_table() {
                 ahead: 500,
                 ..observed(None)
             },
-            Step::Refuse(Refusal::Wait(
-                ExecutorNotFound,
-                "BriqExecutor py does not exist in namespace ns".into(),
-            )),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Some(SignedDuration::from_secs(570)),
+            }),
         ),
         (
             "head of the queue",
