@@ -52,6 +52,16 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     pub executor_wait_seconds: u64,
 
+    /// How many BriqExecutors are reconciled at once (provisioning one holds its slot until
+    /// its kernel is ready).
+    #[arg(long, default_value_t = 32)]
+    pub max_concurrent_executors: u16,
+
+    /// How many Executions are reconciled at once; a running action holds its slot until its
+    /// result is written, so this bounds the actions in flight across all executors.
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrent_executions: u16,
+
     /// Per-request timeout of briq calls other than exec, in seconds.
     #[arg(long, default_value_t = 30)]
     pub briq_timeout_seconds: u64,
@@ -104,6 +114,8 @@ impl Args {
                 .then(|| Duration::from_secs(self.orphan_sweep_interval_seconds)),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
             executor_wait: Duration::from_secs(self.executor_wait_seconds),
+            executor_concurrency: self.max_concurrent_executors,
+            execution_concurrency: self.max_concurrent_executions,
             ..Settings::default()
         })
     }

@@ -32,9 +32,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
+    core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
-        controller::Action,
+        controller::{self, Action},
         events::{Recorder, Reporter},
         reflector::{self, ObjectRef, Store},
         watcher,
@@ -122,6 +123,11 @@ pub struct Settings {
     /// How long an Execution waits for an executor that does not exist before it fails
     /// (`ExecutorNeverAppeared`): a misspelt name must not keep it waiting forever.
     pub executor_wait: Duration,
+    /// How many executors are reconciled at once, and how many Executions (a running action
+    /// holds its slot until its result is written). Each reconcile in flight may hold a
+    /// connection to the API server: unbounded, 1,000 executors left 340 of them open.
+    pub executor_concurrency: u16,
+    pub execution_concurrency: u16,
 }
 
 impl Default for Settings {
@@ -135,6 +141,8 @@ impl Default for Settings {
             orphan_sweep_interval: Some(Duration::from_secs(300)),
             orphan_grace: Duration::from_secs(600),
             executor_wait: Duration::from_secs(600),
+            executor_concurrency: 32,
+            execution_concurrency: 256,
         }
     }
 }
@@ -283,8 +291,45 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    apply_status_at(api, object, manager, status, None).await?;
-    Ok(())
+    // Nothing here reads the written object: the API server answers with its metadata only,
+    // instead of echoing the whole object (an Execution's code is up to 256 KiB, and every
+    // transfer of it costs the operator memory the allocator keeps).
+    let request = kube::core::Request::new(api.resource_url()).patch_subresource(
+        "status",
+        &object.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&status_patch::<K>(status, None)),
+    );
+    let mut request = request.map_err(kube::Error::BuildRequest)?;
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_ONLY),
+    );
+    let client = api.clone().into_client();
+    client
+        .request::<PartialObjectMeta<K>>(request)
+        .await
+        .map(drop)
+        .map_err(Error::from)
+}
+
+/// The `Accept` header that makes the API server answer with an object's metadata only.
+const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// A server-side apply patch of `K`'s status, conditional on `resource_version` when given.
+fn status_patch<K: Resource<DynamicType = ()>>(
+    status: serde_json::Value,
+    resource_version: Option<&str>,
+) -> serde_json::Value {
+    let mut patch = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    if let Some(version) = resource_version {
+        patch["metadata"] = json!({ "resourceVersion": version });
+    }
+    patch
 }
 
 /// [`apply_status`], only if `object` is still at `resource_version` (when given): a write
@@ -300,14 +345,7 @@ async fn apply_status_at<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut patch = json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    if let Some(version) = resource_version {
-        patch["metadata"] = json!({ "resourceVersion": version });
-    }
+    let patch = status_patch::<K>(status, resource_version);
     Ok(api
         .patch_status(
             &object.name_any(),
@@ -518,6 +556,10 @@ pub async fn run_observed<S>(
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    let (executor_concurrency, execution_concurrency) = (
+        settings.executor_concurrency,
+        settings.execution_concurrency,
+    );
     // Both controllers stop on the same signal, each finishing the reconciles it has started.
     let (shutdown_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let stop_signal = || {
@@ -587,6 +629,7 @@ pub async fn run_observed<S>(
         .touched_objects();
     let waiting_on = execution_store.clone();
     let execution_loop = Controller::for_stream(execution_events, execution_store.clone())
+        .with_config(controller::Config::default().concurrency(execution_concurrency))
         .watches_stream(executor_changes, move |executor| {
             execution::waiting_on(&waiting_on, &executor)
         })
@@ -622,7 +665,8 @@ pub async fn run_observed<S>(
             }
         })
         .applied_objects();
-    let executor_controller = Controller::for_stream(executor_events, executor_store.clone());
+    let executor_controller = Controller::for_stream(executor_events, executor_store.clone())
+        .with_config(controller::Config::default().concurrency(executor_concurrency));
     let bookkeeping: Count = {
         let (executor_ctx, execution_ctx) = (executor_ctx.clone(), execution_ctx.clone());
         Box::new(move || executor_ctx.bookkeeping() + execution_ctx.bookkeeping())
