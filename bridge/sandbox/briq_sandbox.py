@@ -56,7 +56,7 @@ USER_DIR = "home"
 # Root-only: the bridge's directory and what is in it. BRIQ_DIR is traversable (0711) so that
 # the kernel can open its own connection file in KERNEL_DIR; nothing else there is readable.
 BRIQ_DIR = ".briq"
-PRIVATE_DIRS = (".briq/state", ".briq/actions", ".briq/results")
+PRIVATE_DIRS = (".briq/state", ".briq/actions", ".briq/results", ".briq/journal")
 KERNEL_DIR = ".briq/kernel"
 
 # Logs and output together, per action (PROTOCOL.md "Budgets").
@@ -73,6 +73,17 @@ SPILL_THRESHOLD = 32_768
 RESULTS_DIR = ".briq/results"
 # Spill files the operator did not remove are deleted by the next spill after this long.
 SPILL_MAX_AGE_S = 600.0
+
+# The result journal (PROTOCOL.md "Attempts"): one record per attempt id, written before the
+# code runs ("accepted") and once it has run ("finished"), so that an attempt delivered twice
+# runs once and its result can be asked for again. Records older than JOURNAL_MAX_AGE_S, and all
+# but the newest JOURNAL_KEEP, are removed whenever an attempt is accepted.
+JOURNAL_DIR = ".briq/journal"
+ATTEMPT_PATTERN = re.compile(r"[0-9a-f]{16,64}")
+JOURNAL_KEEP = 256
+JOURNAL_MAX_AGE_S = 3_600.0
+# How often a second delivery of a running attempt looks for its result.
+JOURNAL_POLL_S = 0.05
 
 # smolagents 1.26 serialization tags that the host would turn back into numpy arrays or PIL
 # images (serialization.py and the patched FinalAnswerTool.forward both emit exactly these).
@@ -1011,14 +1022,34 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
     if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
         # Its pid, connection file and socket could all be someone else's: run nothing.
         raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
+    journal, attempt = Journal(), args.attempt
+    if attempt is not None:
+        # However it was delivered before, an attempt runs at most once.
+        wait_until = time.time() + args.timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
+        if not journal.accept(attempt, wait_until):
+            found = journal.await_finished(attempt)
+            if found is None:
+                raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
+            return found
     pid = state.live_pid()
     if pid is None:
         lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
-        return result_envelope("kernel_lost", error=lost), 0
+        answer = result_envelope("kernel_lost", error=lost), 0
+    else:
+        answer = run_in_kernel(state, pid, args, code, deadline)
+    if attempt is not None:
+        journal.finish(attempt, *answer)
+    return answer
 
-    # The runner answers, declines (nothing ran) or leaves the outcome unknown (OutcomeUnknown
-    # propagates: the code must not run a second time here).
-    answer = run_through_runner(state, pid, args.code, args.timeout)
+
+def run_in_kernel(
+    state: KernelState, pid: int, args: argparse.Namespace, code: str, deadline: float
+) -> tuple[dict, int]:
+    """Run the action in kernel `pid`: through its runner, or over a connection of our own."""
+    # The runner answers (and journals the result itself, so that it is kept even when this
+    # process is gone by then), declines (nothing ran) or leaves the outcome unknown
+    # (OutcomeUnknown propagates: the code must not run a second time here).
+    answer = run_through_runner(state, pid, args.code, args.timeout, args.attempt)
     if answer is not None:
         return answer
     try:
@@ -1126,6 +1157,119 @@ def summarize(
 # A request that does not parse gets a BridgeError result envelope with exit code 1.
 
 
+class Journal:
+    """The attempts this sandbox accepted and what each finished with. `<id>.accepted` is made
+    with O_EXCL before the code runs (so of two deliveries only one runs it) and holds the wall
+    clock time after which nobody waits for the result any more; `<id>.finished` is the result
+    (envelope and exit code), written whole by rename. Files survive the runner and any `run`
+    process; they live in a root-only directory when the kernel runs as another user."""
+
+    def __init__(self, directory: str | os.PathLike = JOURNAL_DIR) -> None:
+        self.dir = Path(directory)
+
+    def _path(self, attempt: str, suffix: str) -> Path:
+        if not ATTEMPT_PATTERN.fullmatch(attempt):
+            raise ValueError("an attempt id is 16 to 64 lowercase hex digits")
+        return self.dir / f"{attempt}.{suffix}"
+
+    def accept(self, attempt: str, wait_until: float) -> bool:
+        """Record `attempt` as accepted; False when it was accepted before (by anyone)."""
+        if split_users():
+            private_dir(self.dir)
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.prune(time.time())
+        path = self._path(attempt, "accepted")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"wait_until": wait_until}, handle)
+        return True
+
+    def accepted(self, attempt: str) -> dict | None:
+        """The accepted record of `attempt`, or None when it was never accepted. A record that
+        cannot be read counts as accepted with nothing to wait for: it was made, so the code
+        may have run."""
+        path = self._path(attempt, "accepted")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {"wait_until": 0.0}
+        try:
+            record = json.loads(text)
+            wait_until = float(record["wait_until"])
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return {"wait_until": 0.0}
+        return {"wait_until": wait_until}
+
+    def finish(self, attempt: str, envelope: dict, exit_code: int) -> None:
+        """Record the result of an accepted attempt; never fails (the answer at hand matters
+        more than the record of it)."""
+        import tempfile
+
+        try:
+            target = self._path(attempt, "finished")
+            fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
+                os.replace(tmp_name, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+                raise
+        except Exception as exc:
+            print(f"bridge: could not journal attempt {attempt}: {exc}", file=sys.stderr)
+
+    def finished(self, attempt: str) -> tuple[dict, int] | None:
+        """The recorded (envelope, exit code) of `attempt`, or None when there is none (yet)."""
+        try:
+            record = json.loads(self._path(attempt, "finished").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not (isinstance(record, dict) and set(record) == {"envelope", "exit_code"}):
+            return None
+        envelope, exit_code = record["envelope"], record["exit_code"]
+        if is_result_envelope(envelope) and type(exit_code) is int and exit_code in (0, 1):
+            return envelope, exit_code
+        return None
+
+    def await_finished(self, attempt: str) -> tuple[dict, int] | None:
+        """The result of an attempt accepted earlier: at once when recorded, else once it is,
+        until the accepted record's time is up (then None: the outcome is unknown)."""
+        record = self.accepted(attempt)
+        while True:
+            found = self.finished(attempt)
+            if found is not None or record is None or time.time() >= record["wait_until"]:
+                return found
+            time.sleep(JOURNAL_POLL_S)
+
+    def prune(self, now: float) -> None:
+        """Remove records older than JOURNAL_MAX_AGE_S and all but the newest JOURNAL_KEEP
+        attempts (temporary files of a crashed write included)."""
+        try:
+            entries = [e for e in os.scandir(self.dir) if e.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        by_attempt: dict[str, float] = {}
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                key = entry.name.lstrip(".").split(".")[0]
+                by_attempt[key] = max(by_attempt.get(key, 0.0), mtime)
+        newest = sorted(by_attempt, key=by_attempt.__getitem__, reverse=True)
+        doomed = {a for a in newest[JOURNAL_KEEP:]}
+        doomed |= {a for a, mtime in by_attempt.items() if now - mtime > JOURNAL_MAX_AGE_S}
+        for entry in entries:
+            if entry.name.lstrip(".").split(".")[0] in doomed:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 class OutcomeUnknown(Exception):
     """The runner may have received a `run` request but gave no answer: the code may or may not
     have run, so it must not run again and no envelope may claim either way."""
@@ -1229,8 +1373,20 @@ def ping_runner(state: KernelState) -> int | None:
     return pid if type(pid) is int else None
 
 
+def cmd_recall(args: argparse.Namespace) -> tuple[dict, int]:
+    """What became of an attempt: its recorded result (waiting for it while it runs), or a
+    `not_accepted` result when this sandbox never accepted it, so the code never ran here."""
+    journal = Journal()
+    if journal.accepted(args.attempt) is None:
+        return result_envelope("not_accepted"), 0
+    found = journal.await_finished(args.attempt)
+    if found is None:
+        raise OutcomeUnknown(f"attempt {args.attempt} was accepted and has no result")
+    return found
+
+
 def run_through_runner(
-    state: KernelState, pid: int, code_path: str, timeout: float
+    state: KernelState, pid: int, code_path: str, timeout: float, attempt: str | None = None
 ) -> tuple[dict, int] | None:
     """The runner's (envelope, exit code) for the action, or None when no runner listens or it
     declined: then nothing ran and the caller may run the code itself.
@@ -1247,6 +1403,8 @@ def run_through_runner(
         "timeout": timeout,
         "kernel_pid": pid,
     }
+    if attempt is not None:
+        request["attempt"] = attempt
     until = time.monotonic() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
     with sock:
         # From here on the code may run: any failure is an unknown outcome, never a fallback.
@@ -1338,8 +1496,14 @@ def parse_request(line: bytes) -> dict:
         raise ValueError("not a JSON object")
     if request == {"op": "ping"}:
         return request
-    if request.get("op") != "run" or set(request) != {"op", "code", "timeout", "kernel_pid"}:
+    fields = {"op", "code", "timeout", "kernel_pid"}
+    if request.get("op") != "run" or set(request) - {"attempt"} != fields:
         raise ValueError("expected a ping or a run request (op, code, timeout, kernel_pid)")
+    attempt = request.get("attempt")
+    if attempt is not None and not (
+        isinstance(attempt, str) and ATTEMPT_PATTERN.fullmatch(attempt)
+    ):
+        raise ValueError("attempt must be 16 to 64 lowercase hex digits")
     code, timeout, pid = request["code"], request["timeout"], request["kernel_pid"]
     if not (isinstance(code, str) and os.path.isabs(code) and "\0" not in code):
         raise ValueError("code must be an absolute path")
@@ -1452,6 +1616,8 @@ class Runner:
             except Exception as exc:
                 envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
                 stop = f"kernel client failed: {failure_message(exc)}"
+        if request.get("attempt") is not None:
+            Journal().finish(request["attempt"], envelope, exit_code)
         self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
         return stop
 
@@ -1551,6 +1717,12 @@ def seconds_type(value: str) -> float:
     return seconds
 
 
+def attempt_type(value: str) -> str:
+    if not ATTEMPT_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError("an attempt id is 16 to 64 lowercase hex digits")
+    return value
+
+
 def bridge_failure(kind: str, message: str) -> dict:
     """An envelope of the expected kind for when the bridge itself broke."""
     if kind == "setup":
@@ -1584,6 +1756,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", default=".briq/state")
     run.add_argument("--code", required=True)
     run.add_argument("--timeout", type=seconds_type, default=30.0)
+    run.add_argument("--attempt", type=attempt_type)
+
+    recall = command("recall", cmd_recall, "result")
+    recall.add_argument("--attempt", type=attempt_type, required=True)
 
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.

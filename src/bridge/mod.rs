@@ -74,9 +74,11 @@ pub enum Command<'a> {
     StartKernel { deadline: Duration },
     /// Report whether the kernel is alive; never starts one.
     Probe,
-    /// Run the uploaded action file `code_file` (relative to [`WORKDIR`]).
+    /// Run the uploaded action file `code_file` (relative to [`WORKDIR`]) as `attempt`: the
+    /// sandbox's journal runs an attempt at most once, however often it is delivered.
     Run {
         code_file: &'a str,
+        attempt: &'a str,
         timeout: Duration,
     },
 }
@@ -103,9 +105,14 @@ impl Command<'_> {
                 argv.push(seconds(deadline));
             }
             Command::Probe => argv.extend(["probe", "--state-dir", STATE_DIR].map(String::from)),
-            Command::Run { code_file, timeout } => {
+            Command::Run {
+                code_file,
+                attempt,
+                timeout,
+            } => {
                 argv.extend(["run", "--state-dir", STATE_DIR, "--code"].map(String::from));
                 argv.extend([code_file.to_string(), "--timeout".into(), seconds(timeout)]);
+                argv.extend(["--attempt".into(), attempt.to_string()]);
             }
         }
         argv
@@ -614,10 +621,12 @@ mod tests {
     fn argv_has_relative_paths_and_never_the_nonce() {
         let argv = Command::Run {
             code_file: ".briq/actions/a.py",
+            attempt: "0123456789abcdef",
             timeout: Duration::from_secs(30),
         }
         .argv();
         assert_eq!(&argv[..3], ["python3", ".briq/bridge.py", "run"]);
+        assert_eq!(&argv[argv.len() - 2..], ["--attempt", "0123456789abcdef"]);
         assert!(argv.contains(&"30.000".to_owned()));
         assert!(!argv.iter().any(|a| a.contains("nonce")), "{argv:?}");
         let requirements = ["pandas==2.2.3".to_owned()];

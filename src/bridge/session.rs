@@ -129,15 +129,17 @@ impl<S: SandboxApi> Session<'_, S> {
         }
     }
 
-    /// Uploads `code` as the action file `name` and runs it in the kernel. Never repeated: an
-    /// error after the upload leaves it unknown whether the code ran.
+    /// Uploads `code` as the action file of `attempt` (16 to 64 lowercase hex digits) and runs
+    /// it in the kernel. Never repeated here: an error after the upload leaves it unknown
+    /// whether the code ran (the sandbox's journal would run a second delivery of the same
+    /// attempt only once, but answer it only while it keeps the record).
     pub async fn run(
         &self,
-        name: &str,
+        attempt: &str,
         code: &str,
         timeout: Duration,
     ) -> Result<RunResult, CallError> {
-        let (upload, argument) = bridge::action_file(name);
+        let (upload, argument) = bridge::action_file(attempt);
         self.api
             .write_file(self.key, self.sandbox_id, &upload, code.as_bytes())
             .await
@@ -146,6 +148,7 @@ impl<S: SandboxApi> Session<'_, S> {
             .call(
                 &Command::Run {
                     code_file: &argument,
+                    attempt,
                     timeout,
                 },
                 timeout,

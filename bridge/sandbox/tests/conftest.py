@@ -55,7 +55,15 @@ ENVELOPE_FIELDS = {
 # Framed envelopes over this many bytes are spilled to .briq/results/<nonce>.out.
 SPILL_THRESHOLD = 32_768
 ERROR_FIELDS = {"name", "message", "traceback"}
-RESULT_STATUSES = {"ok", "final_answer", "final_answer_rejected", "error", "timeout", "kernel_lost"}
+RESULT_STATUSES = {
+    "ok",
+    "final_answer",
+    "final_answer_rejected",
+    "error",
+    "timeout",
+    "kernel_lost",
+    "not_accepted",
+}
 
 
 def process_gone(pid: int, wait: float = 5.0) -> bool:

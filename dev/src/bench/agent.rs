@@ -91,10 +91,14 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
         sandbox_id: &sandbox_id,
     };
     let mut direct = Vec::with_capacity(steps);
-    for i in 0..steps {
+    for _ in 0..steps {
         let started = Instant::now();
         let result = session
-            .run(&format!("direct-{i:04}"), "1 + 1", Duration::from_secs(30))
+            .run(
+                &format!("{:016x}", rand::random::<u64>()),
+                "1 + 1",
+                Duration::from_secs(30),
+            )
             .await?;
         direct.push(started.elapsed());
         if result.status != RunStatus::Ok {

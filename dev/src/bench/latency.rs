@@ -124,10 +124,14 @@ pub async fn run(
     };
     let mut direct_times = Vec::with_capacity(actions);
     let mut kernel_times = Vec::with_capacity(actions);
-    for i in 0..actions {
+    for _ in 0..actions {
         let started = Instant::now();
         let result = session
-            .run(&format!("direct-{i:04}"), CODE, Duration::from_secs(30))
+            .run(
+                &format!("{:016x}", rand::random::<u64>()),
+                CODE,
+                Duration::from_secs(30),
+            )
             .await?;
         direct_times.push(started.elapsed());
         kernel_times.push(result.duration_ms as f64);

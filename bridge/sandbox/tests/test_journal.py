@@ -1,0 +1,223 @@
+"""The result journal (PROTOCOL.md "Attempts"): an attempt delivered twice runs once, and what
+became of it can be asked for again, also after the runner that ran it is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import SANDBOX_SCRIPT, bridge_env, new_nonce, parse_envelope, process_gone
+
+
+@pytest.fixture(scope="module")
+def briq_sandbox():
+    """The bridge as a module, for the journal's own functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("briq_sandbox_journal", SANDBOX_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def new_attempt() -> str:
+    return secrets.token_hex(8)
+
+
+def counting_code(sandbox, marker: str, then: str = "'done'") -> str:
+    """Code that appends a line to a file each time it runs, then evaluates `then`."""
+    ran = sandbox.user_dir / f"{marker}.txt"
+    return f"open({str(ran)!r}, 'a').write('ran\\n')\n{then}"
+
+
+def runs(sandbox, marker: str) -> int:
+    path = sandbox.user_dir / f"{marker}.txt"
+    return path.read_text().count("ran\n") if path.exists() else 0
+
+
+def deliver(sandbox, attempt: str, code: str, timeout: float = 30):
+    """Upload `code` as the action of `attempt` and run it as that attempt."""
+    name = f".briq/actions/{attempt}.py"
+    (sandbox.root / name).write_text(code, encoding="utf-8")
+    return sandbox.bridge("run", "--code", name, "--timeout", str(timeout), "--attempt", attempt)
+
+
+def recall(sandbox, attempt: str):
+    return sandbox.bridge("recall", "--attempt", attempt)
+
+
+def raw_bridge(sandbox, *options: str) -> subprocess.CompletedProcess:
+    """The bridge's stdout, stderr and exit code, for calls that must print no envelope."""
+    return subprocess.run(
+        [sys.executable, ".briq/bridge.py", *options],
+        cwd=sandbox.root,
+        env=bridge_env(sandbox.env, new_nonce()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_an_attempt_delivered_twice_runs_once_and_both_deliveries_get_its_result(
+    shared_sandbox,
+):
+    attempt = new_attempt()
+    code = counting_code(shared_sandbox, attempt, then="6 * 7")
+    first = deliver(shared_sandbox, attempt, code)
+    second = deliver(shared_sandbox, attempt, code)
+    assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
+    assert first.envelope["output"] == "42"
+    assert second.envelope == first.envelope
+    assert runs(shared_sandbox, attempt) == 1
+
+
+def test_concurrent_deliveries_of_one_attempt_run_it_once(shared_sandbox):
+    attempt = new_attempt()
+    code = counting_code(shared_sandbox, attempt, then="import time\ntime.sleep(1)\n'slow'")
+    with ThreadPoolExecutor(4) as pool:
+        calls = list(pool.map(lambda _: deliver(shared_sandbox, attempt, code), range(4)))
+    assert [c.returncode for c in calls] == [0] * 4, [c.stderr for c in calls]
+    assert {c.envelope["output"] for c in calls} == {"'slow'"}
+    assert runs(shared_sandbox, attempt) == 1
+
+
+def test_recall_while_the_attempt_runs_waits_for_its_result(shared_sandbox):
+    attempt = new_attempt()
+    started = shared_sandbox.user_dir / f"{attempt}.started"
+    code = f"open({str(started)!r}, 'w').close()\nimport time\ntime.sleep(2)\n'late'"
+    name = f".briq/actions/{attempt}.py"
+    (shared_sandbox.root / name).write_text(code, encoding="utf-8")
+    nonce = new_nonce()
+    running = subprocess.Popen(
+        [sys.executable, ".briq/bridge.py", "run", "--code", name, "--attempt", attempt],
+        cwd=shared_sandbox.root,
+        env=bridge_env(shared_sandbox.env, nonce),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists():
+            assert time.monotonic() < deadline, "the code never started"
+            time.sleep(0.02)
+        asked = recall(shared_sandbox, attempt)
+        stdout, _ = running.communicate(timeout=30)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert asked.returncode == 0, asked.stderr
+    assert asked.envelope["output"] == "'late'"
+    assert asked.envelope == parse_envelope(stdout, nonce, shared_sandbox.root)
+
+
+def test_recall_of_an_attempt_never_delivered_says_it_was_not_accepted(shared_sandbox):
+    asked = recall(shared_sandbox, new_attempt())
+    assert asked.returncode == 0, asked.stderr
+    assert asked.envelope["kind"] == "result"
+    assert asked.envelope["status"] == "not_accepted"
+
+
+def test_the_result_survives_the_runner_that_produced_it(fresh_sandbox):
+    attempt = new_attempt()
+    first = deliver(fresh_sandbox, attempt, counting_code(fresh_sandbox, attempt, then="'kept'"))
+    assert first.envelope["output"] == "'kept'"
+    runner = fresh_sandbox.runner_pid()
+    assert runner is not None
+    os.kill(runner, signal.SIGKILL)
+    assert process_gone(runner)
+    asked = recall(fresh_sandbox, attempt)
+    assert asked.envelope == first.envelope
+    again = deliver(fresh_sandbox, attempt, counting_code(fresh_sandbox, attempt))
+    assert again.envelope == first.envelope
+    assert runs(fresh_sandbox, attempt) == 1
+
+
+def test_an_accepted_attempt_without_a_result_is_never_run_again(fresh_sandbox):
+    """The runner is killed mid-run: the attempt stays accepted with no result. A second
+    delivery neither runs it nor claims an outcome, once the first one's time is up."""
+    attempt = new_attempt()
+    started = fresh_sandbox.user_dir / f"{attempt}.txt"
+    code = counting_code(fresh_sandbox, attempt, then="import time\ntime.sleep(3)\n'never'")
+    name = f".briq/actions/{attempt}.py"
+    (fresh_sandbox.root / name).write_text(code, encoding="utf-8")
+    first = subprocess.Popen(
+        [sys.executable, ".briq/bridge.py", "run", "--code", name, "--timeout", "1"]
+        + ["--attempt", attempt],
+        cwd=fresh_sandbox.root,
+        env=bridge_env(fresh_sandbox.env, new_nonce()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists():
+            assert time.monotonic() < deadline, "the code never started"
+            time.sleep(0.02)
+        runner = fresh_sandbox.runner_pid()
+        assert runner is not None
+        os.kill(runner, signal.SIGKILL)
+        first.communicate(timeout=20)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = raw_bridge(
+        fresh_sandbox, "run", "--code", name, "--timeout", "1", "--attempt", attempt
+    )
+    assert second.returncode == 1
+    assert "BRIQ-ENVELOPE" not in second.stdout
+    assert "may or may not have run" in second.stderr
+    assert runs(fresh_sandbox, attempt) == 1
+
+
+def test_malformed_attempt_ids_are_refused_before_anything_runs(shared_sandbox):
+    for bad in ["../../etc/passwd", "ABCDEF0123456789", "0123", "g" * 16]:
+        call = raw_bridge(shared_sandbox, "recall", "--attempt", bad)
+        assert call.returncode != 0
+        assert "BRIQ-ENVELOPE" not in call.stdout
+
+
+def test_the_journal_keeps_the_newest_records_and_drops_old_ones(
+    briq_sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(briq_sandbox, "JOURNAL_KEEP", 3)
+    monkeypatch.setattr(briq_sandbox, "split_users", lambda: False)
+    journal = briq_sandbox.Journal(tmp_path / "journal")
+    attempts = [f"{i:016x}" for i in range(6)]
+    now = time.time()
+    for age, attempt in zip([7200, 50, 40, 30, 20, 10], attempts, strict=True):
+        assert journal.accept(attempt, now + 30)
+        journal.finish(attempt, briq_sandbox.result_envelope("ok"), 0)
+        for suffix in ("accepted", "finished"):
+            path = tmp_path / "journal" / f"{attempt}.{suffix}"
+            os.utime(path, (now - age, now - age))
+    journal.prune(now)
+    kept = sorted({p.name.split(".")[0] for p in (tmp_path / "journal").iterdir()})
+    assert kept == attempts[3:], "the newest three; the one over an hour old goes in any case"
+    for attempt in attempts[3:]:
+        assert journal.finished(attempt) == (briq_sandbox.result_envelope("ok"), 0)
+
+
+def test_a_tampered_record_is_no_result_but_still_counts_as_accepted(
+    briq_sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(briq_sandbox, "split_users", lambda: False)
+    journal = briq_sandbox.Journal(tmp_path / "journal")
+    attempt = new_attempt()
+    assert journal.accept(attempt, time.time() - 1)
+    Path(tmp_path / "journal" / f"{attempt}.finished").write_text(
+        json.dumps({"envelope": {"kind": "result", "status": "ok"}, "exit_code": 0})
+    )
+    assert journal.finished(attempt) is None
+    (tmp_path / "journal" / f"{attempt}.accepted").write_text("not json")
+    assert journal.accepted(attempt) == {"wait_until": 0.0}
+    assert not journal.accept(attempt, time.time() + 30)
