@@ -283,53 +283,115 @@ async fn executions_run_one_at_a_time_in_creation_order() {
     );
 }
 
-#[tokio::test]
-async fn an_execution_interrupted_by_an_operator_crash_is_never_run_again() {
-    let env = TestEnv::new("e2e-interrupted").await;
-    let mut operator = Operator::start(&env).await;
-    ready_executor(&env, "py").await;
-    let execs_before = support::execs(&operator.admin()).await;
+/// Code that counts its runs in the kernel user's home, then prints.
+const COUNTED: &str = "import os, time\nopen(os.path.expanduser('~/ran.txt'), 'a').write('x')\ntime.sleep(1)\nprint('ran')";
 
-    // The exec is held back at the server long enough to kill the operator while it waits.
-    operator
-        .admin()
-        .add_fault(&FaultRule::on(
+/// Where the operator is killed while an Execution runs.
+enum KillPoint {
+    /// `Running` is recorded, the code is being uploaded: the exec is never sent.
+    BeforeTheExec,
+    /// The exec has reached the sandbox, the code runs.
+    WhileTheCodeRuns,
+    /// The code has run; the answer never came back, so no result is written.
+    AfterTheCodeRan,
+}
+
+/// The operator is killed at `point` and comes back: the Execution ends as if nothing had
+/// happened — completed, its output recorded, its code run exactly once (counted in the
+/// sandbox) — and the executor stays usable.
+async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint) {
+    let env = TestEnv::new(prefix).await;
+    let mut operator = Operator::start(&env).await;
+    let executor = ready_executor(&env, "py").await;
+    let admin = operator.admin();
+    let before = admin.stats().await.unwrap();
+    let (operation, fault) = match point {
+        KillPoint::BeforeTheExec => (
+            Operation::WriteFile,
+            Some(Fault::delay(Duration::from_secs(30))),
+        ),
+        KillPoint::WhileTheCodeRuns => (Operation::Exec, None),
+        KillPoint::AfterTheCodeRan => (
             Operation::Exec,
-            Fault::delay(Duration::from_secs(3)),
-        ))
-        .await
-        .unwrap();
-    create_execution(&env, "victim", "py", "print('ran')").await;
-    wait_for(&env.api::<Execution>(), "victim", RUN_SECONDS, |e| {
+            Some(Fault::hang_after_effect(Duration::from_secs(120))),
+        ),
+    };
+    if let Some(fault) = fault {
+        admin
+            .add_fault(&FaultRule::on(operation, fault))
+            .await
+            .unwrap();
+    }
+    create_execution(&env, "victim", "py", COUNTED).await;
+    let running = wait_for(&env.api::<Execution>(), "victim", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
     .await;
-    // Kill only once the code has reached the sandbox (the server holds it for 3 s).
-    support::code_reached_sandbox(&operator.admin(), execs_before).await;
-    // Back at once, while the code may still be running: nothing is sent again either way.
+    let calls = before.calls(operation);
+    briq_dev::wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        "the call reaches the sandbox server",
+        || async { Ok(admin.stats().await?.calls(operation) > calls) },
+    )
+    .await
+    .unwrap();
+    if let KillPoint::AfterTheCodeRan = point {
+        // The sandbox's own record says when the code has run (asking runs nothing).
+        let attempt = running.status.unwrap().attempt_id.unwrap();
+        let sandboxes = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+        let sandbox_id = executor.status.unwrap().sandbox_id.unwrap();
+        let session = briq_operator::bridge::session::Session {
+            api: &sandboxes,
+            key: operator.server.api_key(),
+            sandbox_id: &sandbox_id,
+        };
+        let recorded = session.recall(&attempt, Duration::from_secs(30)).await;
+        assert!(matches!(recorded, Ok(Some(_))), "{recorded:?}");
+    }
     operator.kill().await;
+    admin.clear_faults().await.unwrap();
     operator.resume();
 
     let victim = finished(&env, "victim", RUN_SECONDS).await;
-    assert_eq!(reason(&victim), "Interrupted");
-    let stats = operator.admin().stats().await.unwrap();
     assert_eq!(
-        stats.calls(Operation::Exec),
-        execs_before + 1,
-        "the code was sent exactly once"
+        reason(&victim),
+        "Completed",
+        "{:?}",
+        condition(&victim, "Succeeded")
     );
-    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
-        condition(executor, "Stalled").0 == "True"
-    })
+    assert_eq!(
+        victim.status.as_ref().unwrap().logs.as_deref(),
+        Some("ran\n")
+    );
+    let count = run(
+        &env,
+        "count",
+        "py",
+        "import os\nprint(len(open(os.path.expanduser('~/ran.txt')).read()))",
+    )
     .await;
-    assert!(
-        executor
-            .status
-            .unwrap()
-            .unusable_reason
-            .unwrap()
-            .contains("interrupted")
+    assert_eq!(reason(&count), "Completed", "the executor stays usable");
+    assert_eq!(
+        count.status.unwrap().logs.as_deref(),
+        Some("1\n"),
+        "the code ran exactly once"
     );
+}
+
+#[tokio::test]
+async fn an_operator_killed_before_the_exec_is_sent_is_recovered_and_the_code_runs_once() {
+    a_killed_operator_recovers_the_execution("e2e-kill-before", KillPoint::BeforeTheExec).await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_while_the_code_runs_is_recovered_and_the_code_runs_once() {
+    a_killed_operator_recovers_the_execution("e2e-kill-during", KillPoint::WhileTheCodeRuns).await;
+}
+
+#[tokio::test]
+async fn an_operator_killed_after_the_code_ran_is_recovered_without_running_it_again() {
+    a_killed_operator_recovers_the_execution("e2e-kill-after", KillPoint::AfterTheCodeRan).await;
 }
 
 #[tokio::test]
@@ -1004,4 +1066,109 @@ async fn spilled_result_unreadable_after_the_exec_leaves_the_outcome_unknown_and
     assert!(!message.contains("did not run"), "{message}");
     assert!(message.contains("spilled answer failed"), "{message}");
     assert_unusable_for_good(&env, &operator, "result could not be read").await;
+}
+
+/// The operator is killed at random moments while 50 Executions run on 5 executors, 25 times
+/// or more. Every Execution still ends, none runs twice (each counts its runs in a file on the
+/// host), none is `Interrupted` (the kernels live, so the sandboxes' journals know every
+/// outcome), and deleting the executors leaves no sandbox. Prints its figures.
+#[tokio::test]
+async fn killing_the_operator_at_random_never_runs_code_twice_nor_loses_an_execution() {
+    use rand::Rng as _;
+    const EXECUTORS: usize = 5;
+    const PER_EXECUTOR: usize = 10;
+    const KILLS: usize = 25;
+    let env = TestEnv::new("e2e-chaos").await;
+    let mut operator = Operator::start(&env).await;
+    // The kernels run on this host: they count their runs in a directory every user can write.
+    let counts = tempfile::Builder::new()
+        .prefix("briq-chaos-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(
+        counts.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    for e in 0..EXECUTORS {
+        create_executor(&env, &format!("py-{e}"), json!({})).await;
+    }
+    for e in 0..EXECUTORS {
+        wait_ready(&env, &format!("py-{e}")).await;
+    }
+    let mut rng = rand::rng();
+    let mut names = Vec::new();
+    for i in 0..PER_EXECUTOR {
+        for e in 0..EXECUTORS {
+            let name = format!("step-{e}-{i:02}");
+            let marker = counts.path().join(&name);
+            let pause = rng.random_range(300..700);
+            let code = format!(
+                "open({:?}, 'a').write('x')\nimport time\ntime.sleep({pause} / 1000)\n{i}",
+                marker.display().to_string()
+            );
+            create_execution(&env, &name, &format!("py-{e}"), &code).await;
+            names.push(name);
+        }
+    }
+    let executions = env.api::<Execution>();
+    let running = || async {
+        let listed = executions.list(&ListParams::default()).await.unwrap();
+        listed
+            .items
+            .iter()
+            .filter(|e| reason(e) == "Running")
+            .count()
+    };
+    let (mut kills, mut mid_run) = (0, 0);
+    while kills < KILLS {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
+        if running().await > 0 {
+            mid_run += 1;
+        }
+        operator.kill().await;
+        kills += 1;
+        operator.resume();
+    }
+    let mut reasons = std::collections::BTreeMap::<String, usize>::new();
+    let mut ran_twice = Vec::new();
+    let mut never_ran = Vec::new();
+    for name in &names {
+        let execution = finished(&env, name, RUN_SECONDS).await;
+        *reasons.entry(reason(&execution)).or_default() += 1;
+        let runs = std::fs::read_to_string(counts.path().join(name))
+            .map(|text| text.len())
+            .unwrap_or(0);
+        match runs {
+            0 => never_ran.push(name.clone()),
+            1 => {}
+            _ => ran_twice.push(name.clone()),
+        }
+    }
+    for e in 0..EXECUTORS {
+        env.api::<BriqExecutor>()
+            .delete(&format!("py-{e}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for e in 0..EXECUTORS {
+        wait_deleted(&env.api::<BriqExecutor>(), &format!("py-{e}"), RUN_SECONDS).await;
+    }
+    let left = operator.live_sandboxes().await;
+    println!(
+        "kill-at-random: {} Executions on {EXECUTORS} executors, {kills} kills ({mid_run} while \
+         an Execution was recorded Running); outcomes {reasons:?}; ran twice: {}; never ran: {}; \
+         sandboxes left: {left}",
+        names.len(),
+        ran_twice.len(),
+        never_ran.len(),
+    );
+    assert!(ran_twice.is_empty(), "ran twice: {ran_twice:?}");
+    assert_eq!(reasons.get("Interrupted"), None, "{reasons:?}");
+    assert_eq!(
+        reasons.get("Completed"),
+        Some(&names.len()),
+        "every Execution completed: {reasons:?}; never ran: {never_ran:?}"
+    );
+    assert_eq!(left, 0, "no sandbox is left");
 }

@@ -18,7 +18,7 @@ use briq_operator::{crd::BriqExecutor, http::Health};
 use k8s_openapi::api::coordination::v1::Lease;
 use ops::{Instance, LEASE_SECONDS, until};
 use serde_json::json;
-use support::{TestEnv, create_execution, create_executor, finished, output, reason, wait_for};
+use support::{TestEnv, create_execution, create_executor, finished, output, reason};
 
 const RUN_SECONDS: u64 = 60;
 
@@ -221,8 +221,11 @@ async fn two_replicas_run_each_execution_once_and_the_standby_takes_over() {
     assert_eq!(watch.most(), 1, "two replicas never led at once");
 }
 
+/// The leader dies while its exec waits at the server: the new leader asks the sandbox's
+/// journal what became of the attempt and finishes the Execution, which ran exactly once; the
+/// executor stays usable for the next one.
 #[tokio::test]
-async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_again() {
+async fn killing_the_leader_mid_run_lets_the_new_leader_recover_the_execution_run_once() {
     let env = TestEnv::new("leader-midrun").await;
     let replicas = Replicas::new(&env).await;
     let server = &replicas.server;
@@ -238,8 +241,10 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
         .await
         .unwrap();
     let before = execs(server).await;
-    create_execution(&env, "first", "py", "print('ran')").await;
-    create_execution(&env, "second", "py", "print('never')").await;
+    let counted = "import os\nopen(os.path.expanduser('~/ran.txt'), 'a').write('x')\nprint('ran')";
+    create_execution(&env, "first", "py", counted).await;
+    let count = "import os\nprint(len(open(os.path.expanduser('~/ran.txt')).read()))";
+    create_execution(&env, "second", "py", count).await;
     support::code_reached_sandbox(&server.admin(), before).await;
     a.kill().await;
     until(
@@ -250,14 +255,22 @@ async fn killing_the_leader_mid_run_fails_the_execution_instead_of_running_it_ag
     .await;
 
     let first = finished(&env, "first", RUN_SECONDS).await;
-    assert_eq!(reason(&first), "Interrupted");
+    assert_eq!(
+        reason(&first),
+        "Completed",
+        "{:?}",
+        support::condition(&first, "Succeeded")
+    );
+    assert_eq!(first.status.unwrap().logs.as_deref(), Some("ran\n"));
     let second = finished(&env, "second", RUN_SECONDS).await;
-    assert_eq!(reason(&second), "ExecutorUnusable");
-    assert_eq!(execs(server).await, before + 1, "the code was sent once");
-    wait_for(&env.api::<BriqExecutor>(), "py", 30, |executor| {
-        support::condition(executor, "Stalled").0 == "True"
-    })
-    .await;
+    assert_eq!(reason(&second), "Completed");
+    assert_eq!(
+        second.status.unwrap().logs.as_deref(),
+        Some("1\n"),
+        "the first Execution's code ran exactly once"
+    );
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert_eq!(support::condition(&executor, "Ready").0, "True");
 }
 
 #[tokio::test]
@@ -294,6 +307,13 @@ async fn a_graceful_shutdown_finishes_the_running_execution_and_hands_over_at_on
     let next = finished(&env, "b-next", RUN_SECONDS).await;
     assert_eq!(reason(&next), "Completed");
     assert_eq!(output(&next), "'finished too'");
-    assert!(b.leading());
+    // A renewal slower than the grace on a loaded machine makes a leader step down and take the
+    // lease again; what matters is that b leads, not that no hiccup happened at this instant.
+    until(
+        Duration::from_secs(LEASE_SECONDS + 10),
+        "replica b leads",
+        || b.leading(),
+    )
+    .await;
     assert_eq!(execs(server).await, before + 2, "each ran once");
 }

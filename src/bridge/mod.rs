@@ -74,6 +74,8 @@ pub enum Command<'a> {
     StartKernel { deadline: Duration },
     /// Report whether the kernel is alive; never starts one.
     Probe,
+    /// What became of `attempt` (its journaled result, waiting while it runs); runs nothing.
+    Recall { attempt: &'a str },
     /// Run the uploaded action file `code_file` (relative to [`WORKDIR`]) as `attempt`: the
     /// sandbox's journal runs an attempt at most once, however often it is delivered.
     Run {
@@ -105,6 +107,9 @@ impl Command<'_> {
                 argv.push(seconds(deadline));
             }
             Command::Probe => argv.extend(["probe", "--state-dir", STATE_DIR].map(String::from)),
+            Command::Recall { attempt } => {
+                argv.extend(["recall".into(), "--attempt".into(), attempt.to_string()]);
+            }
             Command::Run {
                 code_file,
                 attempt,
@@ -196,6 +201,8 @@ pub enum RunStatus {
     Error,
     Timeout,
     KernelLost,
+    /// Only from `recall`: the sandbox never accepted the attempt, so its code never ran there.
+    NotAccepted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -300,6 +307,10 @@ fn check_result(result: &RunResult) -> Result<(), Malformed> {
             return invalid("error status without exactly an error");
         }
         (RunStatus::Ok | RunStatus::Timeout | RunStatus::KernelLost, None, _) => {}
+        (RunStatus::NotAccepted, None, None) => {}
+        (RunStatus::NotAccepted, _, _) => {
+            return invalid("not_accepted status with an answer or an error");
+        }
         (_, Some(_), _) => return invalid("a final answer on a status that has none"),
     }
     Ok(())

@@ -4,13 +4,18 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use crate::{
-    bridge::{self, Command, Envelope, KernelReport, Malformed, Nonce, RunResult, SetupReport},
+    bridge::{
+        self, Command, Envelope, KernelReport, Malformed, Nonce, RunResult, RunStatus, SetupReport,
+    },
     briq::{self, ApiKey, ExecRequest, SandboxApi},
 };
 
 /// Room for the bridge's own start-up and the kernel interrupt grace beyond a command's deadline.
 const BRIDGE_MARGIN: Duration = Duration::from_secs(5);
 const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long beyond a run's own timeout `recall` may wait for it: the bridge waits for a running
+/// attempt's result until its timeout, interrupt grace and runner margin (3.5 s) have passed.
+const RECALL_MARGIN: Duration = Duration::from_secs(4);
 
 /// The longest one executor's provisioning may wait on briq: setup (briq's longest synchronous
 /// command), then the kernel's start, each with the bridge's margin.
@@ -155,7 +160,28 @@ impl<S: SandboxApi> Session<'_, S> {
             )
             .await?
         {
+            Envelope::Result(result) if result.status == RunStatus::NotAccepted => Err(
+                CallError::Malformed(Malformed::Invalid("a run answered not_accepted".into())),
+            ),
             Envelope::Result(result) => Ok(result),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// What became of `attempt`, whose run had `timeout`: `Ok(None)` when the sandbox never
+    /// accepted it (its code never ran), else its result, waited for while it runs. A
+    /// malformed answer (no envelope included) means the sandbox cannot know.
+    pub async fn recall(
+        &self,
+        attempt: &str,
+        timeout: Duration,
+    ) -> Result<Option<RunResult>, CallError> {
+        match self
+            .call(&Command::Recall { attempt }, timeout + RECALL_MARGIN)
+            .await?
+        {
+            Envelope::Result(result) if result.status == RunStatus::NotAccepted => Ok(None),
+            Envelope::Result(result) => Ok(Some(result)),
             other => Err(unexpected(&other)),
         }
     }

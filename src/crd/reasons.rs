@@ -86,7 +86,8 @@ reasons! {
         ExecutorNeverAppeared,
         /// The executor names a sandbox that belongs to another object: the code was not sent.
         SandboxNotOwned,
-        /// The operator stopped while the code ran; it is never run again.
+        /// The operator lost track of the code while it ran and the sandbox kept no result for
+        /// it (or its executor could not be asked); it may have run and is never run again.
         Interrupted,
         /// The executor already had `maxQueuedExecutions` Executions waiting: this one was
         /// refused without running. Create it again once the queue drains.

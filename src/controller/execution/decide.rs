@@ -88,8 +88,12 @@ pub enum Step {
     /// run and nobody will report it. Never send it again.
     Interrupt,
     /// Recorded as running by someone (another operator process, or this one before a
-    /// restart) whose attempt may still report: look again after this long.
+    /// restart) whose attempt may still report, in an executor that can no longer be asked:
+    /// look again after this long.
     AwaitAttempt(Duration),
+    /// Recorded as running, no result here (a restart, a fail-over), in a usable executor: ask
+    /// its sandbox's journal what became of the attempt ([`recovered`]).
+    Recover,
     Refuse(Refusal),
     /// Not at the head of its executor's queue: wait there.
     Queue,
@@ -154,6 +158,12 @@ pub fn decide(observed: &Observed) -> Step {
         return Step::WriteResult;
     }
     if let Some(attempt) = &observed.attempt {
+        let askable = observed
+            .executor
+            .is_some_and(|e| unable(e, observed.executor_known_unusable).is_none());
+        if askable {
+            return Step::Recover;
+        }
         return match attempt.may_report_for(observed.now) {
             Some(left) => Step::AwaitAttempt(left),
             None => Step::Interrupt,
@@ -421,8 +431,51 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
             "the kernel is gone (the sandbox slept or restarted) and its Python state with it; the executor is now unusable",
         )
         .poisons("its kernel was lost (the sandbox slept or restarted)"),
+        // The session turns a run's not_accepted into a malformed answer; one that got here
+        // anyway is treated the same way.
+        RunStatus::NotAccepted => Verdict::new(
+            MalformedResponse,
+            "malformed answer from the bridge (a run answered not_accepted); the executor is now unusable",
+        )
+        .poisons("the bridge answered malformed output"),
     };
     (verdict, Some(result))
+}
+
+/// What the sandbox's journal said of an attempt this process did not see finish.
+#[derive(Debug)]
+pub enum Recovered {
+    /// It never reached the sandbox, so its code never ran: send it now, as the same attempt
+    /// (the journal runs an attempt once, should the first delivery still arrive).
+    Resend,
+    /// It ran (or ran and was waited for): judge its result like any run's.
+    Judge(Box<(Verdict, Option<RunResult>)>),
+    /// The question did not get through (briq refused or failed, a spilled answer could not
+    /// be read): ask again later; asking runs nothing.
+    AskAgain(CallError),
+}
+
+/// Reads the answer to `recall` ([`crate::bridge::session::Session::recall`]).
+pub fn recovered(answer: Result<Option<RunResult>, CallError>, timeout: u32) -> Recovered {
+    match answer {
+        Ok(None) => Recovered::Resend,
+        Ok(Some(result)) => Recovered::Judge(Box::new(judge(Ok(result), timeout))),
+        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_) | CallError::Upload(_))) => {
+            Recovered::AskAgain(error)
+        }
+        // No envelope (the attempt was accepted and nobody knows how it ended), or no answer
+        // within the attempt's own time: it may have run.
+        Err(CallError::Malformed(_) | CallError::UnexpectedKind(_) | CallError::TimedOut(_)) => {
+            Recovered::Judge(Box::new((
+            Verdict::new(
+                ExecutionReason::Interrupted,
+                "the operator lost track of this Execution while it ran and the sandbox kept no result; it may have run, so it is not run again, and the executor is now unusable",
+            )
+            .poisons("an Execution was interrupted mid-run; the kernel state is uncertain"),
+            None,
+            )))
+        }
+    }
 }
 
 /// A final answer too large to store whole ([`budget::MAX_FINAL_ANSWER_BYTES`] as the API

@@ -59,6 +59,12 @@ use crate::{
 /// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
 /// (it reads only the caches).
 const QUEUED_RECHECK: Duration = Duration::from_secs(5);
+
+/// Whether an Execution may use its executor's sandbox now.
+enum Access {
+    Granted(crate::briq::ApiKey, String),
+    Denied(Action),
+}
 const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 /// After a conditional write lost to another writer: the watch brings the change; look again
 /// soon in any case.
@@ -417,6 +423,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 Ok(Action::await_change())
             }
             Step::Interrupt => self.interrupt().await,
+            Step::Recover => {
+                let executor = executor.expect("recovery is decided on an executor");
+                self.recover(executor).await
+            }
             Step::AwaitAttempt(left) => Ok(Action::requeue(left)),
             Step::Refuse(refusal) => self.refuse(refusal).await,
             Step::Queue => {
@@ -462,31 +472,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// resourceVersion this run was decided on: the attempt is recorded only if the Execution
     /// is still at that version, so of two operators that decided at once only one sends it.
     async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        let key = match api_key(&self.ctx.shared, executor).await {
-            Ok(key) => key,
-            Err(Error::ApiKey(message)) => {
-                self.wait(ExecutionReason::ExecutorNotReady, message)
-                    .await?;
-                return Ok(Action::requeue(API_KEY_RECHECK));
-            }
-            Err(error) => return Err(error),
+        let (key, sandbox_id) = match self.sandbox(executor).await? {
+            Access::Granted(key, sandbox_id) => (key, sandbox_id),
+            Access::Denied(action) => return Ok(action),
         };
-        let sandbox_id = executor
-            .status
-            .as_ref()
-            .and_then(|s| s.sandbox_id.clone())
-            .ok_or_else(|| {
-                Error::Invariant(format!(
-                    "BriqExecutor {} is ready without a sandbox",
-                    self.executor_name()
-                ))
-            })?;
-        if let Some(verdict) = self.verify_ownership(executor, &key, &sandbox_id).await? {
-            if let Some(why) = &verdict.unusable {
-                self.poison(executor, why).await?;
-            }
-            return self.conclude(self.status(), &verdict, None).await;
-        }
         let attempt = format!("{:016x}", rand::random::<u64>());
         let running = decide::running_status(
             &self.status(),
@@ -533,6 +522,102 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             )
             .await;
         let (verdict, result) = decide::judge(outcome, timeout);
+        self.finish_run(executor, running, &verdict, result).await
+    }
+
+    /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own; or
+    /// what was done instead (waiting for a key; the Execution concluded, the executor poisoned
+    /// when its sandbox is not its own).
+    async fn sandbox(&self, executor: &BriqExecutor) -> Result<Access> {
+        let key = match api_key(&self.ctx.shared, executor).await {
+            Ok(key) => key,
+            Err(Error::ApiKey(message)) => {
+                self.wait(ExecutionReason::ExecutorNotReady, message)
+                    .await?;
+                return Ok(Access::Denied(Action::requeue(API_KEY_RECHECK)));
+            }
+            Err(error) => return Err(error),
+        };
+        let sandbox_id = executor
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox_id.clone())
+            .ok_or_else(|| {
+                Error::Invariant(format!(
+                    "BriqExecutor {} is ready without a sandbox",
+                    self.executor_name()
+                ))
+            })?;
+        if let Some(verdict) = self.verify_ownership(executor, &key, &sandbox_id).await? {
+            if let Some(why) = &verdict.unusable {
+                self.poison(executor, why).await?;
+            }
+            let action = self.conclude(self.status(), &verdict, None).await?;
+            return Ok(Access::Denied(action));
+        }
+        Ok(Access::Granted(key, sandbox_id))
+    }
+
+    /// Recorded as running, with no result in this process: an operator restart, a fail-over
+    /// or a second operator. The sandbox's journal says what became of the attempt; nothing
+    /// runs twice, and only an attempt the sandbox never accepted is sent (as the same attempt).
+    async fn recover(&self, executor: &BriqExecutor) -> Result<Action> {
+        let base = self.status();
+        let attempt = base
+            .attempt_id
+            .clone()
+            .ok_or_else(|| Error::Invariant("recovering an Execution without attempt".into()))?;
+        let (key, sandbox_id) = match self.sandbox(executor).await? {
+            Access::Granted(key, sandbox_id) => (key, sandbox_id),
+            Access::Denied(action) => return Ok(action),
+        };
+        let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
+        let _turn = lock.lock().await;
+        if self.ctx.shared.stopping() {
+            return Ok(Action::await_change());
+        }
+        let timeout = decide::timeout_seconds(
+            self.execution.spec.timeout_seconds,
+            executor.spec.execution_timeout_seconds,
+        );
+        let session = Session {
+            api: &self.ctx.shared.sandboxes,
+            key: &key,
+            sandbox_id: &sandbox_id,
+        };
+        let seconds = Duration::from_secs(timeout.into());
+        let answer = session.recall(&attempt, seconds).await;
+        let (verdict, result) = match decide::recovered(answer, timeout) {
+            decide::Recovered::Judge(judged) => *judged,
+            decide::Recovered::AskAgain(error) => return Err(error.into()),
+            decide::Recovered::Resend => {
+                // The cache holds no code; the Execution as it is now does, and must still be
+                // at this attempt with no result (someone else may have recovered it).
+                let fresh = self.api.get(&self.execution.name_any()).await?;
+                let current = fresh.status.clone().unwrap_or_default();
+                if current.attempt_id.as_deref() != Some(attempt.as_str()) || finished(&fresh) {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                }
+                info!(%attempt, "the attempt never reached the sandbox; sending it now");
+                decide::judge(
+                    session.run(&attempt, &fresh.spec.code, seconds).await,
+                    timeout,
+                )
+            }
+        };
+        info!(%attempt, "recovered an Execution the operator lost track of");
+        self.finish_run(executor, base, &verdict, result).await
+    }
+
+    /// After a run (or a recovery): poisons the executor when the verdict says so, counts the
+    /// execution on the executor, and writes the result.
+    async fn finish_run(
+        &self,
+        executor: &BriqExecutor,
+        base: ExecutionStatus,
+        verdict: &Verdict,
+        result: Option<crate::bridge::RunResult>,
+    ) -> Result<Action> {
         info!(reason = %verdict.reason, "execution finished");
 
         // Poison the executor before anyone else can take the next turn.
@@ -554,7 +639,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         {
             warn!(%error, "could not update the executor's execution count");
         }
-        let action = self.conclude(running, &verdict, result).await?;
+        let action = self.conclude(base, verdict, result).await?;
         self.prune(executor).await;
         Ok(action)
     }

@@ -101,29 +101,54 @@ fn decide_table() {
             Step::WriteResult,
         ),
         (
-            "running without a result, past its deadline and grace: never sent again",
+            "running without a result here, executor usable: its sandbox's journal is asked",
             Observed {
                 attempt: Some(attempt("00", 10)),
                 ..observed(Some(&ready))
             },
+            Step::Recover,
+        ),
+        (
+            "running without a result here, even within its deadline: asking waits for it",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                ..observed(Some(&ready))
+            },
+            Step::Recover,
+        ),
+        (
+            "running, executor unusable, past deadline and grace: never sent again",
+            Observed {
+                attempt: Some(attempt("00", 10)),
+                ..observed(Some(&unusable))
+            },
             Step::Interrupt,
         ),
         (
-            "running without a result, its runner may still report",
+            "running, executor being deleted, its runner may still report",
             Observed {
                 attempt: Some(attempt("20", 5)),
+                ..observed(Some(&deleting))
+            },
+            Step::AwaitAttempt(Duration::from_secs(10)),
+        ),
+        (
+            "running, executor known unusable here though the cache does not say so yet",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                executor_known_unusable: true,
                 ..observed(Some(&ready))
             },
             Step::AwaitAttempt(Duration::from_secs(10)),
         ),
         (
-            "running without a start time: nobody can say when it ends",
+            "running, executor gone, no start time: nobody can say when it ends",
             Observed {
                 attempt: Some(Attempt {
                     started: None,
                     timeout_seconds: 30,
                 }),
-                ..observed(Some(&ready))
+                ..observed(None)
             },
             Step::Interrupt,
         ),
@@ -916,5 +941,67 @@ fn expiry_table() {
     ];
     for (name, completed, ttl, now, expected) in table {
         assert_eq!(expiry(completed, ttl, at(now)), expected, "{name}");
+    }
+}
+
+/// What the journal's answer about a lost attempt leads to: (answer, expected).
+#[test]
+fn recovered_table() {
+    use ExecutionReason::*;
+    // (reason, poisons, keeps the result) of a judged answer; None: resend or ask again.
+    type Expected = Result<Option<(ExecutionReason, bool, bool)>, &'static str>;
+    let cases: Vec<(Result<Option<RunResult>, CallError>, Expected)> = vec![
+        (Ok(None), Err("resend")),
+        (
+            Ok(Some(result(RunStatus::Ok, None))),
+            Ok(Some((Completed, false, true))),
+        ),
+        (
+            Ok(Some(result(RunStatus::Error, Some(("ValueError", "x"))))),
+            Ok(Some((CodeError, false, true))),
+        ),
+        (
+            Ok(Some(result(RunStatus::Timeout, None))),
+            Ok(Some((Timeout, true, true))),
+        ),
+        (
+            Ok(Some(result(RunStatus::KernelLost, None))),
+            Ok(Some((KernelLost, true, true))),
+        ),
+        // Accepted, no result and no way to know: it may have run.
+        (
+            Err(CallError::Malformed(Malformed::Missing)),
+            Ok(Some((Interrupted, true, false))),
+        ),
+        (
+            Err(CallError::TimedOut(Duration::from_secs(34))),
+            Ok(Some((Interrupted, true, false))),
+        ),
+        // The question itself failed: asking runs nothing, so ask again.
+        (Err(CallError::Briq(unavailable(502))), Err("ask again")),
+        (
+            Err(CallError::Briq(briq_error(429, ErrorCode::RateLimited))),
+            Err("ask again"),
+        ),
+        (
+            Err(CallError::ResultUnreadable(unavailable(503))),
+            Err("ask again"),
+        ),
+    ];
+    for (answer, expected) in cases {
+        let shown = format!("{answer:?}");
+        let got = match recovered(answer, 30) {
+            Recovered::Resend => Err("resend"),
+            Recovered::AskAgain(_) => Err("ask again"),
+            Recovered::Judge(judged) => {
+                let (verdict, result) = *judged;
+                Ok(Some((
+                    verdict.reason,
+                    verdict.unusable.is_some(),
+                    result.is_some(),
+                )))
+            }
+        };
+        assert_eq!(got, expected, "{shown}");
     }
 }
