@@ -54,6 +54,29 @@ def recall(sandbox, attempt: str):
     return sandbox.bridge("recall", "--attempt", attempt)
 
 
+def start_delivery(sandbox, attempt: str, code: str, *options: str) -> tuple[subprocess.Popen, str]:
+    """Start delivering `code` as `attempt` in the background; the process and its nonce."""
+    name = f".briq/actions/{attempt}.py"
+    (sandbox.root / name).write_text(code, encoding="utf-8")
+    nonce = new_nonce()
+    process = subprocess.Popen(
+        [sys.executable, ".briq/bridge.py", "run", "--code", name, "--attempt", attempt, *options],
+        cwd=sandbox.root,
+        env=bridge_env(sandbox.env, nonce),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return process, nonce
+
+
+def wait_for_file(path: Path, wait: float = 20.0) -> None:
+    deadline = time.monotonic() + wait
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared (the code never started)"
+        time.sleep(0.02)
+
+
 def raw_bridge(sandbox, *options: str) -> subprocess.CompletedProcess:
     """The bridge's stdout, stderr and exit code, for calls that must print no envelope."""
     return subprocess.run(
@@ -93,22 +116,9 @@ def test_recall_while_the_attempt_runs_waits_for_its_result(shared_sandbox):
     attempt = new_attempt()
     started = shared_sandbox.user_dir / f"{attempt}.started"
     code = f"open({str(started)!r}, 'w').close()\nimport time\ntime.sleep(2)\n'late'"
-    name = f".briq/actions/{attempt}.py"
-    (shared_sandbox.root / name).write_text(code, encoding="utf-8")
-    nonce = new_nonce()
-    running = subprocess.Popen(
-        [sys.executable, ".briq/bridge.py", "run", "--code", name, "--attempt", attempt],
-        cwd=shared_sandbox.root,
-        env=bridge_env(shared_sandbox.env, nonce),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    running, nonce = start_delivery(shared_sandbox, attempt, code)
     try:
-        deadline = time.monotonic() + 20
-        while not started.exists():
-            assert time.monotonic() < deadline, "the code never started"
-            time.sleep(0.02)
+        wait_for_file(started)
         asked = recall(shared_sandbox, attempt)
         stdout, _ = running.communicate(timeout=30)
     finally:
@@ -147,22 +157,9 @@ def test_an_accepted_attempt_without_a_result_is_never_run_again(fresh_sandbox):
     attempt = new_attempt()
     started = fresh_sandbox.user_dir / f"{attempt}.txt"
     code = counting_code(fresh_sandbox, attempt, then="import time\ntime.sleep(3)\n'never'")
-    name = f".briq/actions/{attempt}.py"
-    (fresh_sandbox.root / name).write_text(code, encoding="utf-8")
-    first = subprocess.Popen(
-        [sys.executable, ".briq/bridge.py", "run", "--code", name, "--timeout", "1"]
-        + ["--attempt", attempt],
-        cwd=fresh_sandbox.root,
-        env=bridge_env(fresh_sandbox.env, new_nonce()),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first, _ = start_delivery(fresh_sandbox, attempt, code, "--timeout", "1")
     try:
-        deadline = time.monotonic() + 20
-        while not started.exists():
-            assert time.monotonic() < deadline, "the code never started"
-            time.sleep(0.02)
+        wait_for_file(started)
         runner = fresh_sandbox.runner_pid()
         assert runner is not None
         os.kill(runner, signal.SIGKILL)
@@ -170,6 +167,7 @@ def test_an_accepted_attempt_without_a_result_is_never_run_again(fresh_sandbox):
     finally:
         if first.poll() is None:
             first.kill()
+    name = f".briq/actions/{attempt}.py"
     second = raw_bridge(
         fresh_sandbox, "run", "--code", name, "--timeout", "1", "--attempt", attempt
     )

@@ -505,15 +505,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             }
             Err(error) => return Err(error),
         };
-        let timeout = decide::timeout_seconds(
-            self.execution.spec.timeout_seconds,
-            executor.spec.execution_timeout_seconds,
-        );
-        let session = Session {
-            api: &self.ctx.shared.sandboxes,
-            key: &key,
-            sandbox_id: &sandbox_id,
-        };
+        let timeout = self.timeout_seconds(executor);
+        let session = self.session(&key, &sandbox_id);
         let outcome = session
             .run(
                 &attempt,
@@ -523,6 +516,22 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .await;
         let (verdict, result) = decide::judge(outcome, timeout);
         self.finish_run(executor, running, &verdict, result).await
+    }
+
+    /// The deadline of this Execution's code in `executor`, in seconds.
+    fn timeout_seconds(&self, executor: &BriqExecutor) -> u32 {
+        decide::timeout_seconds(
+            self.execution.spec.timeout_seconds,
+            executor.spec.execution_timeout_seconds,
+        )
+    }
+
+    fn session<'s>(&'s self, key: &'s crate::briq::ApiKey, sandbox_id: &'s str) -> Session<'s, S> {
+        Session {
+            api: &self.ctx.shared.sandboxes,
+            key,
+            sandbox_id,
+        }
     }
 
     /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own; or
@@ -576,15 +585,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         if self.ctx.shared.stopping() {
             return Ok(Action::await_change());
         }
-        let timeout = decide::timeout_seconds(
-            self.execution.spec.timeout_seconds,
-            executor.spec.execution_timeout_seconds,
-        );
-        let session = Session {
-            api: &self.ctx.shared.sandboxes,
-            key: &key,
-            sandbox_id: &sandbox_id,
-        };
+        let timeout = self.timeout_seconds(executor);
+        let session = self.session(&key, &sandbox_id);
         let seconds = Duration::from_secs(timeout.into());
         let answer = session.recall(&attempt, seconds).await;
         let (verdict, result) = match decide::recovered(answer, timeout) {
