@@ -237,6 +237,17 @@ class Sandbox:
                 os.killpg(pid, signal.SIGKILL)
 
 
+@pytest.fixture(scope="module")
+def bridge_module():
+    """The bridge loaded as a module (one per test module), for its functions on their own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("briq_sandbox", SANDBOX_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def sandboxes_dir():
     """A directory every user can traverse (not list), holding the sandboxes."""

@@ -14,18 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import SANDBOX_SCRIPT, bridge_env, new_nonce, parse_envelope, process_gone
+from conftest import bridge_env, new_nonce, parse_envelope, process_gone
 
 
 @pytest.fixture(scope="module")
-def briq_sandbox():
-    """The bridge as a module, for the journal's own functions."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("briq_sandbox_journal", SANDBOX_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def briq_sandbox(bridge_module):
+    return bridge_module
 
 
 def new_attempt() -> str:

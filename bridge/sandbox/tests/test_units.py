@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
 import time
 
 import pytest
-from conftest import SANDBOX_SCRIPT, SPILL_THRESHOLD, parse_envelope
+from conftest import SPILL_THRESHOLD, parse_envelope
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    spec = importlib.util.spec_from_file_location("briq_sandbox", SANDBOX_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def sandbox(bridge_module):
+    return bridge_module
 
 
 def test_clipped_text_keeps_short_text(sandbox):
