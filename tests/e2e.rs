@@ -288,7 +288,8 @@ const COUNTED: &str = "import os, time\nopen(os.path.expanduser('~/ran.txt'), 'a
 
 /// Where the operator is killed while an Execution runs.
 enum KillPoint {
-    /// `Running` is recorded, the code is being uploaded: the exec is never sent.
+    /// `Running` is recorded, the exec is held at the server: it never reaches the sandbox
+    /// while this operator lives.
     BeforeTheExec,
     /// The exec has reached the sandbox, the code runs.
     WhileTheCodeRuns,
@@ -307,7 +308,7 @@ async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint
     let before = admin.stats().await.unwrap();
     let (operation, fault) = match point {
         KillPoint::BeforeTheExec => (
-            Operation::WriteFile,
+            Operation::Exec,
             Some(Fault::delay(Duration::from_secs(30))),
         ),
         KillPoint::WhileTheCodeRuns => (Operation::Exec, None),

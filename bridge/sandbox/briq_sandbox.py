@@ -56,7 +56,8 @@ USER_DIR = "home"
 # Root-only: the bridge's directory and what is in it. BRIQ_DIR is traversable (0711) so that
 # the kernel can open its own connection file in KERNEL_DIR; nothing else there is readable.
 BRIQ_DIR = ".briq"
-PRIVATE_DIRS = (".briq/state", ".briq/actions", ".briq/results", ".briq/journal")
+ACTIONS_DIR = ".briq/actions"
+PRIVATE_DIRS = (".briq/state", ACTIONS_DIR, ".briq/results", ".briq/journal")
 KERNEL_DIR = ".briq/kernel"
 
 # Logs and output together, per action (PROTOCOL.md "Budgets").
@@ -1011,8 +1012,37 @@ def cmd_probe(args: argparse.Namespace) -> tuple[dict, int]:
     return kernel_envelope(False, False, recorded, message), 0
 
 
+def action_from_stdin(attempt: str | None) -> str:
+    """`run --code -`: the code comes on stdin (one briq call per action, no upload). It is
+    kept as the attempt's action file (written whole by rename, in the root-only actions
+    directory in root mode), which the runner reads; returns that file's path."""
+    import tempfile
+
+    if attempt is None:
+        raise ValueError("--code - needs --attempt, which names the action file")
+    code = sys.stdin.buffer.read().decode("utf-8")
+    actions = Path(ACTIONS_DIR)
+    if split_users():
+        private_dir(actions)
+    else:
+        actions.mkdir(parents=True, exist_ok=True)
+    target = actions / f"{attempt}.py"
+    fd, tmp_name = tempfile.mkstemp(dir=actions, prefix=f".{attempt}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(code)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    return str(target)
+
+
 def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
     deadline = time.monotonic() + args.timeout
+    if args.code == "-":
+        args.code = action_from_stdin(args.attempt)
     code = Path(args.code).read_text(encoding="utf-8")
     state = KernelState(args.state_dir)
     try:

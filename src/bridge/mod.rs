@@ -76,13 +76,10 @@ pub enum Command<'a> {
     Probe,
     /// What became of `attempt` (its journaled result, waiting while it runs); runs nothing.
     Recall { attempt: &'a str },
-    /// Run the uploaded action file `code_file` (relative to [`WORKDIR`]) as `attempt`: the
-    /// sandbox's journal runs an attempt at most once, however often it is delivered.
-    Run {
-        code_file: &'a str,
-        attempt: &'a str,
-        timeout: Duration,
-    },
+    /// Run the code given on the command's stdin as `attempt`: the bridge keeps it as the
+    /// attempt's action file, and the sandbox's journal runs an attempt at most once, however
+    /// often it is delivered.
+    Run { attempt: &'a str, timeout: Duration },
 }
 
 impl Command<'_> {
@@ -110,24 +107,14 @@ impl Command<'_> {
             Command::Recall { attempt } => {
                 argv.extend(["recall".into(), "--attempt".into(), attempt.to_string()]);
             }
-            Command::Run {
-                code_file,
-                attempt,
-                timeout,
-            } => {
-                argv.extend(["run", "--state-dir", STATE_DIR, "--code"].map(String::from));
-                argv.extend([code_file.to_string(), "--timeout".into(), seconds(timeout)]);
+            Command::Run { attempt, timeout } => {
+                argv.extend(["run", "--state-dir", STATE_DIR, "--code", "-"].map(String::from));
+                argv.extend(["--timeout".into(), seconds(timeout)]);
                 argv.extend(["--attempt".into(), attempt.to_string()]);
             }
         }
         argv
     }
-}
-
-/// Upload path (absolute) and bridge argument (relative to [`WORKDIR`]) of an action file.
-pub fn action_file(name: &str) -> (String, String) {
-    let relative = format!(".briq/actions/{name}.py");
-    (format!("{WORKDIR}/{relative}"), relative)
 }
 
 /// What the bridge answered.
@@ -631,7 +618,6 @@ mod tests {
     #[test]
     fn argv_has_relative_paths_and_never_the_nonce() {
         let argv = Command::Run {
-            code_file: ".briq/actions/a.py",
             attempt: "0123456789abcdef",
             timeout: Duration::from_secs(30),
         }

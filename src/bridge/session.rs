@@ -36,9 +36,6 @@ pub enum CallError {
     /// command can have run.
     #[error(transparent)]
     Briq(#[from] briq::Error),
-    /// Uploading an action failed: its code was never sent to run.
-    #[error("uploading the code: {0}")]
-    Upload(#[source] briq::Error),
     /// The exec returned and the bridge spilled its answer to a file, but reading that file
     /// failed: the command ran, its answer is lost.
     #[error("the command ran, but reading its spilled answer failed: {0}")]
@@ -134,30 +131,17 @@ impl<S: SandboxApi> Session<'_, S> {
         }
     }
 
-    /// Uploads `code` as the action file of `attempt` (16 to 64 lowercase hex digits) and runs
-    /// it in the kernel. Never repeated here: an error after the upload leaves it unknown
-    /// whether the code ran (the sandbox's journal would run a second delivery of the same
-    /// attempt only once, but answer it only while it keeps the record).
+    /// Runs `code` in the kernel as `attempt` (16 to 64 lowercase hex digits): one exec, the
+    /// code on its stdin. Never repeated here: an error leaves it unknown whether the code ran
+    /// (the sandbox's journal would run a second delivery of the same attempt only once).
     pub async fn run(
         &self,
         attempt: &str,
         code: &str,
         timeout: Duration,
     ) -> Result<RunResult, CallError> {
-        let (upload, argument) = bridge::action_file(attempt);
-        self.api
-            .write_file(self.key, self.sandbox_id, &upload, code.as_bytes())
-            .await
-            .map_err(CallError::Upload)?;
         match self
-            .call(
-                &Command::Run {
-                    code_file: &argument,
-                    attempt,
-                    timeout,
-                },
-                timeout,
-            )
+            .call_with_input(&Command::Run { attempt, timeout }, timeout, Some(code))
             .await?
         {
             Envelope::Result(result) if result.status == RunStatus::NotAccepted => Err(
@@ -187,6 +171,15 @@ impl<S: SandboxApi> Session<'_, S> {
     }
 
     async fn call(&self, command: &Command<'_>, deadline: Duration) -> Result<Envelope, CallError> {
+        self.call_with_input(command, deadline, None).await
+    }
+
+    async fn call_with_input(
+        &self,
+        command: &Command<'_>,
+        deadline: Duration,
+        stdin: Option<&str>,
+    ) -> Result<Envelope, CallError> {
         let nonce = Nonce::random();
         let request = ExecRequest {
             argv: command.argv(),
@@ -194,7 +187,7 @@ impl<S: SandboxApi> Session<'_, S> {
             // Not in argv: any process in the sandbox can read any command line.
             env: BTreeMap::from([(bridge::NONCE_ENV.to_owned(), nonce.as_str().to_owned())]),
             timeout: (deadline + BRIDGE_MARGIN).min(briq::api::MAX_EXEC_TIMEOUT),
-            stdin: None,
+            stdin: stdin.map(str::to_owned),
         };
         let output = self.api.exec(self.key, self.sandbox_id, &request).await?;
         if output.timed_out {

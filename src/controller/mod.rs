@@ -84,9 +84,7 @@ impl Error {
             Error::Briq(error) | Error::Bridge(session::CallError::Briq(error)) => {
                 error.retry_after()
             }
-            Error::Bridge(
-                session::CallError::Upload(error) | session::CallError::ResultUnreadable(error),
-            ) => error.retry_after(),
+            Error::Bridge(session::CallError::ResultUnreadable(error)) => error.retry_after(),
             Error::Finalizer(error) => match error.as_ref() {
                 Finalizer::ApplyFailed(inner) | Finalizer::CleanupFailed(inner) => {
                     inner.retry_after()

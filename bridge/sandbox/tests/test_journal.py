@@ -213,3 +213,33 @@ def test_a_tampered_record_is_no_result_but_still_counts_as_accepted(
     (tmp_path / "journal" / f"{attempt}.accepted").write_text("not json")
     assert journal.accepted(attempt) == {"wait_until": 0.0}
     assert not journal.accept(attempt, time.time() + 30)
+
+
+def test_code_on_stdin_runs_as_the_attempt_and_a_second_delivery_does_not(shared_sandbox):
+    """The operator's one call per action: the code on the exec's stdin, no upload."""
+    attempt = new_attempt()
+    code = counting_code(shared_sandbox, attempt, then="'from stdin ✓'")
+    options = ["run", "--code", "-", "--timeout", "30", "--attempt", attempt]
+    calls = []
+    for _ in range(2):
+        nonce = new_nonce()
+        process = subprocess.run(
+            [sys.executable, ".briq/bridge.py", *options],
+            cwd=shared_sandbox.root,
+            env=bridge_env(shared_sandbox.env, nonce),
+            input=code,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert process.returncode == 0, process.stderr
+        calls.append(parse_envelope(process.stdout, nonce, shared_sandbox.root))
+    assert calls[0]["output"] == "'from stdin ✓'"
+    assert calls[1] == calls[0]
+    assert runs(shared_sandbox, attempt) == 1
+
+
+def test_code_on_stdin_needs_an_attempt_to_name_its_file(shared_sandbox):
+    call = raw_bridge(shared_sandbox, "run", "--code", "-")
+    assert call.returncode == 1
+    assert "needs --attempt" in call.stdout  # in the BridgeError envelope; nothing ran

@@ -341,21 +341,6 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
     use ExecutionReason::*;
     let result = match outcome {
         Ok(result) => result,
-        Err(CallError::Upload(error)) => {
-            // The run command is only sent after a successful upload, so a failed upload never
-            // ran the code, whatever the failure. A 5xx or a lost answer may still have written
-            // the action file; nothing runs it, and the next action gets a file of its own.
-            let message = match error.exec_outcome() {
-                ExecOutcome::NotRun => {
-                    format!("could not upload the code, so it did not run: {error}")
-                }
-                ExecOutcome::Unknown => format!(
-                    "uploading the code failed (the file may have been written), but the code \
-                     was never sent to run, so it did not run: {error}"
-                ),
-            };
-            return (Verdict::new(TransportError, message), None);
-        }
         Err(CallError::TimedOut(waited)) => {
             let message = format!(
                 "the sandbox command did not return within {waited:?}; the executor is now unusable"
@@ -460,7 +445,7 @@ pub fn recovered(answer: Result<Option<RunResult>, CallError>, timeout: u32) -> 
     match answer {
         Ok(None) => Recovered::Resend,
         Ok(Some(result)) => Recovered::Judge(Box::new(judge(Ok(result), timeout))),
-        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_) | CallError::Upload(_))) => {
+        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_))) => {
             Recovered::AskAgain(error)
         }
         // No envelope (the attempt was accepted and nobody knows how it ended), or no answer

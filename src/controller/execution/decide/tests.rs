@@ -495,15 +495,6 @@ fn judge_table() {
             true,
         ),
         (
-            Err(CallError::Upload(briq_error(
-                413,
-                ErrorCode::InvalidRequest,
-            ))),
-            TransportError,
-            false,
-            false,
-        ),
-        (
             Err(CallError::TimedOut(Duration::from_secs(35))),
             Timeout,
             true,
@@ -589,13 +580,6 @@ fn judge_table() {
             true,
             false,
         ),
-        // An upload failure never ran the code, whatever it was: run was never sent.
-        (
-            Err(CallError::Upload(unavailable(503))),
-            TransportError,
-            false,
-            false,
-        ),
         // The exec returned: the code ran, whatever reading its answer ran into.
         (
             Err(CallError::ResultUnreadable(unavailable(503))),
@@ -651,20 +635,6 @@ fn failed_calls_say_whether_the_code_ran() {
         message(CallError::Briq(not_found())),
         "the sandbox is gone (briq: not found: gone), so the code did not run; the executor is \
          now unusable"
-    );
-    assert_eq!(
-        message(CallError::Upload(unavailable(503))),
-        "uploading the code failed (the file may have been written), but the code was never sent \
-         to run, so it did not run: briq is unavailable (HTTP 503, unavailable): bad gateway \
-         (request id req_1)"
-    );
-    assert_eq!(
-        message(CallError::Upload(briq_error(
-            400,
-            ErrorCode::InvalidRequest
-        ))),
-        "could not upload the code, so it did not run: briq refused the request (HTTP 400, \
-         invalid_request): no"
     );
     // No verdict that leaves the outcome unknown claims the code did not run.
     for outcome in [
