@@ -307,10 +307,7 @@ async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint
     let admin = operator.admin();
     let before = admin.stats().await.unwrap();
     let (operation, fault) = match point {
-        KillPoint::BeforeTheExec => (
-            Operation::Exec,
-            Some(Fault::delay(Duration::from_secs(30))),
-        ),
+        KillPoint::BeforeTheExec => (Operation::Exec, Some(Fault::delay(Duration::from_secs(30)))),
         KillPoint::WhileTheCodeRuns => (Operation::Exec, None),
         KillPoint::AfterTheCodeRan => (
             Operation::Exec,

@@ -10,15 +10,23 @@ use std::time::Duration;
 use rand::{Rng, distr::Alphanumeric};
 use serde::Deserialize;
 
-/// The bridge program, uploaded to [`BRIDGE_FILE`] at setup.
+/// The bridge program, uploaded staged at setup ([`staged_bridge`]), installed as `.briq/bridge.py`.
 pub const SOURCE: &str = include_str!("../../bridge/sandbox/briq_sandbox.py");
 
 /// Working directory of every bridge command; all bridge paths are relative to it, so the same
 /// commands work on briq and on the local sandbox server.
 pub const WORKDIR: &str = "/work";
 /// Where [`SOURCE`] is uploaded.
-pub const BRIDGE_FILE: &str = "/work/.briq/bridge.py";
 const BRIDGE_ARG: &str = ".briq/bridge.py";
+
+/// Upload path (absolute) and argument (relative to [`WORKDIR`]) of a staged copy of the
+/// bridge, unique per provisioning: the bridge itself is only ever replaced by a rename (see
+/// [`Command::Setup`]), because a file put may rewrite a file in place while another command
+/// (a second operator provisioning the same sandbox) is reading it.
+pub fn staged_bridge() -> (String, String) {
+    let relative = format!(".briq/bridge-{:016x}.py", rand::random::<u64>());
+    (format!("{WORKDIR}/{relative}"), relative)
+}
 const STATE_DIR: &str = ".briq/state";
 /// The environment variable that carries the call's [`Nonce`] to the bridge.
 pub const NONCE_ENV: &str = "BRIQ_NONCE";
@@ -66,7 +74,10 @@ impl Nonce {
 #[derive(Clone, Debug)]
 pub enum Command<'a> {
     /// Install the bridge's Python dependencies (skipped when importable) and `requirements`.
+    /// Run from `staged` (relative to [`WORKDIR`], uploaded just before), which installs
+    /// itself as the bridge by rename first ([`staged_bridge`]).
     Setup {
+        staged: &'a str,
         deadline: Duration,
         requirements: &'a [String],
     },
@@ -85,14 +96,20 @@ pub enum Command<'a> {
 impl Command<'_> {
     /// The argv to exec with `cwd` = [`WORKDIR`] and the nonce in [`NONCE_ENV`].
     pub fn argv(&self) -> Vec<String> {
-        let mut argv: Vec<String> = ["python3", BRIDGE_ARG].map(String::from).to_vec();
+        let program = match self {
+            Command::Setup { staged, .. } => staged,
+            _ => BRIDGE_ARG,
+        };
+        let mut argv: Vec<String> = vec!["python3".into(), program.to_string()];
         let seconds = |d: &Duration| format!("{:.3}", d.as_secs_f64());
         match self {
             Command::Setup {
                 deadline,
                 requirements,
+                ..
             } => {
-                argv.extend(["setup".into(), "--deadline".into(), seconds(deadline)]);
+                argv.extend(["setup".into(), "--self-install".into()]);
+                argv.extend(["--deadline".into(), seconds(deadline)]);
                 for requirement in requirements.iter() {
                     argv.extend(["--requirement".into(), requirement.clone()]);
                 }
@@ -628,6 +645,7 @@ mod tests {
         assert!(!argv.iter().any(|a| a.contains("nonce")), "{argv:?}");
         let requirements = ["pandas==2.2.3".to_owned()];
         let argv = Command::Setup {
+            staged: ".briq/bridge-0123456789abcdef.py",
             deadline: Duration::from_secs(60),
             requirements: &requirements,
         }

@@ -77,11 +77,12 @@ impl<S: SandboxApi> Session<'_, S> {
         deadline: Duration,
         requirements: &[String],
     ) -> Result<(), SetupError> {
+        let (upload, staged) = bridge::staged_bridge();
         self.api
             .write_file(
                 self.key,
                 self.sandbox_id,
-                bridge::BRIDGE_FILE,
+                &upload,
                 bridge::SOURCE.as_bytes(),
             )
             .await
@@ -90,6 +91,7 @@ impl<S: SandboxApi> Session<'_, S> {
         let setup: SetupReport = match self
             .call(
                 &Command::Setup {
+                    staged: &staged,
                     deadline,
                     requirements,
                 },

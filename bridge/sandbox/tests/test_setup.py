@@ -147,3 +147,47 @@ def test_setup_works_before_anything_is_installed(empty_sandbox, fake_pip):
     assert envelope["ok"] is True and envelope["installed"] is True
     assert "jupyter-client>=8,<9 (found nothing)" in envelope["message"]
     assert (tmp / "pip-args.txt").exists()
+
+
+def test_a_staged_bridge_installs_itself_by_rename_and_leaves_no_copy(empty_sandbox):
+    """Two operators provisioning one sandbox each upload a staged copy; the bridge is only
+    ever replaced whole (a command starting meanwhile reads the old file or the new one)."""
+    briq = empty_sandbox.root / ".briq"
+    installed = briq / "bridge.py"
+    source = installed.read_bytes()
+    installed.write_text("raise SystemExit('the old bridge')\n")
+    staged = briq / "bridge-0123456789abcdef.py"
+    staged.write_bytes(source)
+    before = installed.stat().st_ino
+    nonce = new_nonce()
+    process = subprocess.run(
+        [sys.executable, ".briq/bridge-0123456789abcdef.py", "setup", "--self-install"],
+        cwd=empty_sandbox.root,
+        env=bridge_env(empty_sandbox.env, nonce),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    envelope = parse_envelope(process.stdout, nonce, empty_sandbox.root)
+    assert envelope["kind"] == "setup", process.stderr
+    assert installed.read_bytes() == source
+    assert installed.stat().st_ino != before, "replaced by a rename, not rewritten in place"
+    assert not staged.exists()
+    assert [p.name for p in briq.iterdir() if p.name.startswith((".bridge.", "bridge-"))] == []
+
+
+def test_self_install_refuses_to_run_from_anywhere_else(empty_sandbox):
+    elsewhere = empty_sandbox.root / "bridge-0123456789abcdef.py"
+    elsewhere.write_bytes((empty_sandbox.root / ".briq" / "bridge.py").read_bytes())
+    nonce = new_nonce()
+    process = subprocess.run(
+        [sys.executable, "bridge-0123456789abcdef.py", "setup", "--self-install"],
+        cwd=empty_sandbox.root,
+        env=bridge_env(empty_sandbox.env, nonce),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    envelope = parse_envelope(process.stdout, nonce, empty_sandbox.root)
+    assert envelope["ok"] is False
+    assert "--self-install runs only from" in envelope["message"]
