@@ -149,6 +149,20 @@ def test_setup_works_before_anything_is_installed(empty_sandbox, fake_pip):
     assert (tmp / "pip-args.txt").exists()
 
 
+def self_install_from(sandbox, program: str) -> dict:
+    """`setup --self-install` run from `program` (relative to the sandbox root); its envelope."""
+    nonce = new_nonce()
+    process = subprocess.run(
+        [sys.executable, program, "setup", "--self-install"],
+        cwd=sandbox.root,
+        env=bridge_env(sandbox.env, nonce),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return parse_envelope(process.stdout, nonce, sandbox.root)
+
+
 def test_a_staged_bridge_installs_itself_by_rename_and_leaves_no_copy(empty_sandbox):
     """Two operators provisioning one sandbox each upload a staged copy; the bridge is only
     ever replaced whole (a command starting meanwhile reads the old file or the new one)."""
@@ -159,17 +173,8 @@ def test_a_staged_bridge_installs_itself_by_rename_and_leaves_no_copy(empty_sand
     staged = briq / "bridge-0123456789abcdef.py"
     staged.write_bytes(source)
     before = installed.stat().st_ino
-    nonce = new_nonce()
-    process = subprocess.run(
-        [sys.executable, ".briq/bridge-0123456789abcdef.py", "setup", "--self-install"],
-        cwd=empty_sandbox.root,
-        env=bridge_env(empty_sandbox.env, nonce),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    envelope = parse_envelope(process.stdout, nonce, empty_sandbox.root)
-    assert envelope["kind"] == "setup", process.stderr
+    envelope = self_install_from(empty_sandbox, ".briq/bridge-0123456789abcdef.py")
+    assert envelope["kind"] == "setup"
     assert installed.read_bytes() == source
     assert installed.stat().st_ino != before, "replaced by a rename, not rewritten in place"
     assert not staged.exists()
@@ -179,15 +184,6 @@ def test_a_staged_bridge_installs_itself_by_rename_and_leaves_no_copy(empty_sand
 def test_self_install_refuses_to_run_from_anywhere_else(empty_sandbox):
     elsewhere = empty_sandbox.root / "bridge-0123456789abcdef.py"
     elsewhere.write_bytes((empty_sandbox.root / ".briq" / "bridge.py").read_bytes())
-    nonce = new_nonce()
-    process = subprocess.run(
-        [sys.executable, "bridge-0123456789abcdef.py", "setup", "--self-install"],
-        cwd=empty_sandbox.root,
-        env=bridge_env(empty_sandbox.env, nonce),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    envelope = parse_envelope(process.stdout, nonce, empty_sandbox.root)
+    envelope = self_install_from(empty_sandbox, "bridge-0123456789abcdef.py")
     assert envelope["ok"] is False
     assert "--self-install runs only from" in envelope["message"]
