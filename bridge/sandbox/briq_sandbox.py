@@ -104,6 +104,8 @@ RUNNER_ANSWER_MARGIN_S = 1.5
 # Largest request the runner reads (a path and a few numbers) and largest answer `run` reads
 # (a result envelope is at most a few MB of escaped JSON).
 RUNNER_MAX_REQUEST_BYTES = 65_536
+# Largest action the run client may send (the operator's limit is far lower).
+RUNNER_MAX_CODE_BYTES = 16 * 1024 * 1024
 RUNNER_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 # How long the runner waits for a connected client to send its request.
 RUNNER_REQUEST_WAIT_S = 5.0
@@ -261,6 +263,17 @@ def envelope_text(nonce: str, envelope: dict, results_dir: str | os.PathLike = R
     if len(data) <= SPILL_THRESHOLD:
         return text
     return frame(nonce, spill(Path(results_dir), nonce, data))
+
+
+def stdout_text(nonce: str, kind: str, envelope: dict, exit_code: int) -> tuple[str, int]:
+    """What a command prints and its exit code: the envelope's text, or a framed bridge failure
+    when a large envelope could not be written to its file."""
+    try:
+        return envelope_text(nonce, envelope), exit_code
+    except OSError as exc:
+        problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
+        message = f"bridge error: could not write the large envelope to {RESULTS_DIR}: {problem}"
+        return frame(nonce, bridge_failure(kind, message)), 1
 
 
 def write_envelope(
@@ -1082,23 +1095,33 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
     if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
         # Its pid, connection file and socket could all be someone else's: run nothing.
         raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
-    journal, attempt = Journal(), args.attempt
-    if attempt is not None:
-        # However it was delivered before, an attempt runs at most once.
-        wait_until = time.time() + args.timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
-        if not journal.accept(attempt, wait_until):
-            found = journal.await_finished(attempt)
-            if found is None:
-                raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
-            return found
-    pid = state.live_pid()
-    if pid is None:
-        lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
-        answer = result_envelope("kernel_lost", error=lost), 0
-    else:
-        answer = run_in_kernel(state, pid, args, code, deadline)
-    if attempt is not None:
-        journal.finish(attempt, *answer)
+
+    def run() -> tuple[dict, int]:
+        pid = state.live_pid()
+        if pid is None:
+            lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
+            return result_envelope("kernel_lost", error=lost), 0
+        return run_in_kernel(state, pid, args, code, deadline)
+
+    return at_most_once(args.attempt, args.timeout, run)
+
+
+def at_most_once(
+    attempt: str | None, timeout: float, run: Callable[[], tuple[dict, int]]
+) -> tuple[dict, int]:
+    """`run()` unless `attempt` was accepted before (by anyone), in which case its recorded
+    result, waited for while it runs; raises OutcomeUnknown when there is none by then."""
+    if attempt is None:
+        return run()
+    journal = Journal()
+    wait_until = time.time() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
+    if not journal.accept(attempt, wait_until):
+        found = journal.await_finished(attempt)
+        if found is None:
+            raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
+        return found
+    answer = run()
+    journal.finish(attempt, *answer)
     return answer
 
 
@@ -1556,9 +1579,11 @@ def parse_request(line: bytes) -> dict:
         raise ValueError("not a JSON object")
     if request == {"op": "ping"}:
         return request
+    if request.get("op") == "exec":
+        return parse_exec_request(request)
     fields = {"op", "code", "timeout", "kernel_pid"}
     if request.get("op") != "run" or set(request) - {"attempt"} != fields:
-        raise ValueError("expected a ping or a run request (op, code, timeout, kernel_pid)")
+        raise ValueError("expected a ping, exec or run request")
     attempt = request.get("attempt")
     if attempt is not None and not (
         isinstance(attempt, str) and ATTEMPT_PATTERN.fullmatch(attempt)
@@ -1571,6 +1596,20 @@ def parse_request(line: bytes) -> dict:
         raise ValueError("timeout must be a number of seconds in (0, 86400)")
     if type(pid) is not int or pid <= 0:
         raise ValueError("kernel_pid must be a positive integer")
+    return request
+
+
+def parse_exec_request(request: dict) -> dict:
+    """The run client's request (briq_run.py): the code follows once the runner is ready."""
+    if set(request) != {"op", "attempt", "timeout", "nonce"}:
+        raise ValueError("an exec request has exactly op, attempt, timeout and nonce")
+    attempt, timeout, nonce = request["attempt"], request["timeout"], request["nonce"]
+    if not (isinstance(attempt, str) and ATTEMPT_PATTERN.fullmatch(attempt)):
+        raise ValueError("attempt must be 16 to 64 lowercase hex digits")
+    if type(timeout) not in (int, float) or not 0 < timeout < 86_400:
+        raise ValueError("timeout must be a number of seconds in (0, 86400)")
+    if not (isinstance(nonce, str) and NONCE_PATTERN.fullmatch(nonce)):
+        raise ValueError("nonce must be [A-Za-z0-9]{16,64}")
     return request
 
 
@@ -1654,6 +1693,8 @@ class Runner:
         if request["op"] == "ping":
             self.reply(conn, {"kernel_pid": self.pid})
             return None
+        if request["op"] == "exec":
+            return self.serve_exec(conn, request)
         if request["kernel_pid"] != self.pid:
             declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
             self.reply(conn, {"declined": declined})
@@ -1663,22 +1704,71 @@ class Runner:
             # running it now would be a surprise to everyone.
             runner_log("a client hung up before its request started; not running it")
             return None
-        deadline = time.monotonic() + request["timeout"]
         stop = None
         try:
             code = Path(request["code"]).read_text(encoding="utf-8")
         except Exception as exc:
             envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
         else:
-            try:
-                envelope = execute_action(self.client, self.pid, code, deadline, request["timeout"])
-                exit_code = 0
-            except Exception as exc:
-                envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
-                stop = f"kernel client failed: {failure_message(exc)}"
+            envelope, exit_code, stop = self.execute(code, request["timeout"])
         if request.get("attempt") is not None:
             Journal().finish(request["attempt"], envelope, exit_code)
         self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
+        return stop
+
+    def execute(self, code: str, timeout: float) -> tuple[dict, int, str | None]:
+        """Run `code` over the runner's kernel client: the envelope, the exit code and, when the
+        client may be broken, the reason to stop serving."""
+        try:
+            deadline = time.monotonic() + timeout
+            return execute_action(self.client, self.pid, code, deadline, timeout), 0, None
+        except Exception as exc:
+            stop = f"kernel client failed: {failure_message(exc)}"
+            return bridge_failure("result", failure_message(exc)), 1, stop
+
+    def serve_exec(self, conn: socket.socket, request: dict) -> str | None:
+        """The run client's action (briq_run.py): `ready` (or `declined`), then the code as a
+        length line and its bytes, then `answer EXIT SIZE` and the SIZE bytes the client prints.
+        Nothing runs before the whole code has come; an attempt runs at most once."""
+        if self.state.live_pid() != self.pid:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"declined: kernel {self.pid} is not the live kernel\n".encode())
+            return f"kernel {self.pid} is gone or was replaced"
+        attempt = request["attempt"]
+        try:
+            conn.settimeout(RUNNER_REQUEST_WAIT_S)
+            conn.sendall(b"ready\n")
+            with conn.makefile("rb") as reader:
+                size = int(reader.readline(32))
+                if not 0 <= size <= RUNNER_MAX_CODE_BYTES:
+                    raise ValueError(f"{size} bytes of code")
+                code = reader.read(size)
+            if len(code) != size:
+                raise ConnectionError(f"the code ended {size - len(code)} bytes short")
+        except (OSError, ValueError) as exc:
+            # The client gave up or broke: it reports that nothing ran, and nothing did.
+            runner_log(f"attempt {attempt}: no code ({clip(str(exc), 200)}); nothing ran")
+            return None
+        stop = None
+
+        def run() -> tuple[dict, int]:
+            nonlocal stop
+            try:
+                source = code.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return bridge_failure("result", f"bridge error: the code is not UTF-8: {exc}"), 1
+            envelope, exit_code, stop = self.execute(source, request["timeout"])
+            return envelope, exit_code
+
+        try:
+            envelope, exit_code = at_most_once(attempt, request["timeout"], run)
+        except OutcomeUnknown as exc:
+            runner_log(f"{exc}; no answer")
+            return stop
+        text, exit_code = stdout_text(request["nonce"], "result", envelope, exit_code)
+        data = text.encode("ascii")
+        with contextlib.suppress(OSError):  # the client is gone: the journal keeps the result
+            conn.sendall(b"answer %d %d\n" % (exit_code, len(data)) + data)
         return stop
 
 
@@ -1703,18 +1793,24 @@ def acquire_runner_lock(state: KernelState) -> Any:
 def bind_runner_socket(state: KernelState) -> tuple[socket.socket, int]:
     """Listen on the runner socket (mode 0600), atomically replacing a stale socket file; returns
     the listener and the inode of its file."""
-    # Bind by a short name relative to the state dir: AF_UNIX addresses are short.
-    os.chdir(state.dir)
-    temporary = f".runner.{os.getpid()}.sock"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(temporary)
+    # Bind by a short name relative to the state dir (AF_UNIX addresses are short), then go
+    # back: the journal and the results directory are relative to the sandbox's working dir.
+    workdir = os.getcwd()
+    name = f".runner.{os.getpid()}.sock"
+    temporary = state.dir / name
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        umask = os.umask(0o177)  # the file is created 0600: only our user may connect
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        os.chdir(state.dir)
         try:
-            listener.bind(temporary)
+            umask = os.umask(0o177)  # the file is created 0600: only our user may connect
+            try:
+                listener.bind(name)
+            finally:
+                os.umask(umask)
         finally:
-            os.umask(umask)
+            os.chdir(workdir)
         listener.listen(8)
         os.replace(temporary, state.runner_socket)
         inode = os.stat(state.runner_socket).st_ino
@@ -1864,13 +1960,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             envelope = bridge_failure(args.kind, failure_message(exc))
             exit_code = 1
-    try:
-        text = envelope_text(nonce, envelope)
-    except OSError as exc:
-        problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
-        message = f"bridge error: could not write the large envelope to {RESULTS_DIR}: {problem}"
-        text = frame(nonce, bridge_failure(args.kind, message))
-        exit_code = 1
+    text, exit_code = stdout_text(nonce, args.kind, envelope, exit_code)
     envelope_stream.write(text)
     envelope_stream.flush()
     return exit_code

@@ -13,6 +13,11 @@ use serde::Deserialize;
 /// The bridge program, uploaded staged at setup ([`staged_bridge`]), installed as `.briq/bridge.py`.
 pub const SOURCE: &str = include_str!("../../bridge/sandbox/briq_sandbox.py");
 
+/// The run client (`bridge/sandbox/briq_run.py`): the program of every action's exec, passed
+/// as `python3 -I -S -c`. It hands the action to the kernel's runner at the interpreter's start
+/// cost, and becomes the full bridge's `run` when no runner can take it.
+pub const RUN_CLIENT: &str = include_str!("../../bridge/sandbox/briq_run.py");
+
 /// Working directory of every bridge command; all bridge paths are relative to it, so the same
 /// commands work on briq and on the local sandbox server.
 pub const WORKDIR: &str = "/work";
@@ -87,20 +92,22 @@ pub enum Command<'a> {
     Probe,
     /// What became of `attempt` (its journaled result, waiting while it runs); runs nothing.
     Recall { attempt: &'a str },
-    /// Run the code given on the command's stdin as `attempt`: the bridge keeps it as the
-    /// attempt's action file, and the sandbox's journal runs an attempt at most once, however
-    /// often it is delivered.
+    /// Run the code given on the command's stdin as `attempt`, through the [`RUN_CLIENT`]: the
+    /// sandbox's journal runs an attempt at most once, however often it is delivered.
     Run { attempt: &'a str, timeout: Duration },
 }
 
 impl Command<'_> {
     /// The argv to exec with `cwd` = [`WORKDIR`] and the nonce in [`NONCE_ENV`].
     pub fn argv(&self) -> Vec<String> {
-        let program = match self {
-            Command::Setup { staged, .. } => staged,
-            _ => BRIDGE_ARG,
+        let program: &[&str] = match self {
+            Command::Setup { staged, .. } => &[staged],
+            // No site, no user environment: the client imports only built-in modules.
+            Command::Run { .. } => &["-I", "-S", "-c", RUN_CLIENT],
+            _ => &[BRIDGE_ARG],
         };
-        let mut argv: Vec<String> = vec!["python3".into(), program.to_string()];
+        let mut argv: Vec<String> = vec!["python3".into()];
+        argv.extend(program.iter().map(|part| part.to_string()));
         let seconds = |d: &Duration| format!("{:.3}", d.as_secs_f64());
         match self {
             Command::Setup {
@@ -125,7 +132,7 @@ impl Command<'_> {
                 argv.extend(["recall".into(), "--attempt".into(), attempt.to_string()]);
             }
             Command::Run { attempt, timeout } => {
-                argv.extend(["run", "--state-dir", STATE_DIR, "--code", "-"].map(String::from));
+                argv.extend(["run", "--state-dir", STATE_DIR].map(String::from));
                 argv.extend(["--timeout".into(), seconds(timeout)]);
                 argv.extend(["--attempt".into(), attempt.to_string()]);
             }
@@ -639,10 +646,11 @@ mod tests {
             timeout: Duration::from_secs(30),
         }
         .argv();
-        assert_eq!(&argv[..3], ["python3", ".briq/bridge.py", "run"]);
+        assert_eq!(&argv[..5], ["python3", "-I", "-S", "-c", RUN_CLIENT]);
+        assert_eq!(&argv[5..8], ["run", "--state-dir", ".briq/state"]);
         assert_eq!(&argv[argv.len() - 2..], ["--attempt", "0123456789abcdef"]);
         assert!(argv.contains(&"30.000".to_owned()));
-        assert!(!argv.iter().any(|a| a.contains("nonce")), "{argv:?}");
+        assert!(!argv.iter().any(|a| a.starts_with("--nonce")), "{argv:?}");
         let requirements = ["pandas==2.2.3".to_owned()];
         let argv = Command::Setup {
             staged: ".briq/bridge-0123456789abcdef.py",

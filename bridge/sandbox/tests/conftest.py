@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 
 SANDBOX_SCRIPT = Path(__file__).resolve().parents[1] / "briq_sandbox.py"
+# The run client: the operator sends its text as `python3 -I -S -c TEXT run ...`.
+RUN_CLIENT = (Path(__file__).resolve().parents[1] / "briq_run.py").read_text(encoding="utf-8")
 NONCE_ENV = "BRIQ_NONCE"
 # Whether the bridge runs the kernel as another user (uid 65534): when the tests run as root.
 SPLIT = os.geteuid() == 0
@@ -147,6 +149,12 @@ class Call:
     spilled: dict | None = None
 
 
+def client_argv(timeout: float, attempt: str) -> list[str]:
+    """The run client's argv, as the operator builds it (src/bridge/mod.rs)."""
+    options = ["--state-dir", ".briq/state", "--timeout", str(timeout), "--attempt", attempt]
+    return [sys.executable, "-I", "-S", "-c", RUN_CLIENT, "run", *options]
+
+
 def bridge_env(env: dict, nonce: str) -> dict:
     """`env` with the nonce where the operator puts it."""
     return {**env, NONCE_ENV: nonce}
@@ -184,12 +192,35 @@ class Sandbox:
         spilled = outer if outer["kind"] == "spilled" else None
         return Call(envelope, process.returncode, process.stdout, process.stderr, spilled)
 
+    def client(
+        self,
+        code: str | bytes,
+        timeout: float = 30,
+        attempt: str | None = None,
+        nonce: str | None = None,
+        env: dict | None = None,
+    ) -> Call:
+        """Run `code` as the operator does: the run client with the code on stdin, as
+        `attempt` (a new one unless given)."""
+        nonce = nonce or new_nonce()
+        attempt = attempt or secrets.token_hex(8)
+        process = subprocess.run(
+            client_argv(timeout, attempt),
+            cwd=self.root,
+            env=bridge_env(env or self.env, nonce),
+            input=code.encode("utf-8") if isinstance(code, str) else code,
+            capture_output=True,
+            timeout=120,
+        )
+        stdout, stderr = process.stdout.decode(), process.stderr.decode()
+        envelope = parse_envelope(stdout, nonce, self.root)
+        outer = parse_framed(stdout, nonce)
+        spilled = outer if outer["kind"] == "spilled" else None
+        return Call(envelope, process.returncode, stdout, stderr, spilled)
+
     def run_call(self, code: str, timeout: float = 30, nonce: str | None = None) -> Call:
-        """Upload `code` as an action and run it."""
-        self._actions += 1
-        name = f".briq/actions/action_{self._actions}.py"
-        (self.root / name).write_text(code, encoding="utf-8")
-        call = self.bridge("run", "--code", name, "--timeout", str(timeout), nonce=nonce)
+        """Run `code` as a new attempt, the way the operator does."""
+        call = self.client(code, timeout, nonce=nonce)
         assert call.returncode == 0, call.stderr
         assert call.envelope["kind"] == "result"
         return call

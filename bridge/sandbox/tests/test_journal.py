@@ -38,10 +38,8 @@ def runs(sandbox, marker: str) -> int:
 
 
 def deliver(sandbox, attempt: str, code: str, timeout: float = 30):
-    """Upload `code` as the action of `attempt` and run it as that attempt."""
-    name = f".briq/actions/{attempt}.py"
-    (sandbox.root / name).write_text(code, encoding="utf-8")
-    return sandbox.bridge("run", "--code", name, "--timeout", str(timeout), "--attempt", attempt)
+    """Deliver `code` as `attempt` the way the operator does (the run client)."""
+    return sandbox.client(code, timeout, attempt=attempt)
 
 
 def recall(sandbox, attempt: str):

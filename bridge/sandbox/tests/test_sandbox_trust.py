@@ -195,7 +195,7 @@ def listening_fake_runner(path: Path):
         server.close()
 
 
-@pytest.mark.parametrize("planted", ["symlink", "owned_by_kernel_user"])
+@pytest.mark.parametrize("planted", ["symlink", "owned_by_kernel_user", "writable_by_others"])
 def test_run_ignores_a_runner_sock_that_is_not_the_bridges(fresh_sandbox, planted):
     """However a foreign runner.sock got there, `run` sends it nothing (PROTOCOL.md "Runner")."""
     if planted == "owned_by_kernel_user" and not SPLIT:
@@ -206,6 +206,8 @@ def test_run_ignores_a_runner_sock_that_is_not_the_bridges(fresh_sandbox, plante
     with listening_fake_runner(fake) as received:
         if planted == "symlink":
             sock.symlink_to(fake)
+        elif planted == "writable_by_others":
+            sock.chmod(0o666)
         else:
             os.chown(sock, KERNEL_UID, KERNEL_UID)
         result = fresh_sandbox.run("'true'")
@@ -309,7 +311,9 @@ def test_kernel_runs_as_the_unprivileged_user_without_groups(shared_sandbox):
     assert where["output"] == "True"
     for path in (".briq/state", ".briq/actions", ".briq/results"):
         st = os.lstat(shared_sandbox.root / path)
-        assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700, path
+        # Access bits only: jupyter_client sets the sticky bit on the directory it writes a
+        # connection file to, which grants nobody anything.
+        assert st.st_uid == 0 and st.st_mode & 0o777 == 0o700, path
     assert stat.S_IMODE(os.lstat(shared_sandbox.root / ".briq").st_mode) == 0o711
     connection = os.lstat(shared_sandbox.state_dir / "kernel.json")
     assert connection.st_uid == 0 and stat.S_IMODE(connection.st_mode) == 0o600
