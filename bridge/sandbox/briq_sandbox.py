@@ -1107,7 +1107,10 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
 
 
 def at_most_once(
-    attempt: str | None, timeout: float, run: Callable[[], tuple[dict, int]]
+    attempt: str | None,
+    timeout: float,
+    run: Callable[[], tuple[dict, int]],
+    prune: bool = True,
 ) -> tuple[dict, int]:
     """`run()` unless `attempt` was accepted before (by anyone), in which case its recorded
     result, waited for while it runs; raises OutcomeUnknown when there is none by then."""
@@ -1115,7 +1118,7 @@ def at_most_once(
         return run()
     journal = Journal()
     wait_until = time.time() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
-    if not journal.accept(attempt, wait_until):
+    if not journal.accept(attempt, wait_until, prune):
         found = journal.await_finished(attempt)
         if found is None:
             raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
@@ -1146,11 +1149,14 @@ def run_in_kernel(
         spawn_runner(state, pid)
 
 
-def execute_action(client: Any, pid: int, code: str, deadline: float, timeout: float) -> dict:
+def execute_action(
+    client: Any, pid: int, code: str, deadline: float, timeout: float, subscribed: bool = False
+) -> dict:
     """Run `code` in kernel `pid` over the connected `client` (shell and iopub) and describe the
-    outcome as a result envelope. Shared by `run` (a fresh client) and the runner (its own)."""
+    outcome as a result envelope. Shared by `run` (a fresh client) and the runner (its own,
+    `subscribed` since it started: no kernel_info round trip first)."""
     drain(client)
-    if not await_iopub(client, pid, deadline):
+    if not subscribed and not await_iopub(client, pid, deadline):
         lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
         return result_envelope("kernel_lost", error=lost)
     started = time.monotonic()
@@ -1255,13 +1261,15 @@ class Journal:
             raise ValueError("an attempt id is 16 to 64 lowercase hex digits")
         return self.dir / f"{attempt}.{suffix}"
 
-    def accept(self, attempt: str, wait_until: float) -> bool:
-        """Record `attempt` as accepted; False when it was accepted before (by anyone)."""
+    def accept(self, attempt: str, wait_until: float, prune: bool = True) -> bool:
+        """Record `attempt` as accepted; False when it was accepted before (by anyone). Prunes
+        the journal first unless told not to (the runner prunes after it answered)."""
         if split_users():
             private_dir(self.dir)
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
-        self.prune(time.time())
+        if prune:
+            self.prune(time.time())
         path = self._path(attempt, "accepted")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -1721,7 +1729,10 @@ class Runner:
         client may be broken, the reason to stop serving."""
         try:
             deadline = time.monotonic() + timeout
-            return execute_action(self.client, self.pid, code, deadline, timeout), 0, None
+            # Its iopub subscription was proven live when it started, and a kernel that stopped
+            # answering since is caught by the execution itself (its pid, then its deadline).
+            envelope = execute_action(self.client, self.pid, code, deadline, timeout, True)
+            return envelope, 0, None
         except Exception as exc:
             stop = f"kernel client failed: {failure_message(exc)}"
             return bridge_failure("result", failure_message(exc)), 1, stop
@@ -1761,7 +1772,7 @@ class Runner:
             return envelope, exit_code
 
         try:
-            envelope, exit_code = at_most_once(attempt, request["timeout"], run)
+            envelope, exit_code = at_most_once(attempt, request["timeout"], run, prune=False)
         except OutcomeUnknown as exc:
             runner_log(f"{exc}; no answer")
             return stop
@@ -1769,6 +1780,9 @@ class Runner:
         data = text.encode("ascii")
         with contextlib.suppress(OSError):  # the client is gone: the journal keeps the result
             conn.sendall(b"answer %d %d\n" % (exit_code, len(data)) + data)
+        # Off the action's path: the client has its answer and the connection is closed.
+        conn.close()
+        Journal().prune(time.time())
         return stop
 
 
