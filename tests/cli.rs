@@ -7,8 +7,11 @@ mod support;
 use std::{path::Path, process::Stdio, time::Duration};
 
 use briq_operator::crd::{BriqExecutor, Execution};
-use kube::api::{ListParams, PostParams};
-use support::{Operator, TestEnv};
+use kube::{
+    ResourceExt,
+    api::{ListParams, PostParams},
+};
+use support::{Operator, TestEnv, wait_for};
 use tokio::io::AsyncWriteExt as _;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_briq-operator");
@@ -264,9 +267,21 @@ async fn after_a_timeout_exec_reports_the_executor_unusable() {
 #[tokio::test]
 async fn get_shows_the_useful_columns_and_kubectl_briq_is_the_same_program() {
     let env = TestEnv::new("cli-get").await;
-    let _operator = Operator::start(&env).await;
+    let _operator =
+        Operator::start_with(&env, |s| s.count_write_interval = Duration::from_secs(1)).await;
     create_executor(&env, "py").await;
     let name = briq(&env, &["exec", "py", "-c", "1 + 1"]).await.created();
+    let execution = env.api::<Execution>().get(&name).await.unwrap();
+    assert_eq!(
+        execution.owner_references()[0].name,
+        "py",
+        "exec makes the Execution part of the executor's history"
+    );
+    // The count is written in batches, every `count_write_interval`.
+    wait_for(&env.api::<BriqExecutor>(), "py", 10, |e| {
+        e.status.as_ref().and_then(|s| s.executions_total) == Some(1)
+    })
+    .await;
 
     let executors = briq(&env, &["get", "executors"]).await;
     assert_eq!(executors.code, 0, "{executors:?}");

@@ -49,7 +49,8 @@ async fn run(env: &TestEnv, name: &str, executor: &str, code: &str) -> Execution
 #[tokio::test]
 async fn executor_becomes_ready_and_python_state_survives_across_executions() {
     let env = TestEnv::new("e2e-state").await;
-    let operator = Operator::start(&env).await;
+    let operator =
+        Operator::start_with(&env, |s| s.count_write_interval = Duration::from_secs(1)).await;
     let executor = ready_executor(&env, "py").await;
     let status = executor.status.clone().unwrap();
     assert_eq!(status.observed_generation, executor.metadata.generation);
@@ -88,8 +89,11 @@ async fn executor_becomes_ready_and_python_state_survives_across_executions() {
         "Executions are owned by their executor"
     );
 
-    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
-    assert_eq!(executor.status.unwrap().executions_total, Some(2));
+    // Counts are written in batches, every `count_write_interval` (1 s here).
+    wait_for(&env.api::<BriqExecutor>(), "py", 10, |e| {
+        e.status.as_ref().and_then(|s| s.executions_total) == Some(2)
+    })
+    .await;
     assert_eq!(operator.live_sandboxes().await, 1);
 }
 

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::crd::{
     BriqExecutor, Execution, ExecutionSpec, ExecutorRef, MAX_EXECUTION_TIMEOUT_SECONDS,
+    history_owner,
 };
 
 #[derive(clap::Args)]
@@ -74,12 +75,13 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
     let code = args.code.read()?;
     let cluster = Cluster::connect(args.namespace).await?;
     let ready_timeout = Duration::from_secs(args.ready_timeout);
-    await_ready(&cluster, &args.executor, ready_timeout).await?;
+    let executor = await_ready(&cluster, &args.executor, ready_timeout).await?;
 
     let executions = cluster.api::<Execution>();
     let execution = Execution {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", args.executor)),
+            owner_references: history_owner(&executor).map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
         spec: ExecutionSpec {
@@ -154,7 +156,12 @@ fn readiness(executor: &BriqExecutor) -> Readiness {
 
 /// Returns once the executor is ready; waits (on a watch, at most `timeout`) while it is
 /// getting ready, and fails when it is missing or unusable.
-async fn await_ready(cluster: &Cluster, name: &str, timeout: Duration) -> Result<(), Error> {
+/// The executor once it is Ready.
+async fn await_ready(
+    cluster: &Cluster,
+    name: &str,
+    timeout: Duration,
+) -> Result<BriqExecutor, Error> {
     let executors = cluster.api::<BriqExecutor>();
     let not_found = || Error::ExecutorNotFound {
         name: name.to_owned(),
@@ -173,7 +180,7 @@ async fn await_ready(cluster: &Cluster, name: &str, timeout: Duration) -> Result
         };
     }
     match readiness(&executor) {
-        Readiness::Ready => Ok(()),
+        Readiness::Ready => Ok(executor),
         Readiness::Unusable(reason) => Err(Error::ExecutorUnusable {
             name: name.to_owned(),
             reason,

@@ -126,6 +126,10 @@ pub struct Settings {
     /// connection to the API server: unbounded, 1,000 executors left 340 of them open.
     pub executor_concurrency: u16,
     pub execution_concurrency: u16,
+    /// How often the executors' `executionsTotal` and `lastExecutionTime` are written: one
+    /// write per executor that ran Executions since, not one per Execution. Written once more
+    /// when the controllers stop.
+    pub count_write_interval: Duration,
 }
 
 impl Default for Settings {
@@ -141,6 +145,7 @@ impl Default for Settings {
             executor_wait: Duration::from_secs(600),
             executor_concurrency: 32,
             execution_concurrency: 256,
+            count_write_interval: Duration::from_secs(30),
         }
     }
 }
@@ -289,12 +294,25 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    apply_status_of(api, &object.name_any(), manager, status).await
+}
+
+/// [`apply_status`] to the object named `name`.
+async fn apply_status_of<K>(
+    api: &Api<K>,
+    name: &str,
+    manager: &str,
+    status: serde_json::Value,
+) -> Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     // Nothing here reads the written object: the API server answers with its metadata only,
     // instead of echoing the whole object (an Execution's code is up to 256 KiB, and every
     // transfer of it costs the operator memory the allocator keeps).
     let request = kube::core::Request::new(api.resource_url()).patch_subresource(
         "status",
-        &object.name_any(),
+        name,
         &PatchParams::apply(manager).force(),
         &Patch::Apply(&status_patch::<K>(status, None)),
     );
@@ -687,6 +705,18 @@ pub async fn run_observed<S>(
             }
         }))
     };
+    let count_writer = {
+        let execution_ctx = execution_ctx.clone();
+        let interval = shared.settings.count_write_interval;
+        AbortOnDrop(tokio::spawn(async move {
+            let mut every =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            loop {
+                every.tick().await;
+                execution_ctx.write_counts().await;
+            }
+        }))
+    };
     let executor_loop = executor_controller
         .graceful_shutdown_on(executor_stop)
         .run(
@@ -701,6 +731,8 @@ pub async fn run_observed<S>(
         .for_each(|result| async move { log_failure("executor", result) });
     info!("controllers started");
     futures::future::join(execution_loop, executor_loop).await;
+    drop(count_writer);
+    execution_ctx.write_counts().await;
     drop(sweeper);
     drop(orphan_sweeper);
     info!("controllers stopped");

@@ -1,6 +1,6 @@
 //! `Execution`: one action, Python code run once in a referenced `BriqExecutor`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -164,4 +164,21 @@ fn list_execution_reasons(schema: &mut schemars::Schema) {
         schema,
         &describe(ExecutionReason::ALL, ExecutionReason::description),
     );
+}
+
+/// The owner reference that makes an Execution part of its executor's history: garbage
+/// collection deletes it with the executor. Clients that know the executor set it when they
+/// create the Execution, which spares the operator a write; the operator adds it otherwise.
+/// Not the controller reference (users and GitOps tools may have set their own), and it does
+/// not block the owner's deletion (which would need permission on its finalizers).
+pub fn history_owner(executor: &super::BriqExecutor) -> Option<OwnerReference> {
+    use kube::{Resource, ResourceExt};
+    Some(OwnerReference {
+        api_version: super::BriqExecutor::api_version(&()).into_owned(),
+        kind: super::BriqExecutor::kind(&()).into_owned(),
+        name: executor.name_any(),
+        uid: executor.uid()?,
+        controller: None,
+        block_owner_deletion: None,
+    })
 }

@@ -269,6 +269,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         self._unusable: ExecutorUnusableError | None = None
         self._deleted = False
         self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
+        self._executor_uid: str | None = None
         #: Name of the latest Execution this executor created.
         self.last_execution: str | None = None
 
@@ -444,6 +445,7 @@ class KubernetesExecutor(RemotePythonExecutor):
             ) from None
         spec = (last.get("obj") or {}).get("spec") or {}
         self._executor_timeout = int(spec.get("executionTimeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
+        self._executor_uid = ((last.get("obj") or {}).get("metadata") or {}).get("uid")
 
     # --- one action -------------------------------------------------------------------------
 
@@ -453,15 +455,22 @@ class KubernetesExecutor(RemotePythonExecutor):
         spec: dict[str, Any] = {"executorRef": {"name": self.executor_name}, "code": code}
         if timeout_seconds is not None:
             spec["timeoutSeconds"] = timeout_seconds
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": "Execution",
-            "metadata": {
-                "generateName": f"{self.executor_name}-",
-                "labels": {ACTION_LABEL: action_id},
-            },
-            "spec": spec,
+        metadata: dict[str, Any] = {
+            "generateName": f"{self.executor_name}-",
+            "labels": {ACTION_LABEL: action_id},
         }
+        if self._executor_uid:
+            # Part of the executor's history from the start (garbage collected with it): the
+            # operator would otherwise add this with a write of its own.
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "BriqExecutor",
+                    "name": self.executor_name,
+                    "uid": self._executor_uid,
+                }
+            ]
+        body = {"apiVersion": API_VERSION, "kind": "Execution", "metadata": metadata, "spec": spec}
         created = self._create_execution(body, action_id)
         name = created["metadata"]["name"]
         self.last_execution = name

@@ -7,7 +7,25 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
 use crate::crd::ExecutionStatus;
+
+/// An executor's execution count and the time of its latest Execution, not yet in its status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnwrittenCount {
+    pub executor_uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub total: u64,
+    pub last_execution: Time,
+}
+
+#[derive(Default)]
+struct Count {
+    total: u64,
+    unwritten: Option<UnwrittenCount>,
+}
 
 #[derive(Default)]
 pub struct Bookkeeping {
@@ -15,8 +33,9 @@ pub struct Bookkeeping {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Executors this process made unusable, before its cache says so.
     unusable: Mutex<HashSet<String>>,
-    /// Execution counts per executor, continued from the executor's status.
-    counts: Mutex<HashMap<String, u64>>,
+    /// Execution counts per executor, continued from the executor's status, with what is not
+    /// written to it yet.
+    counts: Mutex<HashMap<String, Count>>,
     /// The sandbox briq confirmed as each executor's own: the status that names it is
     /// tenant-writable, so it is checked once, not trusted.
     owned: Mutex<HashMap<String, String>>,
@@ -48,12 +67,43 @@ impl Bookkeeping {
         self.unusable.lock().expect("poisoned").contains(executor)
     }
 
-    /// The next execution count of `executor`, continued from `recorded` (its status).
-    pub fn next_count(&self, executor: &str, recorded: u64) -> u64 {
+    /// Counts one more Execution of the executor `uid` (`namespace`/`name`), continuing from
+    /// `recorded` (its status), to be written by [`Bookkeeping::take_unwritten_counts`]; returns
+    /// the new total.
+    pub fn count_execution(&self, uid: &str, namespace: &str, name: &str, recorded: u64) -> u64 {
         let mut counts = self.counts.lock().expect("poisoned");
-        let count = counts.entry(executor.to_owned()).or_insert(recorded);
-        *count += 1;
-        *count
+        let count = counts.entry(uid.to_owned()).or_insert_with(|| Count {
+            total: recorded,
+            unwritten: None,
+        });
+        count.total += 1;
+        count.unwritten = Some(UnwrittenCount {
+            executor_uid: uid.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            total: count.total,
+            last_execution: Time(k8s_openapi::jiff::Timestamp::now()),
+        });
+        count.total
+    }
+
+    /// The counts not written yet, each once: a failed write gives its count back with
+    /// [`Bookkeeping::unwritten_count`].
+    pub fn take_unwritten_counts(&self) -> Vec<UnwrittenCount> {
+        let mut counts = self.counts.lock().expect("poisoned");
+        counts
+            .values_mut()
+            .filter_map(|count| count.unwritten.take())
+            .collect()
+    }
+
+    /// A count whose write failed, to be written next time unless a newer one came meanwhile
+    /// (or its executor is gone).
+    pub fn unwritten_count(&self, unwritten: UnwrittenCount) {
+        let mut counts = self.counts.lock().expect("poisoned");
+        if let Some(count) = counts.get_mut(&unwritten.executor_uid) {
+            count.unwritten.get_or_insert(unwritten);
+        }
     }
 
     /// Whether briq confirmed `sandbox` as `executor`'s own.
@@ -176,7 +226,7 @@ mod tests {
             let (executor, execution) = (format!("executor-{i}"), format!("execution-{i}"));
             drop(kept.lock(&executor));
             kept.made_unusable(&executor);
-            kept.next_count(&executor, 7);
+            kept.count_execution(&executor, "ns", "name", 7);
             kept.confirmed_owner(&executor, &format!("bq_{i}"));
             kept.finished(&execution);
             kept.keep_unwritten(&execution, ExecutionStatus::default());
@@ -205,10 +255,64 @@ mod tests {
     #[test]
     fn counts_continue_from_the_recorded_total() {
         let kept = Bookkeeping::default();
-        assert_eq!(kept.next_count("a", 41), 42);
-        assert_eq!(kept.next_count("a", 0), 43, "this process's count wins");
+        assert_eq!(kept.count_execution("a", "ns", "x", 41), 42);
+        assert_eq!(
+            kept.count_execution("a", "ns", "x", 0),
+            43,
+            "this process's count wins"
+        );
         kept.executor_deleted("a");
-        assert_eq!(kept.next_count("a", 0), 1);
+        assert_eq!(kept.count_execution("a", "ns", "x", 0), 1);
+    }
+
+    fn totals(unwritten: &[UnwrittenCount]) -> Vec<(&str, u64)> {
+        let mut totals: Vec<_> = unwritten
+            .iter()
+            .map(|count| (count.executor_uid.as_str(), count.total))
+            .collect();
+        totals.sort();
+        totals
+    }
+
+    #[test]
+    fn many_executions_make_one_count_write_per_executor() {
+        let kept = Bookkeeping::default();
+        for _ in 0..10 {
+            kept.count_execution("a", "ns", "x", 0);
+        }
+        kept.count_execution("b", "ns", "y", 5);
+        assert_eq!(totals(&kept.take_unwritten_counts()), [("a", 10), ("b", 6)]);
+        assert!(
+            kept.take_unwritten_counts().is_empty(),
+            "each is taken once"
+        );
+    }
+
+    #[test]
+    fn a_failed_count_write_is_retried_unless_a_newer_count_came() {
+        let kept = Bookkeeping::default();
+        kept.count_execution("a", "ns", "x", 0);
+        kept.count_execution("b", "ns", "y", 0);
+        let failed = kept.take_unwritten_counts();
+        kept.count_execution("a", "ns", "x", 0);
+        for count in failed {
+            kept.unwritten_count(count);
+        }
+        assert_eq!(totals(&kept.take_unwritten_counts()), [("a", 2), ("b", 1)]);
+    }
+
+    #[test]
+    fn a_deleted_executors_count_is_never_written() {
+        let kept = Bookkeeping::default();
+        kept.count_execution("a", "ns", "x", 0);
+        let failed = kept.take_unwritten_counts();
+        kept.count_execution("b", "ns", "y", 0);
+        kept.executor_deleted("a");
+        kept.executor_deleted("b");
+        for count in failed {
+            kept.unwritten_count(count);
+        }
+        assert!(kept.take_unwritten_counts().is_empty());
     }
 
     #[test]

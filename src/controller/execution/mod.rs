@@ -17,12 +17,9 @@ pub(crate) use decide::ATTEMPT_GRACE;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::OwnerReference,
-    jiff::{SignedDuration, Timestamp},
-};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
     runtime::{
         controller::Action,
@@ -39,7 +36,7 @@ use self::{
 };
 use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
-    apply_status_at,
+    apply_status_at, apply_status_of,
     backoff::Backoff,
     conditions::{self, SUCCEEDED},
     is_conflict, mark_unusable, object_key,
@@ -51,7 +48,7 @@ use super::{
 use crate::{
     briq::SandboxApi,
     crd::{
-        BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus,
+        BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus, history_owner,
         reasons::ExecutionReason,
     },
 };
@@ -118,6 +115,26 @@ impl<S> Context<S> {
 
     pub fn bookkeeping(&self) -> usize {
         self.kept.len() + self.backoff.len()
+    }
+
+    /// Writes the execution counts that changed since the last time, one status write per
+    /// executor (`Settings::count_write_interval`).
+    pub async fn write_counts(&self) {
+        for count in self.kept.take_unwritten_counts() {
+            let api = Api::<BriqExecutor>::namespaced(self.shared.client.clone(), &count.namespace);
+            let counters = json!({
+                "executionsTotal": count.total,
+                "lastExecutionTime": count.last_execution,
+            });
+            match apply_status_of(&api, &count.name, EXECUTIONS_MANAGER, counters).await {
+                Ok(()) => {}
+                Err(Error::Kube(kube::Error::Api(response))) if response.code == 404 => {}
+                Err(error) => {
+                    warn!(%error, executor = %count.name, "could not write the execution count");
+                    self.kept.unwritten_count(count);
+                }
+            }
+        }
     }
 
     /// Drops what is kept of objects the caches no longer hold.
@@ -434,27 +451,26 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 self.queued(QUEUED_RECHECK).await
             }
             Step::ConfirmTurn => {
-                let version = self.adopt(executor).await?;
-                self.take_turn(&uid, &version).await
+                let executor = executor.expect("a turn is confirmed on an admitted executor");
+                let version = self.adopt(Some(executor)).await?;
+                self.take_turn(executor, &version).await
             }
         }
     }
 
-    /// At the head of the cached queue: confirm the turn and the executor afresh (the cache can
-    /// lag behind a sibling's creation or the executor's deletion), then run under the
-    /// executor's lock.
-    async fn take_turn(&self, uid: &str, version: &str) -> Result<Action> {
+    /// At the head of the cached queue: confirm the turn afresh (the cache can lag behind a
+    /// sibling's creation, and order is a promise), then run under the executor's lock.
+    ///
+    /// The executor is the cached one, admitted by [`decide::decide`]: a cache lagging behind
+    /// its deletion at most lets this Execution run while the finalizer drains (it waits for
+    /// it), its sandbox is confirmed with briq before any code goes to it, and an executor this
+    /// process made unusable is known here before the cache says so.
+    async fn take_turn(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
         match self.ctx.turn(&self.api, self.execution).await? {
             Turn::Mine => {}
             Turn::Behind => return self.queued(QUEUED_RECHECK).await,
             Turn::Settling(left) => return self.queued(left).await,
         }
-        let fresh = self.executors.get_opt(self.executor_name()).await?;
-        let observed = self.observed(fresh.as_ref(), uid);
-        if let Err(refusal) = decide::admit(&observed) {
-            return self.refuse(refusal).await;
-        }
-        let executor = fresh.as_ref().expect("an admitted executor exists");
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
         let _turn = lock.lock().await;
         if self.ctx.shared.stopping() {
@@ -631,16 +647,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .as_ref()
             .and_then(|s| s.executions_total)
             .unwrap_or(0);
-        let total = self
-            .ctx
-            .kept
-            .next_count(&executor.uid().unwrap_or_default(), recorded);
-        let counters = json!({ "executionsTotal": total, "lastExecutionTime": conditions::now() });
-        if let Err(error) =
-            apply_status(&self.executors, executor, EXECUTIONS_MANAGER, counters).await
-        {
-            warn!(%error, "could not update the executor's execution count");
-        }
+        // Written with the counts of other Executions later (Context::write_counts).
+        self.ctx.kept.count_execution(
+            &executor.uid().unwrap_or_default(),
+            &self.namespace,
+            &executor.name_any(),
+            recorded,
+        );
         let action = self.conclude(base, verdict, result).await?;
         self.prune(executor).await;
         Ok(action)
@@ -773,17 +786,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let executor = executor.expect("an executor with a uid");
         let mut owners = self.execution.owner_references().to_vec();
         if owners.iter().any(|owner| owner.uid == uid) {
+            // Its creator set it (the Python client and kubectl-briq do): no write.
             return Ok(seen);
         }
-        owners.push(OwnerReference {
-            api_version: BriqExecutor::api_version(&()).into_owned(),
-            kind: BriqExecutor::kind(&()).into_owned(),
-            name: executor.name_any(),
-            uid,
-            // Not the controller reference: users and GitOps tools may have set their own.
-            controller: None,
-            block_owner_deletion: None,
-        });
+        owners.extend(history_owner(executor));
         // Conditional too: an owner reference added on top of someone else's change would make
         // the decision look fresher than it is.
         let patch = json!({ "metadata": { "ownerReferences": owners, "resourceVersion": seen } });
