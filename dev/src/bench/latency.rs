@@ -8,7 +8,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use kube::{Api, api::PostParams, runtime::wait::await_condition};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::wait::await_condition,
+};
 use serde::Serialize;
 use serde_json::json;
 
@@ -42,7 +46,7 @@ pub struct Latency {
     pub actions: usize,
     /// Create → `Succeeded` seen through a watch.
     pub operator_ms: Option<Summary>,
-    /// `Session::run` on the same sandbox: upload + bridge exec, no Kubernetes.
+    /// `Session::run` on the same sandbox: one exec of the run client, no Kubernetes.
     pub direct_ms: Option<Summary>,
     /// The sandbox exec of `true`.
     pub raw_exec_true_ms: Option<Summary>,
@@ -51,9 +55,21 @@ pub struct Latency {
     /// client, as every bridge `run` does.
     pub kernel_duration_ms: Option<Summary>,
     pub python_start_ms: Option<Summary>,
+    /// `python3 -I -S -c pass`: how the run client starts (no site, built-in modules only).
+    pub python_isolated_start_ms: Option<Summary>,
     pub python_import_jupyter_client_ms: Option<Summary>,
+    /// Operator path over direct call.
     pub ratio_median: Option<f64>,
     pub ratio_p95: Option<f64>,
+    /// What an action cannot avoid: the raw exec of `true` plus the kernel's own time for the
+    /// code (medians), and the direct call's median over it.
+    pub floor_ms: Option<f64>,
+    pub direct_over_floor: Option<f64>,
+    /// What the operator path adds at the least, measured on this API server: the turn's
+    /// field-selected LIST and two status writes (attempt recorded, result), in sequence.
+    pub list_ms: Option<Summary>,
+    pub status_write_ms: Option<Summary>,
+    pub operator_api_floor_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,13 +104,13 @@ pub async fn run(
     let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     objects::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
-    let sandbox_id = executors
-        .get(EXECUTOR)
-        .await?
+    let executor = executors.get(EXECUTOR).await?;
+    let sandbox_id = executor
         .status
+        .clone()
         .and_then(|s| s.sandbox_id)
         .context("the ready executor has no sandbox id")?;
-    sequential(&executions, "warmup", WARM_UP).await?;
+    sequential(&executions, &executor, "warmup", WARM_UP).await?;
     progress.step(format!(
         "1/6: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
@@ -106,7 +122,7 @@ pub async fn run(
         .to_owned();
     let counter = WatchCounter::start(stack.admin(), NAMESPACE).await?;
     let from = audit::offset(&audit_log)?;
-    let operator_times = sequential(&executions, "lat", actions).await?;
+    let operator_times = sequential(&executions, &executor, "lat", actions).await?;
     // Anything the last Execution still triggers (executor reconcile after the counters).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let to = audit::offset(&audit_log)?;
@@ -167,13 +183,23 @@ pub async fn run(
     let raw_times = exec(&["true"], actions).await?;
     let python_runs = actions.min(PYTHON_RUNS);
     let python_start = exec(&["python3", "-c", "pass"], python_runs).await?;
+    let python_isolated = exec(&["python3", "-I", "-S", "-c", "pass"], python_runs).await?;
     let python_import = exec(&["python3", "-c", IMPORT_JUPYTER_CLIENT], python_runs).await?;
     objects::delete_executors(&executors).await?;
     operator.stop().await;
+    let (list_ms, status_write_ms) = api_round_trips(&executions, python_runs).await?;
 
     let operator_ms = Summary::of(&operator_times);
     let direct_ms = Summary::of(&direct_times);
+    let raw_exec_true_ms = Summary::of(&raw_times);
+    let kernel_duration_ms = Summary::of_millis(&kernel_times);
+    let floor_ms = raw_exec_true_ms
+        .as_ref()
+        .zip(kernel_duration_ms.as_ref())
+        .map(|(raw, kernel)| raw.median + kernel.median);
     let latency = Latency {
+        direct_over_floor: ratio(direct_ms.as_ref().map(|s| s.median), floor_ms),
+        floor_ms,
         actions,
         ratio_median: ratio(
             operator_ms.as_ref().map(|s| s.median),
@@ -185,9 +211,16 @@ pub async fn run(
         ),
         operator_ms,
         direct_ms,
-        raw_exec_true_ms: Summary::of(&raw_times),
-        kernel_duration_ms: Summary::of_millis(&kernel_times),
+        raw_exec_true_ms,
+        kernel_duration_ms,
         python_start_ms: Summary::of(&python_start),
+        python_isolated_start_ms: Summary::of(&python_isolated),
+        operator_api_floor_ms: list_ms
+            .as_ref()
+            .zip(status_write_ms.as_ref())
+            .map(|(list, write)| list.median + 2.0 * write.median),
+        list_ms,
+        status_write_ms,
         python_import_jupyter_client_ms: Summary::of(&python_import),
     };
     let per = |count: u64| count as f64 / actions.max(1) as f64;
@@ -212,17 +245,54 @@ pub async fn run(
     Ok((latency, cost))
 }
 
-/// Creates `count` Executions of [`CODE`] one after another, each timed from the create call
-/// to its `Succeeded` condition seen through a watch.
+/// The API calls every Execution needs from the operator, timed alone, `count` times each: the
+/// turn's LIST (metadata, by executor) and a status write (server-side apply), on an Execution of an executor that does not exist (the controllers are stopped).
+async fn api_round_trips(
+    api: &Api<Execution>,
+    count: usize,
+) -> anyhow::Result<(Option<Summary>, Option<Summary>)> {
+    let name = "api-round-trips";
+    api.create(
+        &PostParams::default(),
+        &objects::execution(name, "none", CODE)?,
+    )
+    .await?;
+    let selector = ListParams::default().fields("spec.executorRef.name=none");
+    let (mut lists, mut writes) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for i in 0..count {
+        let started = Instant::now();
+        api.list_metadata(&selector).await?;
+        lists.push(started.elapsed());
+        let status = json!({
+            "apiVersion": "briq.cloud/v1alpha1",
+            "kind": "Execution",
+            "status": { "attemptId": format!("{i:016x}") },
+        });
+        let started = Instant::now();
+        api.patch_status(
+            name,
+            &PatchParams::apply("briq-bench").force(),
+            &Patch::Apply(&status),
+        )
+        .await?;
+        writes.push(started.elapsed());
+    }
+    api.delete(name, &DeleteParams::default()).await?;
+    Ok((Summary::of(&lists), Summary::of(&writes)))
+}
+
+/// Creates `count` Executions of [`CODE`] in `executor` one after another, as the agent client
+/// does, each timed from the create call to its `Succeeded` condition seen through a watch.
 async fn sequential(
     api: &Api<Execution>,
+    executor: &BriqExecutor,
     prefix: &str,
     count: usize,
 ) -> anyhow::Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("{prefix}-{i:04}");
-        let execution = objects::execution(&name, EXECUTOR, CODE)?;
+        let execution = objects::execution_of(&name, executor, CODE)?;
         let started = Instant::now();
         // Watching before the create costs nothing extra: the watch starts from a list.
         let done = tokio::spawn({

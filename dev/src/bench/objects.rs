@@ -16,7 +16,7 @@ use kube::{
 };
 use serde_json::json;
 
-use briq_operator::crd::{BriqExecutor, Execution};
+use briq_operator::crd::{BriqExecutor, Execution, history_owner};
 
 use crate::{stack, wait};
 
@@ -39,6 +39,14 @@ pub fn execution(name: &str, executor: &str, code: &str) -> anyhow::Result<Execu
         "metadata": { "name": name },
         "spec": { "executorRef": { "name": executor }, "code": code },
     }))?)
+}
+
+/// [`execution`] as the Python client and kubectl-briq create it: owned by `executor` from
+/// the start, so the operator need not adopt it.
+pub fn execution_of(name: &str, executor: &BriqExecutor, code: &str) -> anyhow::Result<Execution> {
+    let mut execution = execution(name, &executor.name_any(), code)?;
+    execution.metadata.owner_references = history_owner(executor).map(|owner| vec![owner]);
+    Ok(execution)
 }
 
 fn condition<'a>(

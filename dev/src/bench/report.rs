@@ -131,13 +131,46 @@ pub fn table(report: &Report) -> String {
             figure: "ratio operator / direct".into(),
             median: times(l.ratio_median),
             p95: times(l.ratio_p95),
-            notes: String::new(),
+            notes: "target ≤ 1.1×".into(),
+        });
+        rows.push(Row {
+            scenario: "1",
+            figure: "… the operator path's API floor: 1 LIST + 2 status writes".into(),
+            median: l
+                .operator_api_floor_ms
+                .map_or(String::new(), |ms| format!("{ms:.1} ms")),
+            p95: String::new(),
+            notes: format!(
+                "measured alone on this API server: LIST {}, status write {} (medians)",
+                l.list_ms
+                    .as_ref()
+                    .map_or("n/a".into(), |s| format!("{:.1} ms", s.median)),
+                l.status_write_ms
+                    .as_ref()
+                    .map_or("n/a".into(), |s| format!("{:.1} ms", s.median)),
+            ),
+        });
+        rows.push(Row {
+            scenario: "1",
+            figure: "ratio direct / floor (exec of `true` + kernel time, medians)".into(),
+            median: times(l.direct_over_floor),
+            p95: String::new(),
+            notes: format!(
+                "target ≤ 1.5×; floor {}",
+                l.floor_ms.map_or("n/a".into(), |ms| format!("{ms:.1} ms"))
+            ),
         });
         rows.push(timing(
             "1",
             "… of which the kernel ran the code (bridge's `duration_ms`)",
             l.kernel_duration_ms.as_ref(),
             String::new(),
+        ));
+        rows.push(timing(
+            "1",
+            "sandbox exec of `python3 -I -S -c pass`",
+            l.python_isolated_start_ms.as_ref(),
+            "how the run client starts: every action pays it".into(),
         ));
         rows.push(timing(
             "1",
@@ -225,7 +258,7 @@ pub fn table(report: &Report) -> String {
             "4",
             "API requests per Execution (operator, audit log)",
             format!(
-                "reads {:.2}, writes {:.2}, watch requests {:.2} ({} in {} Executions)",
+                "reads {:.2}, writes {:.2}, watch requests {:.2} ({} in {} Executions); target ≤ 1 read, ≤ 3 writes",
                 c.reads_per_execution,
                 c.writes_per_execution,
                 c.watch_requests_per_execution,
