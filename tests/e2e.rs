@@ -98,6 +98,21 @@ async fn executor_becomes_ready_and_python_state_survives_across_executions() {
 }
 
 #[tokio::test]
+async fn counts_are_not_written_per_execution_but_are_not_lost_when_the_operator_stops() {
+    let env = TestEnv::new("e2e-counts").await;
+    let operator =
+        Operator::start_with(&env, |s| s.count_write_interval = Duration::from_secs(3600)).await;
+    ready_executor(&env, "py").await;
+    assert_eq!(reason(&run(&env, "one", "py", "1").await), "Completed");
+    assert_eq!(reason(&run(&env, "two", "py", "2").await), "Completed");
+    let total = |executor: BriqExecutor| executor.status.and_then(|s| s.executions_total);
+    let executors = env.api::<BriqExecutor>();
+    assert_eq!(total(executors.get("py").await.unwrap()), None);
+    let _server = operator.stop().await;
+    assert_eq!(total(executors.get("py").await.unwrap()), Some(2));
+}
+
+#[tokio::test]
 async fn final_answers_round_trip_and_arrays_are_rejected() {
     let env = TestEnv::new("e2e-final").await;
     let _operator = Operator::start(&env).await;

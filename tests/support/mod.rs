@@ -204,6 +204,12 @@ impl Operator {
         self.controllers.resume();
     }
 
+    /// Stops the controllers gracefully, as on SIGTERM; the sandbox server stays up.
+    pub async fn stop(self) -> LocalServer {
+        self.controllers.stop().await;
+        self.server
+    }
+
     /// Stops the controllers abruptly, like a crashed or killed operator process.
     pub async fn kill(&mut self) {
         self.controllers.kill().await;
