@@ -44,6 +44,9 @@ pub struct Bookkeeping {
     /// Results whose status write failed: written on the next reconcile instead of
     /// "Interrupted".
     unwritten: Mutex<HashMap<String, ExecutionStatus>>,
+    /// The waiting status this process last wrote for each Execution not running yet, before
+    /// its cache shows it.
+    waiting: Mutex<HashMap<String, ExecutionStatus>>,
 }
 
 impl Bookkeeping {
@@ -123,10 +126,31 @@ impl Bookkeeping {
     }
 
     pub fn finished(&self, execution: &str) {
+        self.forget_waiting(execution);
         self.finished
             .lock()
             .expect("poisoned")
             .insert(execution.to_owned());
+    }
+
+    pub fn wrote_waiting(&self, execution: &str, status: ExecutionStatus) {
+        self.waiting
+            .lock()
+            .expect("poisoned")
+            .insert(execution.to_owned(), status);
+    }
+
+    pub fn waiting_written(&self, execution: &str) -> Option<ExecutionStatus> {
+        self.waiting
+            .lock()
+            .expect("poisoned")
+            .get(execution)
+            .cloned()
+    }
+
+    /// The Execution runs (or ran): no waiting status is written for it any more.
+    pub fn forget_waiting(&self, execution: &str) {
+        self.waiting.lock().expect("poisoned").remove(execution);
     }
 
     /// Whether this process finished `execution`. Once the cache shows it finished
@@ -161,6 +185,7 @@ impl Bookkeeping {
 
     pub fn execution_deleted(&self, execution: &str) {
         self.finished.lock().expect("poisoned").remove(execution);
+        self.forget_waiting(execution);
         self.written(execution);
     }
 
@@ -183,6 +208,10 @@ impl Bookkeeping {
             .expect("poisoned")
             .retain(|uid| execution_exists(uid));
         self.unwritten
+            .lock()
+            .expect("poisoned")
+            .retain(|uid, _| execution_exists(uid));
+        self.waiting
             .lock()
             .expect("poisoned")
             .retain(|uid, _| execution_exists(uid));
@@ -212,6 +241,7 @@ impl Bookkeeping {
             + self.owned.lock().expect("poisoned").len()
             + self.finished.lock().expect("poisoned").len()
             + self.unwritten.lock().expect("poisoned").len()
+            + self.waiting.lock().expect("poisoned").len()
     }
 }
 
@@ -230,8 +260,9 @@ mod tests {
             kept.confirmed_owner(&executor, &format!("bq_{i}"));
             kept.finished(&execution);
             kept.keep_unwritten(&execution, ExecutionStatus::default());
+            kept.wrote_waiting(&execution, ExecutionStatus::default());
         }
-        assert_eq!(kept.len(), 6_000);
+        assert_eq!(kept.len(), 7_000);
         for i in 0..1_000 {
             kept.execution_deleted(&format!("execution-{i}"));
             kept.executor_deleted(&format!("executor-{i}"));
@@ -313,6 +344,21 @@ mod tests {
             kept.unwritten_count(count);
         }
         assert!(kept.take_unwritten_counts().is_empty());
+    }
+
+    #[test]
+    fn a_waiting_status_is_remembered_until_the_execution_runs_finishes_or_goes() {
+        let kept = Bookkeeping::default();
+        for uid in ["runs", "finishes", "goes"] {
+            kept.wrote_waiting(uid, ExecutionStatus::default());
+        }
+        assert!(kept.waiting_written("runs").is_some());
+        kept.forget_waiting("runs");
+        kept.finished("finishes");
+        kept.execution_deleted("goes");
+        for uid in ["runs", "finishes", "goes"] {
+            assert_eq!(kept.waiting_written(uid), None, "{uid}");
+        }
     }
 
     #[test]

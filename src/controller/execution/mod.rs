@@ -20,7 +20,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
+    api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions},
     runtime::{
         controller::Action,
         reflector::{ObjectRef, Store},
@@ -207,17 +207,12 @@ impl<S> Context<S> {
         let siblings: Vec<Sibling> = listed
             .items
             .iter()
-            .map(|sibling| Sibling {
-                uid: sibling.uid(),
-                order: (
-                    sibling.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                    sibling.name_any(),
-                ),
-                done: sibling.metadata.deletion_timestamp.is_some()
-                    || sibling
-                        .uid()
-                        .and_then(|uid| cached.get(&uid))
-                        .is_some_and(|e| self.is_finished(e)),
+            .map(|sibling| {
+                let finished = sibling
+                    .uid()
+                    .and_then(|uid| cached.get(&uid))
+                    .is_some_and(|e| self.is_finished(e));
+                self::sibling(&sibling.metadata, finished)
             })
             .collect();
         Ok(decide::turn(
@@ -226,6 +221,23 @@ impl<S> Context<S> {
             &siblings,
             Timestamp::now(),
         ))
+    }
+
+    /// [`Context::turn`] as far as the cache knows, without asking the API server. The cache
+    /// can miss siblings created a moment ago but never invents one, so when it says to wait
+    /// (a burst still settling), the API server would say so too.
+    fn cached_turn(&self, execution: &Execution) -> Turn {
+        let namespace = execution.namespace().unwrap_or_default();
+        let siblings: Vec<Sibling> =
+            of_executor(&self.store, &namespace, &execution.spec.executor_ref.name)
+                .map(|e| sibling(&e.metadata, self.is_finished(&e)))
+                .collect();
+        decide::turn(
+            execution.uid().as_deref(),
+            &run_order(execution),
+            &siblings,
+            Timestamp::now(),
+        )
     }
 
     fn finish(&self, execution: &Execution) {
@@ -245,6 +257,18 @@ impl<S> Context<S> {
         {
             let _ = self.wake.send(ObjectRef::from_obj(next.as_ref()));
         }
+    }
+}
+
+/// A sibling in the queue, from its metadata: done once deleted or `finished`.
+fn sibling(metadata: &ObjectMeta, finished: bool) -> Sibling {
+    Sibling {
+        uid: metadata.uid.clone(),
+        order: (
+            metadata.creation_timestamp.as_ref().map(|t| t.0),
+            metadata.name.clone().unwrap_or_default(),
+        ),
+        done: metadata.deletion_timestamp.is_some() || finished,
     }
 }
 
@@ -466,6 +490,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// it), its sandbox is confirmed with briq before any code goes to it, and an executor this
     /// process made unusable is known here before the cache says so.
     async fn take_turn(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
+        if let Turn::Settling(left) = self.ctx.cached_turn(self.execution) {
+            // Each event on the head of a settling burst would otherwise cost a LIST.
+            return self.queued(left).await;
+        }
         match self.ctx.turn(&self.api, self.execution).await? {
             Turn::Mine => {}
             Turn::Behind => return self.queued(QUEUED_RECHECK).await,
@@ -512,7 +540,12 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         // The cache holds no code: the recorded Execution (the whole object, at the version
         // decided on plus this status; the spec is immutable) brings it.
         let recorded = match recorded {
-            Ok(recorded) => recorded,
+            Ok(recorded) => {
+                self.ctx
+                    .kept
+                    .forget_waiting(&recorded.uid().unwrap_or_default());
+                recorded
+            }
             Err(error) if is_conflict(&error) => {
                 // Changed since the decision (another operator recorded its attempt, or anyone
                 // wrote it): decide again on what it is now.
@@ -761,11 +794,20 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         Ok(Action::requeue(recheck))
     }
 
-    /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so.
+    /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so, or
+    /// this process wrote so and its cache does not show it yet: an Execution waiting in a
+    /// burst is reconciled on each of its own changes, which arrive after the next decision.
     async fn wait(&self, reason: ExecutionReason, message: String) -> Result<()> {
         let generation = self.execution.metadata.generation;
-        if let Some(waiting) = decide::waiting_status(&self.status(), generation, reason, message) {
+        let uid = self.execution.uid().unwrap_or_default();
+        let current = self
+            .ctx
+            .kept
+            .waiting_written(&uid)
+            .unwrap_or_else(|| self.status());
+        if let Some(waiting) = decide::waiting_status(&current, generation, reason, message) {
             self.write(&waiting).await?;
+            self.ctx.kept.wrote_waiting(&uid, waiting);
         }
         Ok(())
     }
