@@ -238,7 +238,7 @@ async fn sequential(
             .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
             .with_context(|| format!("Execution {name} disappeared"))?;
         times.push(started.elapsed());
-        objects::check_two(&finished)?;
+        objects::check_output(&finished, "2")?;
     }
     Ok(times)
 }

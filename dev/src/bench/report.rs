@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Report, stats::Summary};
+use super::{Report, scaling::Burst, stats::Summary};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -110,6 +110,34 @@ fn plain(scenario: &'static str, figure: &str, notes: String) -> Row {
     }
 }
 
+/// Throughput, API cost and what went wrong of a burst of Executions.
+fn burst_notes(b: &Burst) -> String {
+    let mut notes = format!(
+        "**{:.1} executions/s** ({} in {:.1} s",
+        b.executions_per_second, b.finished, b.wall_seconds
+    );
+    let _ = write!(
+        notes,
+        "); API reads {:.2}, writes {:.2} per Execution",
+        b.reads_per_execution, b.writes_per_execution
+    );
+    if !b.complete {
+        let _ = write!(
+            notes,
+            "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
+            b.executions - b.finished,
+            b.executions
+        );
+    }
+    if b.api_errors > 0 {
+        let _ = write!(notes, "; {} API 5xx/429 answers", b.api_errors);
+    }
+    if let Some(why) = &b.unverified {
+        let _ = write!(notes, "; outputs not checked ({why})");
+    }
+    notes
+}
+
 /// The figures as a Markdown table, headed by the machine.
 pub fn table(report: &Report) -> String {
     let mut rows = Vec::new();
@@ -179,28 +207,7 @@ pub fn table(report: &Report) -> String {
         });
     }
     for p in report.scaling.iter().flatten() {
-        let mut notes = format!(
-            "**{:.1} executions/s** ({} in {:.1} s); API reads {:.1}, writes {:.1} per Execution",
-            p.executions_per_second,
-            p.finished,
-            p.wall_seconds,
-            p.reads_per_execution,
-            p.writes_per_execution
-        );
-        if !p.complete {
-            let _ = write!(
-                notes,
-                "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
-                p.executions - p.finished,
-                p.executions
-            );
-        }
-        if p.api_errors > 0 {
-            let _ = write!(notes, "; {} API 5xx/429 answers", p.api_errors);
-        }
-        if let Some(why) = &p.unverified {
-            let _ = write!(notes, "; outputs not checked ({why})");
-        }
+        let mut notes = burst_notes(&p.burst);
         if p.setup_failures > 0 {
             let _ = write!(
                 notes,
@@ -216,7 +223,7 @@ pub fn table(report: &Report) -> String {
                 if p.executors == 1 { "" } else { "s" },
                 p.actions_per_executor
             ),
-            p.latency_ms.as_ref(),
+            p.burst.latency_ms.as_ref(),
             notes,
         ));
     }

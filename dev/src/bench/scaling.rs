@@ -4,46 +4,63 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
-use futures::{StreamExt, TryStreamExt, stream};
-use kube::{
-    Api, ResourceExt,
-    api::{ListParams, PostParams},
-    runtime::watcher,
-};
+use kube::{Api, api::ListParams};
 use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    OPERATOR_USER, audit, objects,
+    OPERATOR_USER, audit,
+    objects::{self, FirstSeen},
     stats::{Summary, millis},
 };
-use crate::{progress::Progress, stack::Stack};
+use crate::{
+    progress::Progress,
+    stack::{Controllers, Stack},
+};
 use briq_operator::{
     briq::SandboxApi,
     crd::{BriqExecutor, Execution},
 };
 
-const CODE: &str = "1 + 1";
+/// What every Execution runs here, on real kernels.
+const ACTION: Action = Action {
+    code: "1 + 1",
+    output: "2",
+};
 /// Executors provisioned at once, per CPU (kernel start-ups compete for the CPU, and have a
 /// deadline).
 const PROVISION_AT_ONCE_PER_CPU: usize = 2;
-/// Create calls in flight at once.
-const CREATES_AT_ONCE: usize = 32;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
     pub executors: usize,
     pub actions_per_executor: usize,
+    #[serde(flatten)]
+    pub burst: Burst,
+    /// Not part of the figures: how long getting the executors ready took, and how many setups
+    /// failed on the way (and were repeated).
+    pub provision_seconds: f64,
+    pub setup_failures: usize,
+}
+
+/// The code every Execution of a burst runs, and the output each must give.
+pub struct Action<'a> {
+    pub code: &'a str,
+    pub output: &'a str,
+}
+
+/// Executions created all at once on ready executors, and how they went.
+#[derive(Debug, Clone, Serialize)]
+pub struct Burst {
     pub executions: usize,
     /// How many finished within the bound (`--point-bound`); `complete` when all did.
     pub finished: usize,
     pub complete: bool,
-    /// First create sent → last `Succeeded` seen (or the bound, for a partial point).
+    /// First create sent → last `Succeeded` seen (or the bound, for a partial burst).
     pub wall_seconds: f64,
     pub executions_per_second: f64,
     pub latency_ms: Option<Summary>,
@@ -55,10 +72,6 @@ pub struct Point {
     pub api_errors: u64,
     /// Why the finished Executions' outputs could not be checked, if they could not.
     pub unverified: Option<String>,
-    /// Not part of the figures: how long getting the executors ready took, and how many setups
-    /// failed on the way (and were repeated).
-    pub provision_seconds: f64,
-    pub setup_failures: usize,
 }
 
 /// The points measured, and why the others failed (a failed point does not stop the next).
@@ -105,91 +118,16 @@ async fn point(
     let setup_failures = objects::create_ready(&executors, &names, &json!({}), at_once).await?;
     let provision_seconds = provision.elapsed().as_secs_f64();
 
-    // One watch sees every Execution finish; it is running before the first create.
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let (synced_tx, synced) = tokio::sync::oneshot::channel::<()>();
-    let observer = tokio::spawn({
-        let (api, seen) = (executions.clone(), Arc::clone(&seen));
-        async move {
-            let mut synced_tx = Some(synced_tx);
-            let mut events = watcher(api, watcher::Config::default()).boxed();
-            while let Some(event) = events.next().await {
-                let object = match event {
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = synced_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
-                    _ => continue,
-                };
-                if objects::finished(&object) {
-                    let now = Instant::now();
-                    seen.lock()
-                        .expect("poisoned")
-                        .entry(object.name_any())
-                        .or_insert(now);
-                }
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(30), synced)
-        .await
-        .context("the watch of Executions did not start")??;
-
-    // Round-robin over the executors, so that each has its first action early.
-    let total = count * actions;
-    let plan: Vec<(String, String)> = (0..actions)
-        .flat_map(|k| {
-            names
-                .iter()
-                .map(move |executor| (format!("x-{executor}-{k:03}"), executor.clone()))
-        })
-        .collect();
-    let audit_log = stack
-        .plane()
-        .and_then(|plane| plane.audit_log())
-        .context("the control plane has no audit log")?
-        .to_owned();
-    let from = audit::offset(&audit_log)?;
-    let first_create = Instant::now();
-    let started: HashMap<String, Instant> = stream::iter(&plan)
-        .map(|(name, executor)| {
-            let api = executions.clone();
-            async move {
-                let object = objects::execution(name, executor, CODE)?;
-                let at = Instant::now();
-                api.create(&PostParams::default(), &object).await?;
-                Ok::<_, anyhow::Error>((name.clone(), at))
-            }
-        })
-        .buffer_unordered(CREATES_AT_ONCE)
-        .try_collect()
-        .await?;
-    let complete = loop {
-        if seen.lock().expect("poisoned").len() >= total {
-            break true;
-        }
-        if first_create.elapsed() > bound {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    observer.abort();
-    // When the operator is behind (and the API server likely saturated), stop it at once.
-    let operator = complete.then_some(operator);
-    let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
-    let seen = seen.lock().expect("poisoned").clone();
-    let last = match complete {
-        true => seen.values().max().copied().unwrap_or(first_create),
-        false => Instant::now(),
-    };
-    let latencies: Vec<f64> = started
-        .iter()
-        .filter_map(|(name, at)| seen.get(name).map(|done| millis(*done - *at)))
-        .collect();
-    let unverified = verify(&executions).await.err().map(|e| format!("{e:#}"));
+    let (burst, operator) = burst(
+        stack,
+        operator,
+        &executions,
+        &names,
+        actions,
+        &ACTION,
+        bound,
+    )
+    .await?;
     if let Some(operator) = operator {
         objects::delete_executors(&executors).await?;
         operator.stop().await;
@@ -205,11 +143,65 @@ async fn point(
             }
         }
     }
-    let wall_seconds = (last - first_create).as_secs_f64();
-    let finished = seen.len();
     Ok(Point {
         executors: count,
         actions_per_executor: actions,
+        burst,
+        provision_seconds,
+        setup_failures,
+    })
+}
+
+/// Creates `actions` Executions of `action` on each of the ready `executors` (round-robin, so
+/// that each has its first action early), all at once, and measures until every one finished
+/// or `bound` passed; checks that the finished ones gave the action's output. Hands `operator` back
+/// when all finished; when the operator is behind (and the API server likely saturated), it is
+/// stopped at once.
+pub async fn burst(
+    stack: &Stack,
+    operator: Controllers,
+    executions: &Api<Execution>,
+    executors: &[String],
+    actions: usize,
+    action: &Action<'_>,
+    bound: Duration,
+) -> anyhow::Result<(Burst, Option<Controllers>)> {
+    let seen = FirstSeen::start(executions.clone(), objects::finished).await?;
+    let total = executors.len() * actions;
+    let plan = (0..actions).flat_map(|k| {
+        executors.iter().map(move |executor| {
+            objects::execution(&format!("x-{executor}-{k:03}"), executor, action.code)
+        })
+    });
+    let plan = plan.collect::<anyhow::Result<Vec<Execution>>>()?;
+    let audit_log = stack
+        .plane()
+        .and_then(|plane| plane.audit_log())
+        .context("the control plane has no audit log")?
+        .to_owned();
+    let from = audit::offset(&audit_log)?;
+    let first_create = Instant::now();
+    let started = objects::create_all(executions, plan).await?;
+    let complete = seen.wait_for(total, first_create, bound).await;
+    let seen = {
+        let times = seen.times();
+        drop(seen);
+        times
+    };
+    let operator = complete.then_some(operator);
+    let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
+    let last = match complete {
+        true => seen.values().max().copied().unwrap_or(first_create),
+        false => Instant::now(),
+    };
+    let latencies = latencies(&started, &seen);
+    let unverified = verify(executions, action.output)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"));
+    let wall_seconds = (last - first_create).as_secs_f64();
+    let finished = seen.len();
+    let burst = Burst {
         executions: total,
         finished,
         complete,
@@ -220,19 +212,26 @@ async fn point(
         writes_per_execution: requests.writes as f64 / finished.max(1) as f64,
         api_errors: requests.errors,
         unverified,
-        provision_seconds,
-        setup_failures,
-    })
+    };
+    Ok((burst, operator))
 }
 
-/// Checks that every finished Execution of the namespace gave `2` (listed in pages).
-async fn verify(api: &Api<Execution>) -> anyhow::Result<()> {
+/// Start → end in milliseconds of every object that has both.
+pub fn latencies(started: &HashMap<String, Instant>, ended: &HashMap<String, Instant>) -> Vec<f64> {
+    started
+        .iter()
+        .filter_map(|(name, at)| ended.get(name).map(|done| millis(*done - *at)))
+        .collect()
+}
+
+/// Checks that every finished Execution of the namespace gave `expected` (listed in pages).
+async fn verify(api: &Api<Execution>, expected: &str) -> anyhow::Result<()> {
     let mut params = ListParams::default().limit(500);
     loop {
         let page = retried(|| api.list(&params)).await?;
         for execution in &page.items {
             if objects::finished(execution) {
-                objects::check_two(execution)?;
+                objects::check_output(execution, expected)?;
             }
         }
         match page.metadata.continue_ {
