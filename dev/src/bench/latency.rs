@@ -96,7 +96,7 @@ pub async fn run(
         .context("the ready executor has no sandbox id")?;
     sequential(&executions, "warmup", WARM_UP).await?;
     progress.step(format!(
-        "1/6: executor ready; {actions} Executions of `{CODE}`, one after another"
+        "1/7: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
 
     let audit_log = stack

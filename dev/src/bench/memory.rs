@@ -73,7 +73,7 @@ pub async fn run(
     first.settle().await?;
     let idle = first.memory()?;
     progress.step(format!(
-        "5/6: operator idle at {} KiB peak; creating {executors} BriqExecutors",
+        "5/7: operator idle at {} KiB peak; creating {executors} BriqExecutors",
         idle.peak
     ));
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), EXECUTORS_NAMESPACE);

@@ -1,11 +1,14 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, prints the figures as a
-//! Markdown table and writes them as JSON (`--out`), so two runs can be compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, and scale on simulated
+//! sandboxes, prints the figures as a Markdown table and writes them as JSON (`--out`), so two
+//! runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
-//! the memory scenario, which measures a separate `briq-operator run` process.
+//! the memory scenario, which measures a separate `briq-operator run` process. The
+//! simulated-scale scenario uses the local sandbox server's simulated sandboxes (no kernels), so
+//! that a thousand executors are really Ready; the others use real kernels.
 
 mod agent;
 mod audit;
@@ -15,6 +18,7 @@ mod memory;
 mod objects;
 mod report;
 mod scaling;
+mod simulated;
 mod stats;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -36,12 +40,14 @@ use crate::{
 pub const OPERATOR_USER: &str = "briq-operator";
 
 /// What every scenario stands on: a local control plane with an audit log and a kubeconfig of
-/// [`OPERATOR_USER`], and the local sandbox server on the default venv.
+/// [`OPERATOR_USER`], the local sandbox server on the default venv, and one with simulated
+/// sandboxes.
 async fn start_stack(progress: &Progress) -> anyhow::Result<Stack> {
     Stack::builder()
         .audit_log()
         .user(OPERATOR_USER, &["system:masters"])
         .sandbox_server()
+        .simulated_sandbox_server()
         .progress(progress)
         .start()
         .await
@@ -69,12 +75,13 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
 
-    /// Scenario 3: a point ends at the latest this many seconds after its first create; what
-    /// finished by then is reported as a partial point.
+    /// Scenarios 3 and 7: a point's phase (executors getting Ready, Executions finishing) ends at
+    /// the latest this many seconds after its first create; what finished by then is reported as
+    /// a partial point.
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-6, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-7, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -90,6 +97,8 @@ pub struct Counts {
     pub memory_executors: usize,
     pub memory_executions: usize,
     pub cold_start_runs: usize,
+    pub simulated_executors: Vec<usize>,
+    pub simulated_actions: usize,
 }
 
 impl Counts {
@@ -104,6 +113,8 @@ impl Counts {
                 memory_executors: 100,
                 memory_executions: 1_000,
                 cold_start_runs: 1,
+                simulated_executors: vec![10, 50, 100],
+                simulated_actions: 10,
             }
         } else {
             Counts {
@@ -115,6 +126,8 @@ impl Counts {
                 memory_executors: 1_000,
                 memory_executions: 10_000,
                 cold_start_runs: 5,
+                simulated_executors: vec![10, 100, 1_000],
+                simulated_actions: 10,
             }
         }
     }
@@ -135,6 +148,7 @@ pub struct Report {
     pub api_cost: Option<latency::ApiCost>,
     pub memory: Option<memory::Memory>,
     pub cold_start: Option<cold_start::ColdStart>,
+    pub simulated: Option<Vec<simulated::Point>>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -147,11 +161,20 @@ enum Outcome {
     Scaling(Vec<scaling::Point>, Vec<(String, String)>),
     ColdStart(cold_start::ColdStart),
     Memory(memory::Memory),
+    Simulated(Vec<simulated::Point>, Vec<(String, String)>),
 }
 
-/// The order scenarios run in. Memory leaves thousands of objects behind and scaling can leave
-/// the API server saturated: they come last.
-const ORDER: [u8; 5] = [1, 2, 6, 5, 3];
+/// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
+/// scaling can leave the API server saturated: they come last.
+const ORDER: [u8; 6] = [1, 2, 6, 7, 5, 3];
+
+/// A failed point of scenario `n`, labelled for [`Report::errors`].
+fn point_failures(n: u8, failures: Vec<(usize, anyhow::Error)>) -> Vec<(String, String)> {
+    failures
+        .into_iter()
+        .map(|(executors, error)| (format!("{n} ({executors} executors)"), format!("{error:#}")))
+        .collect()
+}
 
 async fn scenario(
     n: u8,
@@ -174,13 +197,7 @@ async fn scenario(
                 std::time::Duration::from_secs(counts.scaling_bound_seconds),
             )
             .await;
-            let failures = failures
-                .into_iter()
-                .map(|(executors, error)| {
-                    (format!("3 ({executors} executors)"), format!("{error:#}"))
-                })
-                .collect();
-            Outcome::Scaling(points, failures)
+            Outcome::Scaling(points, point_failures(n, failures))
         }
         5 => Outcome::Memory(
             memory::run(
@@ -192,6 +209,17 @@ async fn scenario(
             .await?,
         ),
         6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
+        7 => {
+            let (points, failures) = simulated::run(
+                stack,
+                progress,
+                &counts.simulated_executors,
+                counts.simulated_actions,
+                std::time::Duration::from_secs(counts.scaling_bound_seconds),
+            )
+            .await;
+            Outcome::Simulated(points, point_failures(n, failures))
+        }
         other => anyhow::bail!("no scenario {other}"),
     })
 }
@@ -233,6 +261,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         api_cost: None,
         memory: None,
         cold_start: None,
+        simulated: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -270,6 +299,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
+            Ok(Outcome::Simulated(points, failures)) => {
+                report.simulated = Some(points);
+                report.errors.extend(failures);
+            }
             Err(error) => {
                 progress.step(format!("scenario {label} failed: {error:#}"));
                 report.errors.insert(label, format!("{error:#}"));

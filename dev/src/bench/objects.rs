@@ -92,6 +92,11 @@ pub fn ready_reason(executor: &BriqExecutor) -> Option<(bool, String, String)> {
     })
 }
 
+/// Ready=True.
+pub fn ready(executor: &BriqExecutor) -> bool {
+    ready_reason(executor).is_some_and(|(ready, _, _)| ready)
+}
+
 /// Waits until the executor is Ready (an error if it stalls or fails).
 pub async fn wait_ready(api: &Api<BriqExecutor>, name: &str) -> anyhow::Result<BriqExecutor> {
     let decided = |e: &BriqExecutor| {

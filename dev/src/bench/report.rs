@@ -4,7 +4,15 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Report, scaling::Burst, stats::Summary};
+use super::{
+    Report,
+    scaling::Burst,
+    simulated::{
+        TARGET_EXECUTIONS_PER_SECOND, TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS,
+        TARGET_WRITES_PER_EXECUTION,
+    },
+    stats::Summary,
+};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -110,17 +118,27 @@ fn plain(scenario: &'static str, figure: &str, notes: String) -> Row {
     }
 }
 
-/// Throughput, API cost and what went wrong of a burst of Executions.
-fn burst_notes(b: &Burst) -> String {
+/// Throughput, API cost and what went wrong of a burst of Executions; with scenario 7's
+/// targets when `targets`.
+fn burst_notes(b: &Burst, targets: bool) -> String {
     let mut notes = format!(
         "**{:.1} executions/s** ({} in {:.1} s",
         b.executions_per_second, b.finished, b.wall_seconds
     );
+    if targets {
+        let _ = write!(notes, "; target ≥ {TARGET_EXECUTIONS_PER_SECOND:.0}/s");
+    }
     let _ = write!(
         notes,
         "); API reads {:.2}, writes {:.2} per Execution",
         b.reads_per_execution, b.writes_per_execution
     );
+    if targets {
+        let _ = write!(
+            notes,
+            " (targets ≤ {TARGET_READS_PER_EXECUTION:.0}, ≤ {TARGET_WRITES_PER_EXECUTION:.0})"
+        );
+    }
     if !b.complete {
         let _ = write!(
             notes,
@@ -207,7 +225,7 @@ pub fn table(report: &Report) -> String {
         });
     }
     for p in report.scaling.iter().flatten() {
-        let mut notes = burst_notes(&p.burst);
+        let mut notes = burst_notes(&p.burst, false);
         if p.setup_failures > 0 {
             let _ = write!(
                 notes,
@@ -314,6 +332,44 @@ pub fn table(report: &Report) -> String {
         match &c.pip_unavailable {
             Some(reason) => rows.push(plain("6", figure, format!("n/a ({reason})"))),
             None => rows.push(timing("6", figure, c.pip_ms.as_ref(), String::new())),
+        }
+    }
+    for p in report.simulated.iter().flatten() {
+        let mut notes = format!("all Ready in **{:.1} s**", p.ready_seconds);
+        if p.ready < p.executors {
+            notes = format!(
+                "**partial: {} of {} not Ready at the bound** ({:.1} s)",
+                p.executors - p.ready,
+                p.executors,
+                p.ready_seconds
+            );
+        }
+        let _ = write!(notes, " (target ≤ {TARGET_READY_SECONDS:.0} s for 1,000)");
+        rows.push(timing(
+            "7",
+            &format!(
+                "{} simulated executors created at once → all Ready",
+                p.executors
+            ),
+            p.ready_ms.as_ref(),
+            notes,
+        ));
+        let figure = format!(
+            "{} simulated executors × {} actions, all created at once",
+            p.executors, p.actions_per_executor
+        );
+        match &p.executions {
+            Some(burst) => rows.push(timing(
+                "7",
+                &figure,
+                burst.latency_ms.as_ref(),
+                burst_notes(burst, true),
+            )),
+            None => rows.push(plain(
+                "7",
+                &figure,
+                "not measured: the executors were not all Ready".into(),
+            )),
         }
     }
     for (scenario, error) in &report.errors {

@@ -85,7 +85,7 @@ pub async fn run(
     let (mut results, mut failures) = (Vec::new(), Vec::new());
     for &executors in points {
         progress.step(format!(
-            "3/6: {executors} executors x {actions} Executions, all created at once"
+            "3/7: {executors} executors x {actions} Executions, all created at once"
         ));
         match point(stack, executors, actions, bound).await {
             Ok(point) => results.push(point),
