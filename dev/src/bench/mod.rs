@@ -6,8 +6,8 @@
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
-//! the memory scenario, which measures a separate `briq-operator run` process. The
-//! simulated-scale scenario uses the local sandbox server's simulated sandboxes (no kernels), so
+//! the memory scenario, which measures a separate `briq-operator run` process. The memory and
+//! simulated-scale scenarios use the local sandbox server's simulated sandboxes (no kernels), so
 //! that a thousand executors are really Ready; the others use real kernels.
 
 mod agent;
@@ -250,7 +250,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ..Counts::new(args.quick)
     };
     let mut report = Report {
-        format: 1,
+        format: 2,
         quick: args.quick,
         machine: Machine::describe(),
         counts: counts.clone(),

@@ -283,15 +283,19 @@ pub fn table(report: &Report) -> String {
         rows.push(plain(
             "5",
             "operator peak RSS (VmHWM), idle",
-            mib(m.idle_peak_kib),
+            format!("{} (RSS now {})", mib(m.idle_peak_kib), mib(m.idle_rss_kib)),
         ));
         rows.push(plain(
             "5",
-            &format!("operator peak RSS, {} BriqExecutors", m.executors),
+            &format!(
+                "operator peak RSS, {} Ready executors (simulated sandboxes)",
+                m.executors
+            ),
             format!(
-                "{} (RSS now {})",
+                "{} (RSS now {}: {:+.1} KiB per executor)",
                 mib(m.with_executors_peak_kib),
-                mib(m.with_executors_rss_kib)
+                mib(m.with_executors_rss_kib),
+                m.per_executor_kib
             ),
         ));
         rows.push(plain(
@@ -313,11 +317,15 @@ pub fn table(report: &Report) -> String {
         ));
         rows.push(plain(
             "5",
-            &format!("operator peak RSS, {} finished Executions", m.executions),
+            &format!(
+                "operator peak RSS, started on {} Ready executors + {} finished Executions",
+                m.executors, m.executions
+            ),
             format!(
-                "{} (RSS now {})",
+                "**{}** (target ≤ 64 MiB; RSS now {}: {:+.2} KiB per Execution)",
                 mib(m.with_executions_peak_kib),
-                mib(m.with_executions_rss_kib)
+                mib(m.with_executions_rss_kib),
+                m.per_execution_kib
             ),
         ));
     }
