@@ -88,7 +88,7 @@ pub async fn run(
         .map(|name| objects::executor(name, json!({})))
         .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
     let created = Instant::now();
-    objects::create_all(&api, plan).await?;
+    objects::create_all(&api, plan, None).await?;
     let bound = Duration::from_secs(60 + executors as u64 / 5);
     if !ready.wait_for(executors, created, bound).await {
         first.alive()?;
@@ -107,7 +107,7 @@ pub async fn run(
     let queued = (0..QUEUED_LARGEST)
         .map(|i| objects::execution(&format!("q-{i:04}"), "absent", &code))
         .collect::<anyhow::Result<Vec<Execution>>>()?;
-    objects::create_all(&waiting, queued).await?;
+    objects::create_all(&waiting, queued, None).await?;
     first.settle().await?;
     let with_queued = first.memory()?;
     waiting

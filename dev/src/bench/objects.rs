@@ -148,16 +148,19 @@ pub async fn create_ready(
     Ok(failures.load(Ordering::SeqCst) as usize)
 }
 
-/// Creates every object, [`CREATES_AT_ONCE`] calls at a time; when each create call was sent,
-/// by name.
+/// Creates every object, [`CREATES_AT_ONCE`] calls at a time, none after `deadline`; when each
+/// create call was sent, by name.
 pub async fn create_all<K>(
     api: &Api<K>,
     objects: impl IntoIterator<Item = K>,
+    deadline: Option<Instant>,
 ) -> anyhow::Result<HashMap<String, Instant>>
 where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     stream::iter(objects)
+        // Asked each time a call slot frees up.
+        .take_while(|_| std::future::ready(deadline.is_none_or(|d| Instant::now() < d)))
         .map(|object| async move {
             let at = Instant::now();
             api.create(&PostParams::default(), &object).await?;

@@ -181,8 +181,10 @@ pub async fn burst(
         .to_owned();
     let from = audit::offset(&audit_log)?;
     let first_create = Instant::now();
-    let started = objects::create_all(executions, plan).await?;
+    // Past the bound, what is not created yet counts as unfinished.
+    let started = objects::create_all(executions, plan, Some(first_create + bound)).await?;
     let complete = seen.wait_for(total, first_create, bound).await;
+    let ended = Instant::now();
     let seen = {
         let times = seen.times();
         drop(seen);
@@ -192,7 +194,7 @@ pub async fn burst(
     let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
     let last = match complete {
         true => seen.values().max().copied().unwrap_or(first_create),
-        false => Instant::now(),
+        false => ended,
     };
     let latencies = latencies(&started, &seen);
     let unverified = verify(executions, action.output)
