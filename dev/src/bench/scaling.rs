@@ -3,7 +3,7 @@
 //! over the namespace).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
 };
 
@@ -68,6 +68,8 @@ pub struct Burst {
     /// Execution: queued Executions are reconciled again as their predecessors finish.
     pub reads_per_execution: f64,
     pub writes_per_execution: f64,
+    /// Those requests by verb and resource, per Execution (in the JSON only).
+    pub requests_per_execution: BTreeMap<String, f64>,
     /// The operator's requests the API server answered with a 5xx or 429 meanwhile.
     pub api_errors: u64,
     /// Why the finished Executions' outputs could not be checked, if they could not.
@@ -203,6 +205,7 @@ pub async fn burst(
         .map(|e| format!("{e:#}"));
     let wall_seconds = (last - first_create).as_secs_f64();
     let finished = seen.len();
+    let per_execution = |count: u64| count as f64 / finished.max(1) as f64;
     let burst = Burst {
         executions: total,
         finished,
@@ -210,8 +213,13 @@ pub async fn burst(
         wall_seconds,
         executions_per_second: finished as f64 / wall_seconds.max(1e-9),
         latency_ms: Summary::of_millis(&latencies),
-        reads_per_execution: requests.reads as f64 / finished.max(1) as f64,
-        writes_per_execution: requests.writes as f64 / finished.max(1) as f64,
+        reads_per_execution: per_execution(requests.reads),
+        writes_per_execution: per_execution(requests.writes),
+        requests_per_execution: requests
+            .by_request
+            .iter()
+            .map(|(what, count)| (what.clone(), per_execution(*count)))
+            .collect(),
         api_errors: requests.errors,
         unverified,
     };
