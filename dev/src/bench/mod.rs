@@ -138,6 +138,18 @@ impl Counts {
     }
 }
 
+impl Counts {
+    fn scaling(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.scaling_executors, self.scaling_actions);
+        scaling::Scale::each(executors, actions, self.scaling_bound_seconds)
+    }
+
+    fn simulated(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.simulated_executors, self.simulated_actions);
+        scaling::Scale::each(executors, actions, self.simulated_bound_seconds)
+    }
+}
+
 /// Everything one run measured (the JSON of `--out`).
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -173,12 +185,31 @@ enum Outcome {
 /// scaling can leave the API server saturated: they come last.
 const ORDER: [u8; 6] = [1, 2, 6, 7, 5, 3];
 
-/// A failed point of scenario `n`, labelled for [`Report::errors`].
-fn point_failures(n: u8, failures: Vec<(usize, anyhow::Error)>) -> Vec<(String, String)> {
-    failures
-        .into_iter()
-        .map(|(executors, error)| (format!("{n} ({executors} executors)"), format!("{error:#}")))
-        .collect()
+/// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
+/// next. The points measured, and the others' errors labelled for [`Report::errors`].
+async fn each_point<P, Fut>(
+    n: u8,
+    progress: &Progress,
+    scales: Vec<scaling::Scale>,
+    measure: impl Fn(scaling::Scale) -> Fut,
+) -> (Vec<P>, Vec<(String, String)>)
+where
+    Fut: Future<Output = anyhow::Result<P>>,
+{
+    let (mut points, mut failures) = (Vec::new(), Vec::new());
+    for scale in scales {
+        let executors = scale.executors;
+        match measure(scale).await {
+            Ok(point) => points.push(point),
+            Err(error) => {
+                progress.step(format!(
+                    "{n}: the {executors}-executor point failed: {error:#}"
+                ));
+                failures.push((format!("{n} ({executors} executors)"), format!("{error:#}")));
+            }
+        }
+    }
+    (points, failures)
 }
 
 async fn scenario(
@@ -194,15 +225,9 @@ async fn scenario(
         }
         2 => Outcome::Agent(agent::run(stack, progress, counts.agent_steps).await?),
         3 => {
-            let (points, failures) = scaling::run(
-                stack,
-                progress,
-                &counts.scaling_executors,
-                counts.scaling_actions,
-                std::time::Duration::from_secs(counts.scaling_bound_seconds),
-            )
-            .await;
-            Outcome::Scaling(points, point_failures(n, failures))
+            let measure = |scale| scaling::point(stack, progress, scale);
+            let (points, failures) = each_point(n, progress, counts.scaling(), measure).await;
+            Outcome::Scaling(points, failures)
         }
         5 => Outcome::Memory(
             memory::run(
@@ -215,15 +240,9 @@ async fn scenario(
         ),
         6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
         7 => {
-            let (points, failures) = simulated::run(
-                stack,
-                progress,
-                &counts.simulated_executors,
-                counts.simulated_actions,
-                std::time::Duration::from_secs(counts.simulated_bound_seconds),
-            )
-            .await;
-            Outcome::Simulated(points, point_failures(n, failures))
+            let measure = |scale| simulated::point(stack, progress, scale);
+            let (points, failures) = each_point(n, progress, counts.simulated(), measure).await;
+            Outcome::Simulated(points, failures)
         }
         other => anyhow::bail!("no scenario {other}"),
     })

@@ -18,6 +18,7 @@ use super::{
     stats::{Summary, millis},
 };
 use crate::{
+    local_server::LocalServer,
     progress::Progress,
     stack::{Controllers, Stack},
 };
@@ -27,10 +28,7 @@ use briq_operator::{
 };
 
 /// What every Execution runs here, on real kernels.
-const ACTION: Action = Action {
-    code: "1 + 1",
-    output: "2",
-};
+const CODE: &str = "1 + 1";
 /// Executors provisioned at once, per CPU (kernel start-ups compete for the CPU, and have a
 /// deadline).
 const PROVISION_AT_ONCE_PER_CPU: usize = 2;
@@ -47,8 +45,9 @@ pub struct Point {
     pub setup_failures: usize,
 }
 
-/// The code every Execution of a burst runs, and the output each must give.
-pub struct Action<'a> {
+/// What a burst runs: so many Executions of `code` per executor, each to give `output`.
+pub struct Workload<'a> {
+    pub per_executor: usize,
     pub code: &'a str,
     pub output: &'a str,
 }
@@ -76,62 +75,88 @@ pub struct Burst {
     pub unverified: Option<String>,
 }
 
-/// The points measured, and why the others failed (a failed point does not stop the next).
-pub async fn run(
-    stack: &Stack,
-    progress: &Progress,
-    points: &[usize],
-    actions: usize,
-    bound: Duration,
-) -> (Vec<Point>, Vec<(usize, anyhow::Error)>) {
-    let (mut results, mut failures) = (Vec::new(), Vec::new());
-    for &executors in points {
-        progress.step(format!(
-            "3/7: {executors} executors x {actions} Executions, all created at once"
-        ));
-        match point(stack, executors, actions, bound).await {
-            Ok(point) => results.push(point),
-            Err(error) => {
-                progress.step(format!(
-                    "3: the {executors}-executor point failed: {error:#}"
-                ));
-                failures.push((executors, error));
-            }
-        }
-    }
-    (results, failures)
+/// One point of a scaling scenario: so many executors, so many Executions on each, each phase
+/// of the point within `bound`.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    pub executors: usize,
+    pub actions: usize,
+    pub bound: Duration,
 }
 
-async fn point(
-    stack: &Stack,
-    count: usize,
-    actions: usize,
-    bound: Duration,
-) -> anyhow::Result<Point> {
-    let namespace = format!("bench-scale-{count}");
-    stack.namespace(&namespace).await?;
-    let operator = super::controllers(stack, &namespace, stack.server())?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), &namespace);
-    let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), &namespace);
-    let names: Vec<String> = (0..count).map(|i| format!("e-{i:03}")).collect();
+impl Scale {
+    /// A point per number of executors.
+    pub fn each(executors: &[usize], actions: usize, bound_seconds: u64) -> Vec<Scale> {
+        let bound = Duration::from_secs(bound_seconds);
+        executors
+            .iter()
+            .map(|&executors| Scale {
+                executors,
+                actions,
+                bound,
+            })
+            .collect()
+    }
+}
+
+/// A point's namespace with the controllers (in this process) scoped to it, the APIs of its
+/// objects and the names of its executors.
+pub struct PointNamespace {
+    pub operator: Controllers,
+    pub executors: Api<BriqExecutor>,
+    pub executions: Api<Execution>,
+    pub names: Vec<String>,
+}
+
+impl PointNamespace {
+    /// Namespace `name`, its controllers on `server`, names for `count` executors.
+    pub async fn create(
+        stack: &Stack,
+        name: &str,
+        server: &LocalServer,
+        count: usize,
+    ) -> anyhow::Result<PointNamespace> {
+        stack.namespace(name).await?;
+        Ok(PointNamespace {
+            operator: super::controllers(stack, name, server)?,
+            executors: Api::namespaced(stack.admin().clone(), name),
+            executions: Api::namespaced(stack.admin().clone(), name),
+            names: (0..count).map(|i| format!("e-{i:04}")).collect(),
+        })
+    }
+}
+
+pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::Result<Point> {
+    let (count, actions) = (scale.executors, scale.actions);
+    progress.step(format!(
+        "3/7: {count} executors x {actions} Executions, all created at once"
+    ));
+    let name = format!("bench-scale-{count}");
+    let namespace = PointNamespace::create(stack, &name, stack.server(), count).await?;
+    let (executors, names) = (&namespace.executors, &namespace.names);
     let provision = Instant::now();
     let at_once =
         PROVISION_AT_ONCE_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get());
-    let setup_failures = objects::create_ready(&executors, &names, &json!({}), at_once).await?;
+    let setup_failures = objects::create_ready(executors, names, &json!({}), at_once).await?;
     let provision_seconds = provision.elapsed().as_secs_f64();
 
+    let workload = Workload {
+        per_executor: actions,
+        code: CODE,
+        output: "2",
+    };
+    let executions = &namespace.executions;
     let (burst, operator) = burst(
         stack,
-        operator,
-        &executions,
-        &names,
-        actions,
-        &ACTION,
-        bound,
+        namespace.operator,
+        executions,
+        names,
+        &workload,
+        scale.bound,
     )
     .await?;
     if let Some(operator) = operator {
-        objects::delete_executors(&executors).await?;
+        objects::delete_executors(executors).await?;
         operator.stop().await;
     } else {
         // Destroy the sandboxes directly, so that their kernels do not outlive the point.
@@ -154,9 +179,9 @@ async fn point(
     })
 }
 
-/// Creates `actions` Executions of `action` on each of the ready `executors` (round-robin, so
-/// that each has its first action early), all at once, and measures until every one finished
-/// or `bound` passed; checks that the finished ones gave the action's output. Hands `operator` back
+/// Creates the workload's Executions on the ready `executors` (round-robin, so that each has
+/// its first action early), all at once, and measures until every one finished or `bound`
+/// passed; checks that the finished ones gave the workload's output. Hands `operator` back
 /// when all finished; when the operator is behind (and the API server likely saturated), it is
 /// stopped at once.
 pub async fn burst(
@@ -164,15 +189,14 @@ pub async fn burst(
     operator: Controllers,
     executions: &Api<Execution>,
     executors: &[String],
-    actions: usize,
-    action: &Action<'_>,
+    workload: &Workload<'_>,
     bound: Duration,
 ) -> anyhow::Result<(Burst, Option<Controllers>)> {
     let seen = FirstSeen::start(executions.clone(), objects::finished).await?;
-    let total = executors.len() * actions;
-    let plan = (0..actions).flat_map(|k| {
+    let total = executors.len() * workload.per_executor;
+    let plan = (0..workload.per_executor).flat_map(|k| {
         executors.iter().map(move |executor| {
-            objects::execution(&format!("x-{executor}-{k:03}"), executor, action.code)
+            objects::execution(&format!("x-{executor}-{k:03}"), executor, workload.code)
         })
     });
     let plan = plan.collect::<anyhow::Result<Vec<Execution>>>()?;
@@ -199,7 +223,7 @@ pub async fn burst(
         false => ended,
     };
     let latencies = latencies(&started, &seen);
-    let unverified = verify(executions, action.output)
+    let unverified = verify(executions, workload.output)
         .await
         .err()
         .map(|e| format!("{e:#}"));

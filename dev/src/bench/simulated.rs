@@ -3,25 +3,22 @@
 //! operator and the API server. Per point: N executors created at once → all Ready; then M
 //! Executions on each, all created at once → all finished (a [`scaling::burst`]).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use kube::Api;
 use serde::Serialize;
 use serde_json::json;
 
 use super::{
     objects::{self, FirstSeen},
-    scaling::{self, Action, Burst},
+    scaling::{self, Burst, PointNamespace, Scale, Workload},
     stats::Summary,
 };
 use crate::{progress::Progress, stack::Stack};
-use briq_operator::crd::{BriqExecutor, Execution};
+use briq_operator::crd::BriqExecutor;
 
 /// Takes the simulated kernel 5 ms; a simulated run outputs the code's last line.
-const ACTION: Action = Action {
-    code: "# sleep-ms: 5\n1 + 1",
-    output: "1 + 1",
-};
+const CODE: &str = "# sleep-ms: 5\n1 + 1";
+const OUTPUT: &str = "1 + 1";
 
 /// The targets of issue 16, shown beside the figures (at 1,000 executors × 10).
 pub const TARGET_READY_SECONDS: f64 = 30.0;
@@ -43,45 +40,16 @@ pub struct Point {
     pub executions: Option<Burst>,
 }
 
-/// The points measured, and why the others failed (a failed point does not stop the next).
-pub async fn run(
-    stack: &Stack,
-    progress: &Progress,
-    points: &[usize],
-    actions: usize,
-    bound: Duration,
-) -> (Vec<Point>, Vec<(usize, anyhow::Error)>) {
-    let (mut results, mut failures) = (Vec::new(), Vec::new());
-    for &executors in points {
-        progress.step(format!(
-            "7/7: {executors} executors on simulated sandboxes, then {actions} Executions each, \
-             all created at once"
-        ));
-        match point(stack, executors, actions, bound).await {
-            Ok(point) => results.push(point),
-            Err(error) => {
-                progress.step(format!(
-                    "7: the {executors}-executor point failed: {error:#}"
-                ));
-                failures.push((executors, error));
-            }
-        }
-    }
-    (results, failures)
-}
-
-async fn point(
-    stack: &Stack,
-    count: usize,
-    actions: usize,
-    bound: Duration,
-) -> anyhow::Result<Point> {
-    let namespace = format!("bench-simulated-{count}");
-    stack.namespace(&namespace).await?;
-    let operator = super::controllers(stack, &namespace, stack.simulated_server())?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), &namespace);
-    let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), &namespace);
-    let names: Vec<String> = (0..count).map(|i| format!("s-{i:04}")).collect();
+pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::Result<Point> {
+    let (count, bound) = (scale.executors, scale.bound);
+    progress.step(format!(
+        "7/7: {count} executors on simulated sandboxes, then {} Executions each, all created \
+         at once",
+        scale.actions
+    ));
+    let name = format!("bench-simulated-{count}");
+    let namespace = PointNamespace::create(stack, &name, stack.simulated_server(), count).await?;
+    let (executors, names) = (&namespace.executors, &namespace.names);
 
     let ready = FirstSeen::start(executors.clone(), objects::ready).await?;
     let first_create = Instant::now();
@@ -89,7 +57,7 @@ async fn point(
         .iter()
         .map(|name| objects::executor(name, json!({})))
         .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
-    let created = objects::create_all(&executors, plan, Some(first_create + bound)).await?;
+    let created = objects::create_all(executors, plan, Some(first_create + bound)).await?;
     let all_ready = ready.wait_for(count, first_create, bound).await;
     let ended = Instant::now();
     let ready_at = ready.times();
@@ -100,16 +68,14 @@ async fn point(
     };
 
     let (executions, operator) = if all_ready {
-        let (burst, operator) = scaling::burst(
-            stack,
-            operator,
-            &executions,
-            &names,
-            actions,
-            &ACTION,
-            bound,
-        )
-        .await?;
+        let workload = Workload {
+            per_executor: scale.actions,
+            code: CODE,
+            output: OUTPUT,
+        };
+        let (operator, executions) = (namespace.operator, &namespace.executions);
+        let (burst, operator) =
+            scaling::burst(stack, operator, executions, names, &workload, bound).await?;
         (Some(burst), operator)
     } else {
         (None, None)
@@ -122,7 +88,7 @@ async fn point(
     }
     Ok(Point {
         executors: count,
-        actions_per_executor: actions,
+        actions_per_executor: scale.actions,
         ready: ready_at.len(),
         ready_seconds: (last_ready - first_create).as_secs_f64(),
         ready_ms: Summary::of_millis(&scaling::latencies(&created, &ready_at)),
