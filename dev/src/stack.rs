@@ -3,7 +3,8 @@
 //!
 //! - [`Stack::builder`]: a local control plane with the CRDs installed (or the API server of a
 //!   kubeconfig someone else runs), optionally with an audit log and kubeconfigs for more users;
-//!   optionally a local sandbox server on the sandbox venv and the controllers in this process.
+//!   optionally a local sandbox server on the sandbox venv, a second one with simulated
+//!   sandboxes (benchmarks only) and the controllers in this process.
 //! - [`Controllers`]: the controllers in this process for one namespace or all, on a given
 //!   sandbox server, as a given client; stopped gracefully, killed, resumed.
 //! - [`OperatorProcess`]: a whole operator as `briq-operator run` runs it (`operator::serve`: HTTP
@@ -58,6 +59,7 @@ pub struct Builder {
     users: Vec<(String, Vec<String>)>,
     external: Option<PathBuf>,
     sandbox_server: bool,
+    simulated_sandbox_server: bool,
     controllers: bool,
     progress: Progress,
 }
@@ -88,6 +90,14 @@ impl Builder {
     /// A local sandbox server whose sandboxes run the sandbox venv ([`repo::sandbox_venv`]).
     pub fn sandbox_server(mut self) -> Self {
         self.sandbox_server = true;
+        self
+    }
+
+    /// A second local sandbox server, whose sandboxes are simulated
+    /// ([`local_server::Simulation`]; [`Stack::simulated_server`]): for benchmarks at scale, never
+    /// for tests of behaviour.
+    pub fn simulated_sandbox_server(mut self) -> Self {
+        self.simulated_sandbox_server = true;
         self
     }
 
@@ -153,6 +163,7 @@ impl Builder {
             admin,
             users,
             sandboxes: None,
+            simulated: None,
             controllers: None,
             progress,
         };
@@ -169,6 +180,14 @@ impl Builder {
                 client,
                 venv,
             });
+        }
+        if self.simulated_sandbox_server {
+            let server = spawn_simulated_server().await?;
+            stack.progress.step(format!(
+                "local sandbox server with simulated sandboxes at {}",
+                server.url()
+            ));
+            stack.simulated = Some(server);
         }
         if self.controllers {
             let server = stack.server();
@@ -197,6 +216,7 @@ pub struct Stack {
     admin: Client,
     users: BTreeMap<String, (PathBuf, Client)>,
     sandboxes: Option<Sandboxes>,
+    simulated: Option<LocalServer>,
     controllers: Option<Controllers>,
     progress: Progress,
 }
@@ -209,6 +229,7 @@ impl Stack {
             users: Vec::new(),
             external: None,
             sandbox_server: false,
+            simulated_sandbox_server: false,
             controllers: false,
             progress: Progress::quiet(),
         }
@@ -261,6 +282,13 @@ impl Stack {
         &self.sandboxes().server
     }
 
+    /// The sandbox server with simulated sandboxes ([`Builder::simulated_sandbox_server`]).
+    pub fn simulated_server(&self) -> &LocalServer {
+        self.simulated
+            .as_ref()
+            .expect("the stack was built without .simulated_sandbox_server()")
+    }
+
     /// A briq client of the default sandbox server.
     pub fn sandbox_client(&self) -> &BriqClient {
         &self.sandboxes().client
@@ -294,6 +322,9 @@ impl Stack {
         }
         if let Some(sandboxes) = self.sandboxes.take() {
             sandboxes.server.shutdown().await;
+        }
+        if let Some(simulated) = self.simulated.take() {
+            simulated.shutdown().await;
         }
         drop(self.plane.take());
         match leaked {
@@ -336,10 +367,22 @@ pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()>
 
 /// A local sandbox server with a fresh key; `venv` is its sandboxes' Python.
 pub async fn spawn_server(venv: Option<PathBuf>) -> anyhow::Result<LocalServer> {
-    let key = ApiKey::new(format!("local-{:016x}", rand::random::<u64>()))?;
-    let mut config = local_server::Config::new(key);
+    let mut config = fresh_config()?;
     config.python_venv = venv;
     local_server::spawn(config).await
+}
+
+/// A local sandbox server with a fresh key whose sandboxes are simulated, with the default
+/// timings: for benchmarks at scale only.
+pub async fn spawn_simulated_server() -> anyhow::Result<LocalServer> {
+    let mut config = fresh_config()?;
+    config.simulation = Some(local_server::Simulation::default());
+    local_server::spawn(config).await
+}
+
+fn fresh_config() -> anyhow::Result<local_server::Config> {
+    let key = ApiKey::new(format!("local-{:016x}", rand::random::<u64>()))?;
+    Ok(local_server::Config::new(key))
 }
 
 /// Controller settings for `namespace` (all when `None`) with `server`'s key as the default.

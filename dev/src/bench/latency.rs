@@ -112,7 +112,7 @@ pub async fn run(
         .context("the ready executor has no sandbox id")?;
     sequential(&executions, &executor, "warmup", WARM_UP).await?;
     progress.step(format!(
-        "1/6: executor ready; {actions} Executions of `{CODE}`, one after another"
+        "1/7: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
 
     let audit_log = stack
@@ -308,7 +308,7 @@ async fn sequential(
             .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
             .with_context(|| format!("Execution {name} disappeared"))?;
         times.push(started.elapsed());
-        objects::check_two(&finished)?;
+        objects::check_output(&finished, "2")?;
     }
     Ok(times)
 }

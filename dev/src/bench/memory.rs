@@ -1,7 +1,10 @@
 //! Scenario 5: the operator's own footprint as object counts grow. A separate `briq-operator
-//! run --namespace NS` process (the release binary beside this one), its peak RSS (`VmHWM`)
-//! idle, with many `BriqExecutor`s (whose API key Secret is missing, so no sandbox is made) and
-//! with many finished `Execution`s (finished by us through the status subresource).
+//! run --namespace NS` process (the release binary beside this one) on the local sandbox
+//! server's simulated sandboxes, so that its executors are really Ready: its peak RSS (`VmHWM`)
+//! and RSS idle, with many Ready `BriqExecutor`s, with Executions of the largest code queued and
+//! after many create/delete cycles; then a second one, started on the same namespace once it
+//! also holds many finished `Execution`s (finished by us through the status subresource, while
+//! no operator runs).
 
 use std::{
     path::{Path, PathBuf},
@@ -10,7 +13,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use futures::{StreamExt, TryStreamExt, stream};
 use kube::{
     Api,
     api::{ListParams, Patch, PatchParams, PostParams},
@@ -18,34 +20,41 @@ use kube::{
 use serde::Serialize;
 use serde_json::json;
 
-use super::objects;
+use futures::{StreamExt, TryStreamExt, stream};
+
+use super::objects::{self, FirstSeen};
 use crate::{progress::Progress, repo::repo_root, stack::Stack};
 use briq_operator::crd::{BriqExecutor, Execution};
 
-const EXECUTORS_NAMESPACE: &str = "bench-memory-executors";
-const EXECUTIONS_NAMESPACE: &str = "bench-memory-executions";
+const NAMESPACE: &str = "bench-memory";
 const WRITES_AT_ONCE: usize = 32;
 const QUEUED_LARGEST: usize = 250;
 const CYCLES: usize = 1_000;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Memory {
-    /// Peak RSS of a freshly started operator with nothing to do.
+    /// Peak RSS of a freshly started operator with nothing to do, and its RSS.
     pub idle_peak_kib: u64,
+    pub idle_rss_kib: u64,
     pub executors: usize,
-    /// Peak RSS once it has reconciled that many executors (all at `ApiKeyMissing`).
+    /// Peak RSS once that many executors are Ready (on simulated sandboxes).
     pub with_executors_peak_kib: u64,
     pub with_executors_rss_kib: u64,
-    pub executions: usize,
-    /// Peak RSS of an operator started on a namespace holding that many finished Executions.
-    pub with_executions_peak_kib: u64,
-    pub with_executions_rss_kib: u64,
     /// RSS with that many Executions of the largest code queued (their executor does not exist).
     pub queued_largest: usize,
     pub with_queued_rss_kib: u64,
     /// RSS after that many Executions were created and deleted, one after another.
     pub cycles: usize,
     pub after_cycles_rss_kib: u64,
+    pub executions: usize,
+    /// Peak RSS of an operator started on the namespace once it also holds that many finished
+    /// Executions (the executors still Ready).
+    pub with_executions_peak_kib: u64,
+    pub with_executions_rss_kib: u64,
+    /// RSS growth per Ready executor (from idle), and per finished Execution (the second
+    /// operator against the first with the executors alone).
+    pub per_executor_kib: f64,
+    pub per_execution_kib: f64,
 }
 
 /// The largest code an Execution may carry, in the characters that take the most memory.
@@ -63,71 +72,42 @@ pub async fn run(
     let binary = operator_binary()?;
     let logs = tempfile::Builder::new().prefix("briq-bench-").tempdir()?;
 
-    stack.namespace(EXECUTORS_NAMESPACE).await?;
-    let first = Operator::start(
-        stack,
-        &binary,
-        EXECUTORS_NAMESPACE,
-        &logs.path().join("operator-executors.log"),
-    )?;
+    stack.namespace(NAMESPACE).await?;
+    let first = Operator::start(stack, &binary, &logs.path().join("operator.log"))?;
     first.settle().await?;
     let idle = first.memory()?;
     progress.step(format!(
-        "5/6: operator idle at {} KiB peak; creating {executors} BriqExecutors",
+        "5/7: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
         idle.peak
     ));
-    let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), EXECUTORS_NAMESPACE);
-    let spec = json!({ "apiKeySecretRef": { "name": "missing" } });
-    stream::iter(0..executors)
-        .map(|i| {
-            let (api, spec) = (api.clone(), spec.clone());
-            async move {
-                let object = objects::executor(&format!("m-{i:05}"), spec)?;
-                api.create(&PostParams::default(), &object).await?;
-                Ok::<_, anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(WRITES_AT_ONCE)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(60 + executors as u64 / 5);
-    loop {
+    let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
+    let ready = FirstSeen::start(api.clone(), objects::ready).await?;
+    let names: Vec<String> = (0..executors).map(|i| format!("m-{i:05}")).collect();
+    let plan = names
+        .iter()
+        .map(|name| objects::executor(name, json!({})))
+        .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
+    let created = Instant::now();
+    objects::create_all(&api, plan, None).await?;
+    let bound = Duration::from_secs(60 + executors as u64 / 5);
+    if !ready.wait_for(executors, created, bound).await {
         first.alive()?;
-        let waiting = api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|e| {
-                objects::ready_reason(e).is_none_or(|(_, reason, _)| reason != "ApiKeyMissing")
-            })
-            .count();
-        if waiting == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("{waiting} of {executors} executors never reported ApiKeyMissing");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        bail!(
+            "{} of {executors} executors were not Ready within {bound:?}",
+            executors - ready.count()
+        );
     }
+    drop(ready);
     first.settle().await?;
     let with_executors = first.memory()?;
 
     // Queued Executions must not keep their code in memory.
-    let waiting: Api<Execution> = Api::namespaced(stack.admin().clone(), EXECUTORS_NAMESPACE);
+    let waiting: Api<Execution> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     let code = largest_code();
-    stream::iter(0..QUEUED_LARGEST)
-        .map(|i| {
-            let (api, code) = (waiting.clone(), code.clone());
-            async move {
-                let object = objects::execution(&format!("q-{i:04}"), "absent", &code)?;
-                api.create(&PostParams::default(), &object).await?;
-                Ok::<_, anyhow::Error>(())
-            }
-        })
-        .buffer_unordered(WRITES_AT_ONCE)
-        .try_collect::<Vec<()>>()
-        .await?;
+    let queued = (0..QUEUED_LARGEST)
+        .map(|i| objects::execution(&format!("q-{i:04}"), "absent", &code))
+        .collect::<anyhow::Result<Vec<Execution>>>()?;
+    objects::create_all(&waiting, queued, None).await?;
     first.settle().await?;
     let with_queued = first.memory()?;
     waiting
@@ -150,39 +130,40 @@ pub async fn run(
     first.stop().await;
 
     progress.step(format!(
-        "5: {} KiB peak with {executors} executors; creating {executions} finished Executions",
+        "5: {} KiB peak with {executors} Ready executors; creating {executions} finished \
+         Executions, then a second operator",
         with_executors.peak
     ));
-    stack.namespace(EXECUTIONS_NAMESPACE).await?;
     create_finished(stack, executions).await?;
-    let second = Operator::start(
-        stack,
-        &binary,
-        EXECUTIONS_NAMESPACE,
-        &logs.path().join("operator-executions.log"),
-    )?;
+    let second = Operator::start(stack, &binary, &logs.path().join("operator-second.log"))?;
     second.settle().await?;
     let with_executions = second.memory()?;
     second.stop().await;
+    let growth = |to: &Usage, from: &Usage, count: usize| {
+        (to.rss as f64 - from.rss as f64) / count.max(1) as f64
+    };
     Ok(Memory {
         idle_peak_kib: idle.peak,
+        idle_rss_kib: idle.rss,
         executors,
         with_executors_peak_kib: with_executors.peak,
         with_executors_rss_kib: with_executors.rss,
-        executions,
-        with_executions_peak_kib: with_executions.peak,
-        with_executions_rss_kib: with_executions.rss,
         queued_largest: QUEUED_LARGEST,
         with_queued_rss_kib: with_queued.rss,
         cycles: CYCLES,
         after_cycles_rss_kib: after_cycles.rss,
+        executions,
+        with_executions_peak_kib: with_executions.peak,
+        with_executions_rss_kib: with_executions.rss,
+        per_executor_kib: growth(&with_executors, &idle, executors),
+        per_execution_kib: growth(&with_executions, &with_executors, executions),
     })
 }
 
 /// Creates `count` Executions and finishes each (Succeeded=True) through the status subresource.
 /// No operator watches the namespace meanwhile, so nothing else writes their status.
 async fn create_finished(stack: &Stack, count: usize) -> anyhow::Result<()> {
-    let api: Api<Execution> = Api::namespaced(stack.admin().clone(), EXECUTIONS_NAMESPACE);
+    let api: Api<Execution> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     stream::iter(0..count)
         .map(|i| {
@@ -254,17 +235,19 @@ struct Operator {
 }
 
 impl Operator {
-    fn start(stack: &Stack, binary: &Path, namespace: &str, log: &Path) -> anyhow::Result<Self> {
+    /// On [`NAMESPACE`], with the simulated sandbox server as its briq API.
+    fn start(stack: &Stack, binary: &Path, log: &Path) -> anyhow::Result<Self> {
+        let sandboxes = stack.simulated_server();
         let out = std::fs::File::create(log)?;
         // Its HTTP endpoints on a free port, so that nothing else on the machine is in the way.
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let child = tokio::process::Command::new(binary)
-            .args(["run", "--namespace", namespace])
+            .args(["run", "--namespace", NAMESPACE])
             .env("KUBECONFIG", stack.user_kubeconfig(super::OPERATOR_USER))
-            .env("BRIQ_API_URL", stack.server().url().as_str())
-            .env("BRIQ_API_KEY", stack.key().expose())
+            .env("BRIQ_API_URL", sandboxes.url().as_str())
+            .env("BRIQ_API_KEY", sandboxes.api_key().expose())
             .env("BRIQ_ALLOW_PLAIN_HTTP", "true")
             .env("BRIQ_HTTP_ADDRESS", format!("127.0.0.1:{port}"))
             .env_remove("BRIQ_OPERATOR_NAMESPACE")

@@ -1,11 +1,14 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, prints the figures as a
-//! Markdown table and writes them as JSON (`--out`), so two runs can be compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, and scale on simulated
+//! sandboxes, prints the figures as a Markdown table and writes them as JSON (`--out`), so two
+//! runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
-//! the memory scenario, which measures a separate `briq-operator run` process.
+//! the memory scenario, which measures a separate `briq-operator run` process. The memory and
+//! simulated-scale scenarios use the local sandbox server's simulated sandboxes (no kernels), so
+//! that a thousand executors are really Ready; the others use real kernels.
 
 mod agent;
 mod audit;
@@ -15,6 +18,7 @@ mod memory;
 mod objects;
 mod report;
 mod scaling;
+mod simulated;
 mod stats;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -36,12 +40,14 @@ use crate::{
 pub const OPERATOR_USER: &str = "briq-operator";
 
 /// What every scenario stands on: a local control plane with an audit log and a kubeconfig of
-/// [`OPERATOR_USER`], and the local sandbox server on the default venv.
+/// [`OPERATOR_USER`], the local sandbox server on the default venv, and one with simulated
+/// sandboxes.
 async fn start_stack(progress: &Progress) -> anyhow::Result<Stack> {
     Stack::builder()
         .audit_log()
         .user(OPERATOR_USER, &["system:masters"])
         .sandbox_server()
+        .simulated_sandbox_server()
         .progress(progress)
         .start()
         .await
@@ -74,7 +80,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-6, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-7, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -90,6 +96,12 @@ pub struct Counts {
     pub memory_executors: usize,
     pub memory_executions: usize,
     pub cold_start_runs: usize,
+    pub simulated_executors: Vec<usize>,
+    pub simulated_actions: usize,
+    /// Scenario 7's bound of each phase of a point (executors getting Ready, Executions
+    /// finishing): its targets need 1,000 Ready within 30 s and 10,000 Executions within 50 s,
+    /// and a shorter bound keeps `make bench` within its budget when the operator is slower.
+    pub simulated_bound_seconds: u64,
 }
 
 impl Counts {
@@ -104,6 +116,9 @@ impl Counts {
                 memory_executors: 100,
                 memory_executions: 1_000,
                 cold_start_runs: 1,
+                simulated_executors: vec![10, 50, 100],
+                simulated_actions: 10,
+                simulated_bound_seconds: 60,
             }
         } else {
             Counts {
@@ -115,8 +130,23 @@ impl Counts {
                 memory_executors: 1_000,
                 memory_executions: 10_000,
                 cold_start_runs: 5,
+                simulated_executors: vec![10, 100, 1_000],
+                simulated_actions: 10,
+                simulated_bound_seconds: 60,
             }
         }
+    }
+}
+
+impl Counts {
+    fn scaling(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.scaling_executors, self.scaling_actions);
+        scaling::Scale::each(executors, actions, self.scaling_bound_seconds)
+    }
+
+    fn simulated(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.simulated_executors, self.simulated_actions);
+        scaling::Scale::each(executors, actions, self.simulated_bound_seconds)
     }
 }
 
@@ -135,6 +165,7 @@ pub struct Report {
     pub api_cost: Option<latency::ApiCost>,
     pub memory: Option<memory::Memory>,
     pub cold_start: Option<cold_start::ColdStart>,
+    pub simulated: Option<Vec<simulated::Point>>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -147,11 +178,39 @@ enum Outcome {
     Scaling(Vec<scaling::Point>, Vec<(String, String)>),
     ColdStart(cold_start::ColdStart),
     Memory(memory::Memory),
+    Simulated(Vec<simulated::Point>, Vec<(String, String)>),
 }
 
-/// The order scenarios run in. Memory leaves thousands of objects behind and scaling can leave
-/// the API server saturated: they come last.
-const ORDER: [u8; 5] = [1, 2, 6, 5, 3];
+/// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
+/// scaling can leave the API server saturated: they come last.
+const ORDER: [u8; 6] = [1, 2, 6, 7, 5, 3];
+
+/// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
+/// next. The points measured, and the others' errors labelled for [`Report::errors`].
+async fn each_point<P, Fut>(
+    n: u8,
+    progress: &Progress,
+    scales: Vec<scaling::Scale>,
+    measure: impl Fn(scaling::Scale) -> Fut,
+) -> (Vec<P>, Vec<(String, String)>)
+where
+    Fut: Future<Output = anyhow::Result<P>>,
+{
+    let (mut points, mut failures) = (Vec::new(), Vec::new());
+    for scale in scales {
+        let executors = scale.executors;
+        match measure(scale).await {
+            Ok(point) => points.push(point),
+            Err(error) => {
+                progress.step(format!(
+                    "{n}: the {executors}-executor point failed: {error:#}"
+                ));
+                failures.push((format!("{n} ({executors} executors)"), format!("{error:#}")));
+            }
+        }
+    }
+    (points, failures)
+}
 
 async fn scenario(
     n: u8,
@@ -166,20 +225,8 @@ async fn scenario(
         }
         2 => Outcome::Agent(agent::run(stack, progress, counts.agent_steps).await?),
         3 => {
-            let (points, failures) = scaling::run(
-                stack,
-                progress,
-                &counts.scaling_executors,
-                counts.scaling_actions,
-                std::time::Duration::from_secs(counts.scaling_bound_seconds),
-            )
-            .await;
-            let failures = failures
-                .into_iter()
-                .map(|(executors, error)| {
-                    (format!("3 ({executors} executors)"), format!("{error:#}"))
-                })
-                .collect();
+            let measure = |scale| scaling::point(stack, progress, scale);
+            let (points, failures) = each_point(n, progress, counts.scaling(), measure).await;
             Outcome::Scaling(points, failures)
         }
         5 => Outcome::Memory(
@@ -192,6 +239,11 @@ async fn scenario(
             .await?,
         ),
         6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
+        7 => {
+            let measure = |scale| simulated::point(stack, progress, scale);
+            let (points, failures) = each_point(n, progress, counts.simulated(), measure).await;
+            Outcome::Simulated(points, failures)
+        }
         other => anyhow::bail!("no scenario {other}"),
     })
 }
@@ -222,7 +274,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ..Counts::new(args.quick)
     };
     let mut report = Report {
-        format: 1,
+        format: 2,
         quick: args.quick,
         machine: Machine::describe(),
         counts: counts.clone(),
@@ -233,6 +285,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         api_cost: None,
         memory: None,
         cold_start: None,
+        simulated: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -270,6 +323,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
+            Ok(Outcome::Simulated(points, failures)) => {
+                report.simulated = Some(points);
+                report.errors.extend(failures);
+            }
             Err(error) => {
                 progress.step(format!("scenario {label} failed: {error:#}"));
                 report.errors.insert(label, format!("{error:#}"));

@@ -1,11 +1,12 @@
 //! The objects the scenarios create and wait for, and a counter of the watch events they cause.
 
 use std::{
+    collections::HashMap,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -13,6 +14,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
+    runtime::watcher,
 };
 use serde_json::json;
 
@@ -22,6 +24,10 @@ use crate::{stack, wait};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const DELETE_TIMEOUT: Duration = Duration::from_secs(180);
+/// Create calls in flight at once when many objects are created "at once".
+const CREATES_AT_ONCE: usize = 32;
+/// How long a watch may take to list what is there before it reports changes.
+const WATCH_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn executor(name: &str, spec: serde_json::Value) -> anyhow::Result<BriqExecutor> {
     Ok(serde_json::from_value(json!({
@@ -65,13 +71,13 @@ pub fn finished(execution: &Execution) -> bool {
         .is_some_and(|c| c.status != "Unknown")
 }
 
-/// Checks that a finished Execution of `1 + 1` succeeded with output `2`.
-pub fn check_two(execution: &Execution) -> anyhow::Result<()> {
+/// Checks that a finished Execution succeeded with output `expected`.
+pub fn check_output(execution: &Execution, expected: &str) -> anyhow::Result<()> {
     let status = execution.status.clone().unwrap_or_default();
     let succeeded = condition(&status.conditions, "Succeeded");
-    if succeeded.is_none_or(|c| c.status != "True") || status.output.as_deref() != Some("2") {
+    if succeeded.is_none_or(|c| c.status != "True") || status.output.as_deref() != Some(expected) {
         bail!(
-            "Execution {} did not give 2: {:?}, output {:?}",
+            "Execution {} did not give {expected}: {:?}, output {:?}",
             execution.name_any(),
             succeeded.map(|c| (&c.reason, &c.message)),
             status.output
@@ -92,6 +98,11 @@ pub fn ready_reason(executor: &BriqExecutor) -> Option<(bool, String, String)> {
             ready.message.clone(),
         )
     })
+}
+
+/// Ready=True.
+pub fn ready(executor: &BriqExecutor) -> bool {
+    ready_reason(executor).is_some_and(|(ready, _, _)| ready)
 }
 
 /// Waits until the executor is Ready (an error if it stalls or fails).
@@ -143,6 +154,107 @@ pub async fn create_ready(
         .try_collect::<Vec<()>>()
         .await?;
     Ok(failures.load(Ordering::SeqCst) as usize)
+}
+
+/// Creates every object, [`CREATES_AT_ONCE`] calls at a time, none after `deadline`; when each
+/// create call was sent, by name.
+pub async fn create_all<K>(
+    api: &Api<K>,
+    objects: impl IntoIterator<Item = K>,
+    deadline: Option<Instant>,
+) -> anyhow::Result<HashMap<String, Instant>>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    stream::iter(objects)
+        // Asked each time a call slot frees up.
+        .take_while(|_| std::future::ready(deadline.is_none_or(|d| Instant::now() < d)))
+        .map(|object| async move {
+            let at = Instant::now();
+            api.create(&PostParams::default(), &object).await?;
+            Ok::<_, anyhow::Error>((object.name_any(), at))
+        })
+        .buffer_unordered(CREATES_AT_ONCE)
+        .try_collect()
+        .await
+}
+
+/// When each object of an `Api` was first seen meeting a condition, through one watch that is
+/// running by the time [`FirstSeen::start`] returns.
+pub struct FirstSeen {
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FirstSeen {
+    pub async fn start<K>(api: Api<K>, condition: fn(&K) -> bool) -> anyhow::Result<FirstSeen>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let (synced_tx, synced) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let seen = Arc::clone(&seen);
+            async move {
+                let mut synced_tx = Some(synced_tx);
+                let mut events = watcher(api, watcher::Config::default()).boxed();
+                while let Some(event) = events.next().await {
+                    let object = match event {
+                        Ok(watcher::Event::InitDone) => {
+                            if let Some(tx) = synced_tx.take() {
+                                let _ = tx.send(());
+                            }
+                            continue;
+                        }
+                        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+                        _ => continue,
+                    };
+                    if condition(&object) {
+                        let now = Instant::now();
+                        lock(&seen).entry(object.name_any()).or_insert(now);
+                    }
+                }
+            }
+        });
+        tokio::time::timeout(WATCH_START_TIMEOUT, synced)
+            .await
+            .context("the watch did not start")??;
+        Ok(FirstSeen { seen, task })
+    }
+
+    pub fn count(&self) -> usize {
+        lock(&self.seen).len()
+    }
+
+    /// Waits until `count` objects were seen, or until `bound` after `since`; whether they were.
+    pub async fn wait_for(&self, count: usize, since: Instant, bound: Duration) -> bool {
+        loop {
+            if self.count() >= count {
+                return true;
+            }
+            if since.elapsed() > bound {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// When each object was first seen meeting the condition, by name.
+    pub fn times(&self) -> HashMap<String, Instant> {
+        lock(&self.seen).clone()
+    }
+}
+
+impl Drop for FirstSeen {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Deletes every executor of the namespace (their finalizers destroy the sandboxes) and waits

@@ -4,7 +4,15 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Report, stats::Summary};
+use super::{
+    Report,
+    scaling::Burst,
+    simulated::{
+        TARGET_EXECUTIONS_PER_SECOND, TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS,
+        TARGET_WRITES_PER_EXECUTION,
+    },
+    stats::Summary,
+};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -110,6 +118,44 @@ fn plain(scenario: &'static str, figure: &str, notes: String) -> Row {
     }
 }
 
+/// Throughput, API cost and what went wrong of a burst of Executions; with scenario 7's
+/// targets when `targets`.
+fn burst_notes(b: &Burst, targets: bool) -> String {
+    let mut notes = format!(
+        "**{:.1} executions/s** ({} in {:.1} s",
+        b.executions_per_second, b.finished, b.wall_seconds
+    );
+    if targets {
+        let _ = write!(notes, "; target ≥ {TARGET_EXECUTIONS_PER_SECOND:.0}/s");
+    }
+    let _ = write!(
+        notes,
+        "); API reads {:.2}, writes {:.2} per Execution",
+        b.reads_per_execution, b.writes_per_execution
+    );
+    if targets {
+        let _ = write!(
+            notes,
+            " (targets ≤ {TARGET_READS_PER_EXECUTION:.0}, ≤ {TARGET_WRITES_PER_EXECUTION:.0})"
+        );
+    }
+    if !b.complete {
+        let _ = write!(
+            notes,
+            "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
+            b.executions - b.finished,
+            b.executions
+        );
+    }
+    if b.api_errors > 0 {
+        let _ = write!(notes, "; {} API 5xx/429 answers", b.api_errors);
+    }
+    if let Some(why) = &b.unverified {
+        let _ = write!(notes, "; outputs not checked ({why})");
+    }
+    notes
+}
+
 /// The figures as a Markdown table, headed by the machine.
 pub fn table(report: &Report) -> String {
     let mut rows = Vec::new();
@@ -212,28 +258,7 @@ pub fn table(report: &Report) -> String {
         });
     }
     for p in report.scaling.iter().flatten() {
-        let mut notes = format!(
-            "**{:.1} executions/s** ({} in {:.1} s); API reads {:.1}, writes {:.1} per Execution",
-            p.executions_per_second,
-            p.finished,
-            p.wall_seconds,
-            p.reads_per_execution,
-            p.writes_per_execution
-        );
-        if !p.complete {
-            let _ = write!(
-                notes,
-                "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
-                p.executions - p.finished,
-                p.executions
-            );
-        }
-        if p.api_errors > 0 {
-            let _ = write!(notes, "; {} API 5xx/429 answers", p.api_errors);
-        }
-        if let Some(why) = &p.unverified {
-            let _ = write!(notes, "; outputs not checked ({why})");
-        }
+        let mut notes = burst_notes(&p.burst, false);
         if p.setup_failures > 0 {
             let _ = write!(
                 notes,
@@ -249,7 +274,7 @@ pub fn table(report: &Report) -> String {
                 if p.executors == 1 { "" } else { "s" },
                 p.actions_per_executor
             ),
-            p.latency_ms.as_ref(),
+            p.burst.latency_ms.as_ref(),
             notes,
         ));
     }
@@ -291,15 +316,19 @@ pub fn table(report: &Report) -> String {
         rows.push(plain(
             "5",
             "operator peak RSS (VmHWM), idle",
-            mib(m.idle_peak_kib),
+            format!("{} (RSS now {})", mib(m.idle_peak_kib), mib(m.idle_rss_kib)),
         ));
         rows.push(plain(
             "5",
-            &format!("operator peak RSS, {} BriqExecutors", m.executors),
+            &format!(
+                "operator peak RSS, {} Ready executors (simulated sandboxes)",
+                m.executors
+            ),
             format!(
-                "{} (RSS now {})",
+                "{} (RSS now {}: {:+.1} KiB per executor)",
                 mib(m.with_executors_peak_kib),
-                mib(m.with_executors_rss_kib)
+                mib(m.with_executors_rss_kib),
+                m.per_executor_kib
             ),
         ));
         rows.push(plain(
@@ -321,11 +350,15 @@ pub fn table(report: &Report) -> String {
         ));
         rows.push(plain(
             "5",
-            &format!("operator peak RSS, {} finished Executions", m.executions),
+            &format!(
+                "operator peak RSS, started on {} Ready executors + {} finished Executions",
+                m.executors, m.executions
+            ),
             format!(
-                "{} (RSS now {})",
+                "**{}** (target ≤ 64 MiB; RSS now {}: {:+.2} KiB per Execution)",
                 mib(m.with_executions_peak_kib),
-                mib(m.with_executions_rss_kib)
+                mib(m.with_executions_rss_kib),
+                m.per_execution_kib
             ),
         ));
     }
@@ -340,6 +373,44 @@ pub fn table(report: &Report) -> String {
         match &c.pip_unavailable {
             Some(reason) => rows.push(plain("6", figure, format!("n/a ({reason})"))),
             None => rows.push(timing("6", figure, c.pip_ms.as_ref(), String::new())),
+        }
+    }
+    for p in report.simulated.iter().flatten() {
+        let mut notes = format!("all Ready in **{:.1} s**", p.ready_seconds);
+        if p.ready < p.executors {
+            notes = format!(
+                "**partial: {} of {} not Ready at the bound** ({:.1} s)",
+                p.executors - p.ready,
+                p.executors,
+                p.ready_seconds
+            );
+        }
+        let _ = write!(notes, " (target ≤ {TARGET_READY_SECONDS:.0} s for 1,000)");
+        rows.push(timing(
+            "7",
+            &format!(
+                "{} simulated executors created at once → all Ready",
+                p.executors
+            ),
+            p.ready_ms.as_ref(),
+            notes,
+        ));
+        let figure = format!(
+            "{} simulated executors × {} actions, all created at once",
+            p.executors, p.actions_per_executor
+        );
+        match &p.executions {
+            Some(burst) => rows.push(timing(
+                "7",
+                &figure,
+                burst.latency_ms.as_ref(),
+                burst_notes(burst, true),
+            )),
+            None => rows.push(plain(
+                "7",
+                &figure,
+                "not measured: the executors were not all Ready".into(),
+            )),
         }
     }
     for (scenario, error) in &report.errors {

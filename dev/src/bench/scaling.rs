@@ -3,47 +3,63 @@
 //! over the namespace).
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
-use futures::{StreamExt, TryStreamExt, stream};
-use kube::{
-    Api, ResourceExt,
-    api::{ListParams, PostParams},
-    runtime::watcher,
-};
+use kube::{Api, api::ListParams};
 use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    OPERATOR_USER, audit, objects,
+    OPERATOR_USER, audit,
+    objects::{self, FirstSeen},
     stats::{Summary, millis},
 };
-use crate::{progress::Progress, stack::Stack};
+use crate::{
+    local_server::LocalServer,
+    progress::Progress,
+    stack::{Controllers, Stack},
+};
 use briq_operator::{
     briq::SandboxApi,
     crd::{BriqExecutor, Execution},
 };
 
+/// What every Execution runs here, on real kernels.
 const CODE: &str = "1 + 1";
 /// Executors provisioned at once, per CPU (kernel start-ups compete for the CPU, and have a
 /// deadline).
 const PROVISION_AT_ONCE_PER_CPU: usize = 2;
-/// Create calls in flight at once.
-const CREATES_AT_ONCE: usize = 32;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
     pub executors: usize,
     pub actions_per_executor: usize,
+    #[serde(flatten)]
+    pub burst: Burst,
+    /// Not part of the figures: how long getting the executors ready took, and how many setups
+    /// failed on the way (and were repeated).
+    pub provision_seconds: f64,
+    pub setup_failures: usize,
+}
+
+/// What a burst runs: so many Executions of `code` per executor, each to give `output`.
+pub struct Workload<'a> {
+    pub per_executor: usize,
+    pub code: &'a str,
+    pub output: &'a str,
+}
+
+/// Executions created all at once on ready executors, and how they went.
+#[derive(Debug, Clone, Serialize)]
+pub struct Burst {
     pub executions: usize,
     /// How many finished within the bound (`--point-bound`); `complete` when all did.
     pub finished: usize,
     pub complete: bool,
-    /// First create sent → last `Succeeded` seen (or the bound, for a partial point).
+    /// First create sent → last `Succeeded` seen (or the bound, for a partial burst).
     pub wall_seconds: f64,
     pub executions_per_second: f64,
     pub latency_ms: Option<Summary>,
@@ -51,147 +67,96 @@ pub struct Point {
     /// Execution: queued Executions are reconciled again as their predecessors finish.
     pub reads_per_execution: f64,
     pub writes_per_execution: f64,
+    /// Those requests by verb and resource, per Execution (in the JSON only).
+    pub requests_per_execution: BTreeMap<String, f64>,
     /// The operator's requests the API server answered with a 5xx or 429 meanwhile.
     pub api_errors: u64,
     /// Why the finished Executions' outputs could not be checked, if they could not.
     pub unverified: Option<String>,
-    /// Not part of the figures: how long getting the executors ready took, and how many setups
-    /// failed on the way (and were repeated).
-    pub provision_seconds: f64,
-    pub setup_failures: usize,
 }
 
-/// The points measured, and why the others failed (a failed point does not stop the next).
-pub async fn run(
-    stack: &Stack,
-    progress: &Progress,
-    points: &[usize],
-    actions: usize,
-    bound: Duration,
-) -> (Vec<Point>, Vec<(usize, anyhow::Error)>) {
-    let (mut results, mut failures) = (Vec::new(), Vec::new());
-    for &executors in points {
-        progress.step(format!(
-            "3/6: {executors} executors x {actions} Executions, all created at once"
-        ));
-        match point(stack, executors, actions, bound).await {
-            Ok(point) => results.push(point),
-            Err(error) => {
-                progress.step(format!(
-                    "3: the {executors}-executor point failed: {error:#}"
-                ));
-                failures.push((executors, error));
-            }
-        }
+/// One point of a scaling scenario: so many executors, so many Executions on each, each phase
+/// of the point within `bound`.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    pub executors: usize,
+    pub actions: usize,
+    pub bound: Duration,
+}
+
+impl Scale {
+    /// A point per number of executors.
+    pub fn each(executors: &[usize], actions: usize, bound_seconds: u64) -> Vec<Scale> {
+        let bound = Duration::from_secs(bound_seconds);
+        executors
+            .iter()
+            .map(|&executors| Scale {
+                executors,
+                actions,
+                bound,
+            })
+            .collect()
     }
-    (results, failures)
 }
 
-async fn point(
-    stack: &Stack,
-    count: usize,
-    actions: usize,
-    bound: Duration,
-) -> anyhow::Result<Point> {
-    let namespace = format!("bench-scale-{count}");
-    stack.namespace(&namespace).await?;
-    let operator = super::controllers(stack, &namespace, stack.server())?;
-    let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), &namespace);
-    let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), &namespace);
-    let names: Vec<String> = (0..count).map(|i| format!("e-{i:03}")).collect();
+/// A point's namespace with the controllers (in this process) scoped to it, the APIs of its
+/// objects and the names of its executors.
+pub struct PointNamespace {
+    pub operator: Controllers,
+    pub executors: Api<BriqExecutor>,
+    pub executions: Api<Execution>,
+    pub names: Vec<String>,
+}
+
+impl PointNamespace {
+    /// Namespace `name`, its controllers on `server`, names for `count` executors.
+    pub async fn create(
+        stack: &Stack,
+        name: &str,
+        server: &LocalServer,
+        count: usize,
+    ) -> anyhow::Result<PointNamespace> {
+        stack.namespace(name).await?;
+        Ok(PointNamespace {
+            operator: super::controllers(stack, name, server)?,
+            executors: Api::namespaced(stack.admin().clone(), name),
+            executions: Api::namespaced(stack.admin().clone(), name),
+            names: (0..count).map(|i| format!("e-{i:04}")).collect(),
+        })
+    }
+}
+
+pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::Result<Point> {
+    let (count, actions) = (scale.executors, scale.actions);
+    progress.step(format!(
+        "3/7: {count} executors x {actions} Executions, all created at once"
+    ));
+    let name = format!("bench-scale-{count}");
+    let namespace = PointNamespace::create(stack, &name, stack.server(), count).await?;
+    let (executors, names) = (&namespace.executors, &namespace.names);
     let provision = Instant::now();
     let at_once =
         PROVISION_AT_ONCE_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get());
-    let setup_failures = objects::create_ready(&executors, &names, &json!({}), at_once).await?;
+    let setup_failures = objects::create_ready(executors, names, &json!({}), at_once).await?;
     let provision_seconds = provision.elapsed().as_secs_f64();
 
-    // One watch sees every Execution finish; it is running before the first create.
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let (synced_tx, synced) = tokio::sync::oneshot::channel::<()>();
-    let observer = tokio::spawn({
-        let (api, seen) = (executions.clone(), Arc::clone(&seen));
-        async move {
-            let mut synced_tx = Some(synced_tx);
-            let mut events = watcher(api, watcher::Config::default()).boxed();
-            while let Some(event) = events.next().await {
-                let object = match event {
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = synced_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
-                    _ => continue,
-                };
-                if objects::finished(&object) {
-                    let now = Instant::now();
-                    seen.lock()
-                        .expect("poisoned")
-                        .entry(object.name_any())
-                        .or_insert(now);
-                }
-            }
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(30), synced)
-        .await
-        .context("the watch of Executions did not start")??;
-
-    // Round-robin over the executors, so that each has its first action early.
-    let total = count * actions;
-    let plan: Vec<(String, String)> = (0..actions)
-        .flat_map(|k| {
-            names
-                .iter()
-                .map(move |executor| (format!("x-{executor}-{k:03}"), executor.clone()))
-        })
-        .collect();
-    let audit_log = stack
-        .plane()
-        .and_then(|plane| plane.audit_log())
-        .context("the control plane has no audit log")?
-        .to_owned();
-    let from = audit::offset(&audit_log)?;
-    let first_create = Instant::now();
-    let started: HashMap<String, Instant> = stream::iter(&plan)
-        .map(|(name, executor)| {
-            let api = executions.clone();
-            async move {
-                let object = objects::execution(name, executor, CODE)?;
-                let at = Instant::now();
-                api.create(&PostParams::default(), &object).await?;
-                Ok::<_, anyhow::Error>((name.clone(), at))
-            }
-        })
-        .buffer_unordered(CREATES_AT_ONCE)
-        .try_collect()
-        .await?;
-    let complete = loop {
-        if seen.lock().expect("poisoned").len() >= total {
-            break true;
-        }
-        if first_create.elapsed() > bound {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let workload = Workload {
+        per_executor: actions,
+        code: CODE,
+        output: "2",
     };
-    observer.abort();
-    // When the operator is behind (and the API server likely saturated), stop it at once.
-    let operator = complete.then_some(operator);
-    let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
-    let seen = seen.lock().expect("poisoned").clone();
-    let last = match complete {
-        true => seen.values().max().copied().unwrap_or(first_create),
-        false => Instant::now(),
-    };
-    let latencies: Vec<f64> = started
-        .iter()
-        .filter_map(|(name, at)| seen.get(name).map(|done| millis(*done - *at)))
-        .collect();
-    let unverified = verify(&executions).await.err().map(|e| format!("{e:#}"));
+    let executions = &namespace.executions;
+    let (burst, operator) = burst(
+        stack,
+        namespace.operator,
+        executions,
+        names,
+        &workload,
+        scale.bound,
+    )
+    .await?;
     if let Some(operator) = operator {
-        objects::delete_executors(&executors).await?;
+        objects::delete_executors(executors).await?;
         operator.stop().await;
     } else {
         // Destroy the sandboxes directly, so that their kernels do not outlive the point.
@@ -205,34 +170,102 @@ async fn point(
             }
         }
     }
-    let wall_seconds = (last - first_create).as_secs_f64();
-    let finished = seen.len();
     Ok(Point {
         executors: count,
         actions_per_executor: actions,
+        burst,
+        provision_seconds,
+        setup_failures,
+    })
+}
+
+/// Creates the workload's Executions on the ready `executors` (round-robin, so that each has
+/// its first action early), all at once, and measures until every one finished or `bound`
+/// passed; checks that the finished ones gave the workload's output. Hands `operator` back
+/// when all finished; when the operator is behind (and the API server likely saturated), it is
+/// stopped at once.
+pub async fn burst(
+    stack: &Stack,
+    operator: Controllers,
+    executions: &Api<Execution>,
+    executors: &[String],
+    workload: &Workload<'_>,
+    bound: Duration,
+) -> anyhow::Result<(Burst, Option<Controllers>)> {
+    let seen = FirstSeen::start(executions.clone(), objects::finished).await?;
+    let total = executors.len() * workload.per_executor;
+    let plan = (0..workload.per_executor).flat_map(|k| {
+        executors.iter().map(move |executor| {
+            objects::execution(&format!("x-{executor}-{k:03}"), executor, workload.code)
+        })
+    });
+    let plan = plan.collect::<anyhow::Result<Vec<Execution>>>()?;
+    let audit_log = stack
+        .plane()
+        .and_then(|plane| plane.audit_log())
+        .context("the control plane has no audit log")?
+        .to_owned();
+    let from = audit::offset(&audit_log)?;
+    let first_create = Instant::now();
+    // Past the bound, what is not created yet counts as unfinished.
+    let started = objects::create_all(executions, plan, Some(first_create + bound)).await?;
+    let complete = seen.wait_for(total, first_create, bound).await;
+    let ended = Instant::now();
+    let seen = {
+        let times = seen.times();
+        drop(seen);
+        times
+    };
+    let operator = complete.then_some(operator);
+    let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
+    let last = match complete {
+        true => seen.values().max().copied().unwrap_or(first_create),
+        false => ended,
+    };
+    let latencies = latencies(&started, &seen);
+    let unverified = verify(executions, workload.output)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"));
+    let wall_seconds = (last - first_create).as_secs_f64();
+    let finished = seen.len();
+    let per_execution = |count: u64| count as f64 / finished.max(1) as f64;
+    let burst = Burst {
         executions: total,
         finished,
         complete,
         wall_seconds,
         executions_per_second: finished as f64 / wall_seconds.max(1e-9),
         latency_ms: Summary::of_millis(&latencies),
-        reads_per_execution: requests.reads as f64 / finished.max(1) as f64,
-        writes_per_execution: requests.writes as f64 / finished.max(1) as f64,
+        reads_per_execution: per_execution(requests.reads),
+        writes_per_execution: per_execution(requests.writes),
+        requests_per_execution: requests
+            .by_request
+            .iter()
+            .map(|(what, count)| (what.clone(), per_execution(*count)))
+            .collect(),
         api_errors: requests.errors,
         unverified,
-        provision_seconds,
-        setup_failures,
-    })
+    };
+    Ok((burst, operator))
 }
 
-/// Checks that every finished Execution of the namespace gave `2` (listed in pages).
-async fn verify(api: &Api<Execution>) -> anyhow::Result<()> {
+/// Start → end in milliseconds of every object that has both.
+pub fn latencies(started: &HashMap<String, Instant>, ended: &HashMap<String, Instant>) -> Vec<f64> {
+    started
+        .iter()
+        .filter_map(|(name, at)| ended.get(name).map(|done| millis(*done - *at)))
+        .collect()
+}
+
+/// Checks that every finished Execution of the namespace gave `expected` (listed in pages).
+async fn verify(api: &Api<Execution>, expected: &str) -> anyhow::Result<()> {
     let mut params = ListParams::default().limit(500);
     loop {
         let page = retried(|| api.list(&params)).await?;
         for execution in &page.items {
             if objects::finished(execution) {
-                objects::check_two(execution)?;
+                objects::check_output(execution, expected)?;
             }
         }
         match page.metadata.continue_ {

@@ -11,6 +11,13 @@
 //! running and are found through a marker variable (see `process`). Sleep and restart are
 //! simulated by killing the sandbox's processes, keeping its files. The admin API under
 //! `/_admin/` injects faults, counts calls and lists live sandboxes; [`AdminClient`] speaks it.
+//!
+//! **Simulated mode** (`--simulate`, [`Config::simulation`]), for benchmarks at scale only,
+//! never a default and never used by behaviour tests: like KWOK's nodes, sandboxes run no
+//! process; the server answers the bridge's commands itself (setup and kernel start after a
+//! short delay, a run after its code's `# sleep-ms: N`, each attempt at most once; see
+//! `simulated`). Files, sleep, restart, destroy, listing, call counts and faults work as in
+//! the real mode; sleep, restart and destroy kill the simulated kernel.
 
 mod admin;
 mod faults;
@@ -18,10 +25,12 @@ mod http;
 mod paths;
 mod process;
 mod routes;
+mod simulated;
 mod state;
 
 pub use admin::{AdminClient, LiveSandbox, Stats};
 pub use faults::{Fault, FaultRule, Operation, OperationMatch};
+pub use simulated::Simulation;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
@@ -76,6 +85,29 @@ pub struct Args {
     /// Write the bound port to this file once listening (useful with port 0).
     #[arg(long, value_name = "FILE")]
     pub port_file: Option<PathBuf>,
+
+    /// Simulated sandboxes, for benchmarks at scale: no process runs, the server answers the
+    /// bridge's commands itself (a run waits for its code's `# sleep-ms: N` comment and outputs
+    /// its last line). Never for tests of behaviour.
+    #[arg(long)]
+    pub simulate: bool,
+
+    /// With --simulate: how long a bridge setup takes.
+    #[arg(long, default_value_t = 50, value_name = "MS", requires = "simulate")]
+    pub simulated_setup_ms: u64,
+
+    /// With --simulate: how long starting a kernel takes.
+    #[arg(long, default_value_t = 20, value_name = "MS", requires = "simulate")]
+    pub simulated_kernel_ms: u64,
+}
+
+impl Args {
+    fn simulation(&self) -> Option<Simulation> {
+        self.simulate.then(|| Simulation {
+            setup: Duration::from_millis(self.simulated_setup_ms),
+            kernel_start: Duration::from_millis(self.simulated_kernel_ms),
+        })
+    }
 }
 
 /// Settings of an in-process server (see [`spawn`]).
@@ -87,6 +119,8 @@ pub struct Config {
     pub root: Option<PathBuf>,
     pub api_key: ApiKey,
     pub python_venv: Option<PathBuf>,
+    /// `Some`: simulated sandboxes (see the module documentation); `python_venv` is unused.
+    pub simulation: Option<Simulation>,
 }
 
 impl Config {
@@ -98,6 +132,7 @@ impl Config {
             root: None,
             api_key,
             python_venv: None,
+            simulation: None,
         }
     }
 }
@@ -200,6 +235,7 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
         root,
         config.python_venv.as_deref(),
         preview_host,
+        config.simulation.map(simulated::Simulator::new),
     ));
     let app = Router::new()
         .merge(routes::router())
@@ -232,6 +268,7 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
 /// sandbox.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let server = spawn(Config {
+        simulation: args.simulation(),
         listen: args.listen,
         allow_non_loopback: args.allow_non_loopback,
         root: args.root,
@@ -245,10 +282,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             server.url.port_or_known_default().unwrap_or_default(),
         )?;
     }
-    tracing::warn!(
-        url = %server.url,
-        "local sandbox server listening; it is NOT an isolation boundary (host processes, this user)"
-    );
+    if args.simulate {
+        tracing::warn!(
+            url = %server.url,
+            "local sandbox server listening with SIMULATED sandboxes (no code runs; benchmarks only)"
+        );
+    } else {
+        tracing::warn!(
+            url = %server.url,
+            "local sandbox server listening; it is NOT an isolation boundary (host processes, this user)"
+        );
+    }
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         result = tokio::signal::ctrl_c() => result?,
@@ -302,6 +346,22 @@ mod tests {
         let parsed =
             Cli::try_parse_from(["x", "local-sandbox-server", "--api-key", "s3cret"]).unwrap();
         assert!(!format!("{parsed:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn simulated_mode_is_asked_for() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "local-sandbox-server", "--api-key", "k"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Sub::LocalSandboxServer(args) => args.simulation(),
+            })
+        };
+        assert_eq!(parse(&[]).unwrap(), None);
+        assert_eq!(parse(&["--simulate"]).unwrap(), Some(Simulation::default()));
+        let slow = parse(&["--simulate", "--simulated-setup-ms", "900"]).unwrap();
+        assert_eq!(slow.unwrap().setup, Duration::from_millis(900));
+        assert!(parse(&["--simulated-kernel-ms", "5"]).is_err());
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@ use super::http::{ApiError, RequestId, dropped_connection, echo_page, malformed_
 use super::paths::resolve;
 use super::process::{self, CommandSpec};
 use super::state::Shared;
+use briq_operator::bridge::NONCE_ENV;
 use briq_operator::briq::api::{
     CreateSandbox, ExecBody, FileContent, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES,
     PreviewAnswer, SandboxList, WriteFileAnswer, paths,
@@ -180,14 +181,25 @@ async fn exec(
             tokio::fs::create_dir_all(&cwd)
                 .await
                 .map_err(|e| ApiError::invalid(format!("cannot create cwd: {e}")))?;
-            let command = CommandSpec {
-                argv: body.argv,
-                cwd,
-                env: entry.command_env(&inner, &body.env),
-                stdin: body.stdin,
-                timeout,
+            let output = match &inner.simulator {
+                Some(simulator) => {
+                    let nonce = body.env.get(NONCE_ENV).map(String::as_str);
+                    let stdin = body.stdin.as_deref();
+                    simulator
+                        .exec(&entry.simulated, &cwd, &body.argv, nonce, stdin, timeout)
+                        .await
+                }
+                None => {
+                    let command = CommandSpec {
+                        argv: body.argv,
+                        cwd,
+                        env: entry.command_env(&inner, &body.env),
+                        stdin: body.stdin,
+                        timeout,
+                    };
+                    process::run(command, || !entry.is_destroyed()).await
+                }
             };
-            let output = process::run(command, || !entry.is_destroyed()).await;
             Ok(Json(output).into_response())
         },
     )
