@@ -102,6 +102,8 @@ pub struct Counts {
     /// finishing): its targets need 1,000 Ready within 30 s and 10,000 Executions within 50 s,
     /// and a shorter bound keeps `make bench` within its budget when the operator is slower.
     pub simulated_bound_seconds: u64,
+    /// Executions' worth of requests the API server is sent alone (scenario 7's ceiling).
+    pub api_ceiling_executions: usize,
 }
 
 impl Counts {
@@ -119,6 +121,7 @@ impl Counts {
                 simulated_executors: vec![10, 50, 100],
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
+                api_ceiling_executions: 500,
             }
         } else {
             Counts {
@@ -133,6 +136,7 @@ impl Counts {
                 simulated_executors: vec![10, 100, 1_000],
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
+                api_ceiling_executions: 3_000,
             }
         }
     }
@@ -166,6 +170,7 @@ pub struct Report {
     pub memory: Option<memory::Memory>,
     pub cold_start: Option<cold_start::ColdStart>,
     pub simulated: Option<Vec<simulated::Point>>,
+    pub api_ceiling: Option<simulated::ApiCeiling>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -178,7 +183,12 @@ enum Outcome {
     Scaling(Vec<scaling::Point>, Vec<(String, String)>),
     ColdStart(cold_start::ColdStart),
     Memory(memory::Memory),
-    Simulated(Vec<simulated::Point>, Vec<(String, String)>),
+    /// Scenario 7's points, the labelled errors of those that failed, and the API ceiling.
+    Simulated(
+        Vec<simulated::Point>,
+        Vec<(String, String)>,
+        Option<simulated::ApiCeiling>,
+    ),
 }
 
 /// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
@@ -241,8 +251,12 @@ async fn scenario(
         6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
         7 => {
             let measure = |scale| simulated::point(stack, progress, scale);
-            let (points, failures) = each_point(n, progress, counts.simulated(), measure).await;
-            Outcome::Simulated(points, failures)
+            let (points, mut failures) = each_point(n, progress, counts.simulated(), measure).await;
+            let ceiling = simulated::api_ceiling(stack, progress, counts.api_ceiling_executions)
+                .await
+                .map_err(|error| failures.push(("7 (API ceiling)".into(), format!("{error:#}"))))
+                .ok();
+            Outcome::Simulated(points, failures, ceiling)
         }
         other => anyhow::bail!("no scenario {other}"),
     })
@@ -286,6 +300,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         memory: None,
         cold_start: None,
         simulated: None,
+        api_ceiling: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -323,8 +338,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
-            Ok(Outcome::Simulated(points, failures)) => {
+            Ok(Outcome::Simulated(points, failures, ceiling)) => {
                 report.simulated = Some(points);
+                report.api_ceiling = ceiling;
                 report.errors.extend(failures);
             }
             Err(error) => {

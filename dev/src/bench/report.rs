@@ -413,6 +413,16 @@ pub fn table(report: &Report) -> String {
             )),
         }
     }
+    if let Some(c) = &report.api_ceiling {
+        rows.push(plain(
+            "7",
+            "the API server alone: each Execution's create, LIST and 2 status writes",
+            format!(
+                "**{:.1} executions/s** ({} in {:.1} s, {} at once, no operator): the ceiling of the rows above on this machine",
+                c.executions_per_second, c.executions, c.seconds, c.concurrency
+            ),
+        ));
+    }
     for (scenario, error) in &report.errors {
         let line: String = error.split_whitespace().collect::<Vec<_>>().join(" ");
         let short: String = line.chars().take(300).collect();

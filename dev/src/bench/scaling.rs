@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use kube::{Api, api::ListParams};
+use kube::{Api, ResourceExt, api::ListParams};
 use serde::Serialize;
 use serde_json::json;
 
@@ -149,7 +149,7 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
     let (burst, operator) = burst(
         stack,
         namespace.operator,
-        executions,
+        (executors, executions),
         names,
         &workload,
         scale.bound,
@@ -187,16 +187,25 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
 pub async fn burst(
     stack: &Stack,
     operator: Controllers,
-    executions: &Api<Execution>,
-    executors: &[String],
+    (executor_api, executions): (&Api<BriqExecutor>, &Api<Execution>),
+    names: &[String],
     workload: &Workload<'_>,
     bound: Duration,
 ) -> anyhow::Result<(Burst, Option<Controllers>)> {
     let seen = FirstSeen::start(executions.clone(), objects::finished).await?;
-    let total = executors.len() * workload.per_executor;
+    let total = names.len() * workload.per_executor;
+    // Created as the agent client creates them: owned by their executor from the start.
+    let mut executors = std::collections::HashMap::new();
+    for executor in executor_api.list(&ListParams::default()).await? {
+        executors.insert(executor.name_any(), executor);
+    }
+    let executors = &executors;
     let plan = (0..workload.per_executor).flat_map(|k| {
-        executors.iter().map(move |executor| {
-            objects::execution(&format!("x-{executor}-{k:03}"), executor, workload.code)
+        names.iter().map(move |name| {
+            let executor = executors
+                .get(name)
+                .with_context(|| format!("executor {name} is not listed"))?;
+            objects::execution_of(&format!("x-{name}-{k:03}"), executor, workload.code)
         })
     });
     let plan = plan.collect::<anyhow::Result<Vec<Execution>>>()?;

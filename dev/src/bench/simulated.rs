@@ -73,9 +73,9 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
             code: CODE,
             output: OUTPUT,
         };
-        let (operator, executions) = (namespace.operator, &namespace.executions);
+        let apis = (&namespace.executors, &namespace.executions);
         let (burst, operator) =
-            scaling::burst(stack, operator, executions, names, &workload, bound).await?;
+            scaling::burst(stack, namespace.operator, apis, names, &workload, bound).await?;
         (Some(burst), operator)
     } else {
         (None, None)
@@ -93,5 +93,83 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
         ready_seconds: (last_ready - first_create).as_secs_f64(),
         ready_ms: Summary::of_millis(&scaling::latencies(&created, &ready_at)),
         executions,
+    })
+}
+
+/// What the API server alone sustains of the requests one Execution needs (its create, the
+/// turn's LIST and two status writes), issued by the benchmark as fast as it can with no
+/// operator running: the ceiling scenario 7's throughput can reach on this machine.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiCeiling {
+    pub executions: usize,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub executions_per_second: f64,
+}
+
+/// Requests in flight at once for [`api_ceiling`]: what the operator may have (256 Execution
+/// reconciles) is more than the API server takes usefully on 2 CPUs.
+const CEILING_CONCURRENCY: usize = 64;
+
+pub async fn api_ceiling(
+    stack: &Stack,
+    progress: &Progress,
+    count: usize,
+) -> anyhow::Result<ApiCeiling> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    use kube::{
+        Api,
+        api::{ListParams, Patch, PatchParams, PostParams},
+    };
+
+    progress.step(format!(
+        "7: the API server alone, {count} Executions' requests (create, LIST, 2 status writes)"
+    ));
+    let name = "bench-api-ceiling";
+    stack.namespace(name).await?;
+    let executions: Api<briq_operator::crd::Execution> =
+        Api::namespaced(stack.admin().clone(), name);
+    let executions = &executions;
+    let started = Instant::now();
+    futures::stream::iter(0..count)
+        .map(|i| async move {
+            let executor = format!("e-{:04}", i % 1_000);
+            let execution = objects::execution(&format!("c-{i:05}"), &executor, CODE)?;
+            let created = executions
+                .create(&PostParams::default(), &execution)
+                .await?;
+            let selector = format!("spec.executorRef.name={executor}");
+            executions
+                .list_metadata(&ListParams::default().fields(&selector))
+                .await?;
+            for reason in ["Running", "Completed"] {
+                let status = json!({
+                    "apiVersion": "briq.cloud/v1alpha1",
+                    "kind": "Execution",
+                    "status": { "conditions": [{
+                        "type": "Succeeded", "status": "Unknown", "reason": reason,
+                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }] },
+                });
+                executions
+                    .patch_status(
+                        &created.metadata.name.clone().unwrap_or_default(),
+                        &PatchParams::apply("briq-bench").force(),
+                        &Patch::Apply(&status),
+                    )
+                    .await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })
+        .buffer_unordered(CEILING_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(ApiCeiling {
+        executions: count,
+        concurrency: CEILING_CONCURRENCY,
+        seconds,
+        executions_per_second: count as f64 / seconds.max(1e-9),
     })
 }
