@@ -20,6 +20,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import string
 import subprocess
 import sys
@@ -147,6 +148,32 @@ class Call:
     stderr: str
     # The `spilled` envelope stdout held, or None; `envelope` is then the one from its file.
     spilled: dict | None = None
+
+
+def unix_listener(path: Path) -> socket.socket:
+    """A Unix socket of this test process listening on `path` (bound by its short relative
+    name: AF_UNIX paths are short, the temporary directories' are not)."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    cwd = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        server.bind(path.name)
+    finally:
+        os.chdir(cwd)
+    server.listen(8)
+    return server
+
+
+@pytest.fixture(scope="session")
+def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory whose jupyter_client and zmq packages refuse to import: put first on
+    PYTHONPATH, only code that imports neither (the run client, a runner already running) can
+    run an action."""
+    root = tmp_path_factory.mktemp("blocker")
+    for name in ("jupyter_client", "zmq"):
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
+    return root
 
 
 def client_argv(timeout: float, attempt: str) -> list[str]:

@@ -9,23 +9,12 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import bridge_env, client_argv, new_nonce, process_gone
-
-
-@pytest.fixture(scope="session")
-def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory whose jupyter_client and zmq packages refuse to import."""
-    root = tmp_path_factory.mktemp("client-blocker")
-    for name in ("jupyter_client", "zmq"):
-        (root / name).mkdir()
-        (root / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
-    return root
+from conftest import bridge_env, client_argv, new_nonce, process_gone, unix_listener
 
 
 def blocked_env(sandbox, blocker: Path) -> dict:
@@ -54,14 +43,7 @@ def stop_the_runner(sandbox) -> None:
 def stand_in_runner(path: Path, behaviour: str):
     """This test process on the runner socket, behaving as told; yields what it received."""
     received: list[bytes] = []
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # AF_UNIX paths are short
-    try:
-        server.bind(path.name)
-    finally:
-        os.chdir(cwd)
-    server.listen(8)
+    server = unix_listener(path)
 
     def serve():
         with contextlib.suppress(OSError):

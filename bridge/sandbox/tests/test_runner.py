@@ -29,16 +29,6 @@ raise FinalAnswerException({value!r})
 """
 
 
-@pytest.fixture(scope="session")
-def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory whose jupyter_client and zmq packages refuse to import."""
-    root = tmp_path_factory.mktemp("blocker")
-    for name in ("jupyter_client", "zmq"):
-        (root / name).mkdir()
-        (root / name / "__init__.py").write_text(f"raise ImportError('{name} is blocked')\n")
-    return root
-
-
 def thin_call(sandbox, blocker: Path, code: str, timeout: float = 30) -> Call:
     """Run `code` with jupyter_client and zmq unimportable: only the runner can run it."""
     sandbox._actions += 1

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import KERNEL_UID, SPLIT, bridge_env, new_nonce, process_gone
+from conftest import KERNEL_UID, SPLIT, bridge_env, new_nonce, process_gone, unix_listener
 
 NOT_SPLIT = "the bridge is not root here, so user code runs as its uid (documented residual risk)"
 # What a fake runner answers to anything: a result the kernel never produced.
@@ -162,14 +161,7 @@ def test_user_code_cannot_create_runner_sock_for_a_fake_runner(fresh_sandbox):
 def listening_fake_runner(path: Path):
     """A fake runner (this test process) on `path`; yields the list of requests it got."""
     received: list[bytes] = []
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # AF_UNIX paths are short
-    try:
-        server.bind(path.name)
-    finally:
-        os.chdir(cwd)
-    server.listen(8)
+    server = unix_listener(path)
     server.settimeout(0.2)
     stop = threading.Event()
 
