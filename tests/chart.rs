@@ -32,6 +32,8 @@ const ALL_FEATURES: &[&str] = &[
     "briq.apiKeySecret.name=briq-default-key",
     "--set",
     "podAnnotations.example\\.com/team=agents",
+    "--set",
+    "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 ];
 
 #[test]
@@ -77,6 +79,8 @@ fn bad_values_fail_before_anything_is_installed() {
             "/image/pullPolicy",
         ),
         (&["--set", "image.repository="], "/image/repository"),
+        (&["--set", "image.digest=latest"], "/image/digest"),
+        (&["--set", "image.digest=sha256:abc"], "/image/digest"),
         (
             &["--set", "leaderElection.enabled=yes"],
             "/leaderElection/enabled",
@@ -169,6 +173,70 @@ fn a_drain_evicts_at_most_one_replica_at_a_time() {
             "{single:?}"
         );
     }
+}
+
+#[test]
+fn the_chart_is_versioned_with_the_crate() {
+    let chart: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(ops::chart_dir().join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"], version, "Chart.yaml version");
+    assert_eq!(chart["appVersion"], version, "Chart.yaml appVersion");
+}
+
+/// The operator container's image as rendered with `values`.
+fn rendered_image(values: &[&str]) -> String {
+    let documents = ops::template("ops", "briq-system", values);
+    let deployment = ops::find(&documents, "Deployment")[0];
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .expect("an image")
+        .to_owned()
+}
+
+#[test]
+fn a_digest_pins_the_image_whatever_its_tag_points_at_later() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    // The chart's appVersion is the crate's version (`the_chart_is_versioned_with_the_crate`).
+    let app_version = env!("CARGO_PKG_VERSION");
+    assert_eq!(rendered_image(&[]), format!("briq-operator:{app_version}"));
+    assert_eq!(
+        rendered_image(&["--set", "image.tag=edge"]),
+        "briq-operator:edge"
+    );
+    let pinned = format!("image.digest={digest}");
+    assert_eq!(
+        rendered_image(&["--set", "image.tag=edge", "--set", &pinned]),
+        format!("briq-operator@{digest}")
+    );
+}
+
+#[test]
+fn replicas_prefer_different_nodes_unless_the_values_say_where() {
+    let affinity = |values: &[&str]| {
+        let documents = ops::template("ops", "briq-system", values);
+        ops::find(&documents, "Deployment")[0]["spec"]["template"]["spec"]["affinity"].clone()
+    };
+    let spread = affinity(&[]);
+    let preferred = &spread["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(preferred.as_array().map(Vec::len), Some(1), "{spread}");
+    let term = &preferred[0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    let documents = ops::template("ops", "briq-system", &[]);
+    let deployment = ops::find(&documents, "Deployment")[0];
+    assert_eq!(
+        term["labelSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "it keeps the operator's own pods apart"
+    );
+    assert!(
+        spread["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].is_null(),
+        "soft: a one-node cluster still runs both replicas"
+    );
+    assert!(affinity(&["--set", "replicas=1"]).is_null());
+    let given = affinity(&["--set", "affinity.nodeAffinity.example=kept"]);
+    assert_eq!(given, json!({ "nodeAffinity": { "example": "kept" } }));
 }
 
 #[test]
