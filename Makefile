@@ -74,3 +74,13 @@ bench: control-plane python-env
 	cargo run --release -p briq-dev -- bench --out "$(BENCH_OUT)" $(ARGS)
 
 .PHONY: bench
+
+# The release artifacts, versioned from Cargo.toml, in $(RELEASE_DIR): install.yaml (namespace,
+# CRDs, RBAC, Deployment, admission policy; `kubectl apply --server-side -f install.yaml`) and
+# the packaged chart (dev/release.sh; tests/chart.rs checks both against the API server).
+RELEASE_DIR ?= target/release-artifacts
+release: tools
+	tools=$$(bash tests/tools/build.sh 2>/dev/null)
+	bash dev/release.sh "$$tools/bin/helm" "$(RELEASE_DIR)"
+
+.PHONY: release

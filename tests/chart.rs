@@ -365,6 +365,91 @@ spec:
         openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true }
 "#;
 
+#[tokio::test]
+async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts_it() {
+    let env = TestEnv::new("chart-release").await;
+    let out = tempfile::tempdir().unwrap();
+    let helm = ops::tool("helm");
+    let script = support::repo_root().join("dev/release.sh");
+    let made = std::process::Command::new("bash")
+        .args([script.as_os_str(), helm.as_os_str(), out.path().as_os_str()])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let package = out.path().join(format!("briq-operator-{version}.tgz"));
+    assert!(
+        package.is_file(),
+        "the packaged chart {}",
+        package.display()
+    );
+
+    let yaml = std::fs::read_to_string(out.path().join("install.yaml")).unwrap();
+    let documents = ops::documents(&yaml);
+    let mut kinds: Vec<&str> = documents
+        .iter()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    kinds.sort_unstable();
+    for wanted in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(kinds.contains(&wanted), "no {wanted} in {kinds:?}");
+    }
+    let crds = ops::find(&documents, "CustomResourceDefinition");
+    assert_eq!(crds.len(), 2, "both CRDs");
+    for document in &documents {
+        let namespace = &document["metadata"]["namespace"];
+        assert!(
+            namespace.is_null() || namespace == "briq-system",
+            "{} {} is in {namespace}",
+            document["kind"],
+            document["metadata"]["name"]
+        );
+    }
+    let deployment = ops::find(&documents, "Deployment")[0];
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!("briq-operator:{version}")
+    );
+
+    // What `kubectl apply --server-side -f install.yaml` would do, checked by the API server's
+    // own validation and admission (a dry run: this API server is shared by the tests).
+    let (_, _, _) = env.kubectl(&["create", "namespace", "briq-system"]);
+    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(file.path(), &yaml).unwrap();
+    let (ok, stdout, stderr) = env.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        // After the test namespace env.kubectl sets: install.yaml names its own.
+        "--namespace=briq-system",
+        "-f",
+        file.path().to_str().unwrap(),
+    ]);
+    assert!(
+        ok,
+        "the API server refused install.yaml:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        stdout.lines().count(),
+        documents.len(),
+        "one line per object: {stdout}"
+    );
+}
+
 fn apply(env: &TestEnv, yaml: &str) {
     let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
     std::fs::write(file.path(), yaml).unwrap();
