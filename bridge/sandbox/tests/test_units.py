@@ -7,9 +7,12 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from conftest import SPILL_THRESHOLD, parse_envelope
+
+SANDBOX_IMAGE = Path(__file__).resolve().parents[3] / "images" / "sandbox"
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +145,29 @@ def test_spill_file_that_cannot_be_written_is_a_bridge_failure(
     monkeypatch.setenv("BRIQ_NONCE", nonce)  # main() takes it out of the environment
     assert sandbox.main(["probe"]) == 0
     assert parse_envelope(capsys.readouterr().out, nonce, tmp_path) == big
+
+
+def sandbox_image_pins() -> dict[str, str]:
+    """images/sandbox/requirements.txt as {distribution (normalized): version}."""
+    path = SANDBOX_IMAGE / "requirements.txt"
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"{line!r} is not an exact pin"
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_the_sandbox_image_preinstalls_exactly_what_setup_accepts(sandbox):
+    """An executor on the prebuilt image must make no pip call: each pin is inside the range
+    setup accepts, and nothing setup checks is left out."""
+    pins = sandbox_image_pins()
+    wanted = {dist.lower(): accept for _, dist, _, accept in sandbox.BASE_PACKAGES}
+    assert set(pins) == set(wanted)
+    for distribution, version in pins.items():
+        assert wanted[distribution](sandbox.release_tuple(version)), (distribution, version)
+    dockerfile = (SANDBOX_IMAGE / "Dockerfile").read_text()
+    assert dockerfile.startswith("#") and "FROM python:3.12-slim" in dockerfile
+    assert "-r /tmp/briq-requirements.txt" in dockerfile
