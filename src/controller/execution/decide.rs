@@ -524,6 +524,10 @@ pub fn waiting_status(
     Some(ExecutionStatus {
         observed_generation: generation,
         conditions: conditions::merge(&current.conditions, &want, generation),
+        // A recovery may wait on an Execution recorded as running: its attempt stays recorded,
+        // or it would look never run and be sent again.
+        attempt_id: current.attempt_id.clone(),
+        start_time: current.start_time.clone(),
         ..Default::default()
     })
 }

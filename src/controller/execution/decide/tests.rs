@@ -711,6 +711,30 @@ fn a_waiting_status_is_written_once() {
 }
 
 #[test]
+fn a_waiting_status_over_a_recorded_attempt_keeps_it_so_the_code_is_never_sent_again() {
+    // Recovery waits (e.g. the executor's key Secret is gone) on an Execution recorded as
+    // running: the status it writes must still name the attempt, or the next reconcile would
+    // see an Execution that never ran and send its code again.
+    let running = running_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        "py",
+        "0123456789abcdef".into(),
+        time("20"),
+    );
+    let waiting = waiting_status(
+        &running,
+        Some(1),
+        ExecutionReason::ExecutorNotReady,
+        "no key".into(),
+    )
+    .expect("a new reason is written");
+    assert_eq!(waiting.attempt_id.as_deref(), Some("0123456789abcdef"));
+    assert_eq!(waiting.start_time, running.start_time);
+    assert_eq!(waiting.conditions[0].reason, "ExecutorNotReady");
+}
+
+#[test]
 fn the_final_status_keeps_the_attempt_and_carries_the_result() {
     let running = running_status(
         &ExecutionStatus::default(),
