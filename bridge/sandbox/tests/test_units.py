@@ -171,3 +171,28 @@ def test_the_sandbox_image_preinstalls_exactly_what_setup_accepts(sandbox):
     dockerfile = (SANDBOX_IMAGE / "Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM python:3.12-slim" in dockerfile
     assert "-r /tmp/briq-requirements.txt" in dockerfile
+
+
+def test_the_run_client_waits_as_long_as_the_bridge_does(sandbox):
+    """briq_run.py cannot import the bridge (it imports built-ins only): its copies of the
+    bridge's waits and limits are read from its source and compared."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "briq_run.py").read_text()
+    # Number and string literals, or arithmetic on them: nothing else is evaluated.
+    constants = {
+        node.targets[0].id: eval(compile(ast.Expression(node.value), "briq_run.py", "eval"))  # noqa: S307
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        and node.targets[0].id.isupper()
+        and all(
+            isinstance(part, ast.Constant | ast.BinOp | ast.operator)
+            for part in ast.walk(node.value)
+        )
+    }
+    assert constants["ANSWER_MARGIN_S"] == (
+        sandbox.RUNNER_ANSWER_MARGIN_S + sandbox.INTERRUPT_GRACE_S
+    )
+    assert constants["CONNECT_WAIT_S"] == sandbox.RUNNER_PING_WAIT_S
+    assert constants["MAX_ANSWER_BYTES"] == sandbox.RUNNER_MAX_ANSWER_BYTES
+    assert constants["NONCE_ENV"] == sandbox.NONCE_ENV
