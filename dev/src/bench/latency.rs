@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
     runtime::wait::await_condition,
 };
 use serde::Serialize;
@@ -263,18 +263,9 @@ async fn api_round_trips(
         let started = Instant::now();
         api.list_metadata(&selector).await?;
         lists.push(started.elapsed());
-        let status = json!({
-            "apiVersion": "briq.cloud/v1alpha1",
-            "kind": "Execution",
-            "status": { "attemptId": format!("{i:016x}") },
-        });
+        let status = json!({ "attemptId": format!("{i:016x}") });
         let started = Instant::now();
-        api.patch_status(
-            name,
-            &PatchParams::apply("briq-bench").force(),
-            &Patch::Apply(&status),
-        )
-        .await?;
+        objects::apply_execution_status(api, name, status).await?;
         writes.push(started.elapsed());
     }
     api.delete(name, &DeleteParams::default()).await?;

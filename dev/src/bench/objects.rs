@@ -47,6 +47,24 @@ pub fn execution(name: &str, executor: &str, code: &str) -> anyhow::Result<Execu
     }))?)
 }
 
+/// Server-side applies `status` to the Execution `name`, as the operator writes one (the bench
+/// times such writes alone).
+pub async fn apply_execution_status(
+    api: &Api<Execution>,
+    name: &str,
+    status: serde_json::Value,
+) -> anyhow::Result<()> {
+    let patch =
+        json!({ "apiVersion": "briq.cloud/v1alpha1", "kind": "Execution", "status": status });
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::apply("briq-bench").force(),
+        &kube::api::Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
 /// [`execution`] as the Python client and kubectl-briq create it: owned by `executor` from
 /// the start, so the operator need not adopt it.
 pub fn execution_of(name: &str, executor: &BriqExecutor, code: &str) -> anyhow::Result<Execution> {

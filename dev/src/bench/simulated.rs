@@ -120,7 +120,7 @@ pub async fn api_ceiling(
     use futures::{StreamExt as _, TryStreamExt as _};
     use kube::{
         Api,
-        api::{ListParams, Patch, PatchParams, PostParams},
+        api::{ListParams, PostParams},
     };
 
     progress.step(format!(
@@ -144,21 +144,12 @@ pub async fn api_ceiling(
                 .list_metadata(&ListParams::default().fields(&selector))
                 .await?;
             for reason in ["Running", "Completed"] {
-                let status = json!({
-                    "apiVersion": "briq.cloud/v1alpha1",
-                    "kind": "Execution",
-                    "status": { "conditions": [{
-                        "type": "Succeeded", "status": "Unknown", "reason": reason,
-                        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
-                    }] },
-                });
-                executions
-                    .patch_status(
-                        &created.metadata.name.clone().unwrap_or_default(),
-                        &PatchParams::apply("briq-bench").force(),
-                        &Patch::Apply(&status),
-                    )
-                    .await?;
+                let status = json!({ "conditions": [{
+                    "type": "Succeeded", "status": "Unknown", "reason": reason,
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }] });
+                let name = created.metadata.name.clone().unwrap_or_default();
+                objects::apply_execution_status(executions, &name, status).await?;
             }
             Ok::<_, anyhow::Error>(())
         })
