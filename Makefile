@@ -11,8 +11,9 @@ control-plane:
 python-env:
 	bash .ci/python-env.sh >/dev/null
 
-# helm and the kstatus checker for the chart and GitOps tests (built once from the Go module
-# proxy, cached outside the repo).
+# helm, the kstatus checker, crane, registry and krew for the chart, GitOps and release tests
+# (built once from the Go module proxy, cached outside the repo) and the operator image's Debian
+# packages.
 tools:
 	bash tests/tools/build.sh >/dev/null
 
@@ -20,8 +21,8 @@ lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
-	"$$venv/bin/ruff" check bridge dev/python
-	"$$venv/bin/ruff" format --check bridge dev/python
+	"$$venv/bin/ruff" check bridge dev/python images
+	"$$venv/bin/ruff" format --check bridge dev/python images
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
 	"$$tools/bin/helm" lint --strict charts/briq-operator
 	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
@@ -76,11 +77,31 @@ bench: control-plane python-env
 .PHONY: bench
 
 # The release artifacts, versioned from Cargo.toml, in $(RELEASE_DIR): install.yaml (namespace,
-# CRDs, RBAC, Deployment, admission policy; `kubectl apply --server-side -f install.yaml`) and
-# the packaged chart (dev/release.sh; tests/chart.rs checks both against the API server).
+# CRDs, RBAC, Deployment, admission policy; `kubectl apply --server-side -f install.yaml`), the
+# packaged chart, the kubectl plugin's archive and its krew manifest (dev/release.sh;
+# tests/chart.rs and tests/image.rs check them against the API server, an OCI registry and krew).
 RELEASE_DIR ?= target/release-artifacts
 release: tools
+	echo "building the release binary (first run: several minutes) …"
+	cargo build --release --locked -p briq-operator
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
-	bash dev/release.sh "$$tools/bin/helm" "$(RELEASE_DIR)"
+	bash dev/release.sh "$$tools/bin/helm" "$(RELEASE_DIR)" target/release/briq-operator
 
 .PHONY: release
+
+# The operator image, built without a container engine (images/operator/build.py: Debian's
+# packages + the release binary, user 65532, no shell), as an OCI image layout in $(IMAGE_DIR)
+# with its SBOM (sbom.spdx.json) and digest; the same commit gives the same digest. Push it with
+# crane (built by `make tools`) or skopeo: see README.md, "Install".
+IMAGE_DIR ?= target/image
+image: tools
+	echo "building the release binary (first run: several minutes) …"
+	cargo build --release --locked -p briq-operator
+	tools=$$(bash tests/tools/build.sh 2>/dev/null)
+	rm -rf "$(IMAGE_DIR)"
+	python3 images/operator/build.py --binary target/release/briq-operator \
+	  --debs "$$tools/debs" --out "$(IMAGE_DIR)" >/dev/null
+	echo "$(IMAGE_DIR): OCI image layout, $$(cat "$(IMAGE_DIR)/digest"), SBOM $(IMAGE_DIR)/sbom.spdx.json"
+	echo "push: $$tools/bin/crane push $(IMAGE_DIR) REGISTRY/briq-operator:$$(sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)"
+
+.PHONY: image

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Builds the tools of the chart and GitOps tests from the Go module proxy, once per version, into
-# a cache outside the repo: helm (lint, template) and tests/kstatus (cli-utils' kstatus, the status
-# library Flux uses). Prints the directory holding bin/helm and bin/kstatus (last line on stdout);
-# progress goes to stderr. The tests never build anything: they read BRIQ_TOOLS_DIR, or run
+# Builds the tools of the chart, GitOps and release tests from the Go module proxy, once per
+# version, into a cache outside the repo: helm (lint, template, OCI push), tests/kstatus
+# (cli-utils' kstatus, the status library Flux uses), go-containerregistry's crane and registry
+# (the operator image's push, pull and a local registry) and krew (installs the plugin manifest);
+# and downloads the Debian packages of the operator image (debs/, `apt-get download`). Prints the
+# directory holding bin/ and debs/ (last line on stdout); progress goes to stderr. The tests never build anything: they read BRIQ_TOOLS_DIR, or run
 # this script with --cached, which only prints the directory when it is already built.
 set -euo pipefail
 
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+GGCR_VERSION="${GGCR_VERSION:-v0.22.1}"
+KREW_VERSION="${KREW_VERSION:-v0.4.3}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE_ROOT="${BRIQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/briq-operator}"
 kstatus_src="$root/tests/kstatus"
 kstatus_hash="$(cat "$kstatus_src/go.mod" "$kstatus_src/go.sum" "$kstatus_src/main.go" | sha256sum | cut -c1-12)"
-OUT="$CACHE_ROOT/tools-helm-$HELM_VERSION-kstatus-$kstatus_hash"
+# The operator image's packages: images/operator/packages (one name per line).
+debs_hash="$(sha256sum < "$root/images/operator/packages" | cut -c1-8)"
+OUT="$CACHE_ROOT/tools-helm-$HELM_VERSION-kstatus-$kstatus_hash-ggcr-$GGCR_VERSION-krew-$KREW_VERSION-debs-$debs_hash"
+tools=(helm kstatus crane registry krew)
 
 log() { printf '[tools build] %s\n' "$*" >&2; }
 
-if [[ -x "$OUT/bin/helm" && -x "$OUT/bin/kstatus" ]]; then
+built() {
+  for tool in "${tools[@]}"; do [[ -x "$OUT/bin/$tool" ]] || return 1; done
+  [[ -f "$OUT/debs/.complete" ]]
+}
+if built; then
   log "cached: $OUT"
   echo "$OUT"
   exit 0
@@ -39,18 +50,33 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin"
 start=$(date +%s)
 
-if [[ ! -x "$OUT/bin/helm" ]]; then
-  log "building helm $HELM_VERSION (a few minutes on a cold cache)"
-  GOBIN="$tmp/bin" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
-else
-  cp "$OUT/bin/helm" "$tmp/bin/helm"
-fi
+log "building helm $HELM_VERSION (a few minutes on a cold cache)"
+GOBIN="$tmp/bin" go install -trimpath \
+  -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+  "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
 log "building tests/kstatus (sigs.k8s.io/cli-utils kstatus)"
 (cd "$kstatus_src" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/kstatus" . >&2)
+log "building crane and registry (go-containerregistry $GGCR_VERSION), krew $KREW_VERSION"
+GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" \
+  "github.com/google/go-containerregistry/cmd/crane@$GGCR_VERSION" \
+  "github.com/google/go-containerregistry/cmd/registry@$GGCR_VERSION" >&2
+GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/krew/cmd/krew@$KREW_VERSION" >&2
 
-mkdir -p "$OUT/bin"
-mv "$tmp/bin/helm" "$tmp/bin/kstatus" "$OUT/bin/"
+# The image's Debian packages, as the distro's package manager resolves them today (their
+# versions go into the image's SBOM). A fresh machine may have no package lists yet.
+mapfile -t packages < <(grep -v '^#' "$root/images/operator/packages" | grep .)
+log "downloading ${packages[*]} (apt-get download)"
+mkdir -p "$tmp/debs"
+if ! (cd "$tmp/debs" && apt-get download "${packages[@]}" >&2); then
+  [[ $(id -u) == 0 ]] || { log "apt-get download failed; as root, apt-get update first"; exit 1; }
+  log "apt-get update (no package lists yet)"
+  apt-get update >&2
+  (cd "$tmp/debs" && apt-get download "${packages[@]}" >&2)
+fi
+touch "$tmp/debs/.complete"
+
+mkdir -p "$OUT"
+rm -rf "$OUT/bin" "$OUT/debs"
+mv "$tmp/bin" "$tmp/debs" "$OUT/"
 log "built in $(( $(date +%s) - start )) s: $OUT"
 echo "$OUT"
