@@ -54,6 +54,36 @@ async fn executor_becomes_ready_and_python_state_survives_across_executions() {
     let executor = ready_executor(&env, "py").await;
     let status = executor.status.clone().unwrap();
     assert_eq!(status.observed_generation, executor.metadata.generation);
+    // The sandboxes' Python has the bridge's runtime, as a prebuilt sandbox image does: the
+    // Ready Event says that setup made no pip call.
+    let events = env.api::<Event>();
+    briq_dev::wait::poll(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        "the Ready Event",
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            let ready: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("Ready"))
+                .filter_map(|e| e.note)
+                .collect();
+            match ready.as_slice() {
+                [] => Ok(false),
+                [note]
+                    if note.ends_with(
+                        "setup made no pip call: every requirement was installed already",
+                    ) =>
+                {
+                    Ok(true)
+                }
+                other => anyhow::bail!("one Ready Event saying no pip call ran, not {other:?}"),
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert!(
         status
             .sandbox_id

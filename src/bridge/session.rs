@@ -62,6 +62,14 @@ pub enum SetupError {
     Call(#[from] CallError),
 }
 
+/// What a finished provisioning did, for the executor's Ready event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provisioned {
+    /// Whether setup ran pip; false when every requirement was importable already (an image
+    /// with the bridge's runtime preinstalled, `images/sandbox`).
+    pub pip_installed: bool,
+}
+
 pub struct Session<'a, S> {
     pub api: &'a S,
     pub key: &'a ApiKey,
@@ -76,7 +84,7 @@ impl<S: SandboxApi> Session<'_, S> {
         &self,
         deadline: Duration,
         requirements: &[String],
-    ) -> Result<(), SetupError> {
+    ) -> Result<Provisioned, SetupError> {
         let (upload, staged) = bridge::staged_bridge();
         self.api
             .write_file(
@@ -123,7 +131,9 @@ impl<S: SandboxApi> Session<'_, S> {
         if !kernel.alive {
             return Err(SetupError::Kernel(kernel.message));
         }
-        Ok(())
+        Ok(Provisioned {
+            pip_installed: setup.installed,
+        })
     }
 
     async fn kernel(&self, command: &Command<'_>) -> Result<KernelReport, CallError> {

@@ -1,12 +1,17 @@
-//! Scenario 6: cold start, executor create → Ready. (a) The bridge's dependencies already in
-//! the sandbox's Python (the default venv: setup skips pip); (b) installed by pip from the
-//! package index: a local sandbox server of its own per run whose Python is a fresh, empty venv
+//! Scenario 6: cold start, executor create → Ready. (a) "Prebuilt image": the bridge's
+//! dependencies already in the sandbox's Python (the default venv, as `images/sandbox` has them),
+//! and each executor's Ready Event confirms that setup made no pip call; (b) installed by pip
+//! from the package index: a local sandbox server of its own per run whose Python is a fresh, empty venv
 //! (made before the clock starts), so setup pip-installs everything.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use kube::{Api, api::PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
 use serde::Serialize;
 use serde_json::json;
 
@@ -21,6 +26,8 @@ const PIP_NAMESPACE: &str = "bench-cold-pip";
 pub struct ColdStart {
     pub runs: usize,
     pub preinstalled_ms: Option<Summary>,
+    /// Runs of (a) whose Ready Event says setup made no pip call.
+    pub preinstalled_without_pip: usize,
     pub pip_ms: Option<Summary>,
     /// Why there is no pip figure.
     pub pip_unavailable: Option<String>,
@@ -33,9 +40,15 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
     stack.namespace(PREINSTALLED_NAMESPACE).await?;
     let operator = super::controllers(stack, PREINSTALLED_NAMESPACE, stack.server())?;
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), PREINSTALLED_NAMESPACE);
+    let events: Api<Event> = Api::namespaced(stack.admin().clone(), PREINSTALLED_NAMESPACE);
     let mut preinstalled = Vec::new();
+    let mut preinstalled_without_pip = 0;
     for i in 0..runs {
-        preinstalled.push(create_to_ready(&api, &format!("cold-{i}"), json!({})).await?);
+        let name = format!("cold-{i}");
+        preinstalled.push(create_to_ready(&api, &name, json!({})).await?);
+        if !ready_note(&events, &name).await?.contains("pip-installed") {
+            preinstalled_without_pip += 1;
+        }
         objects::delete_executors(&api).await?;
     }
     operator.stop().await;
@@ -112,6 +125,7 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
     Ok(ColdStart {
         runs,
         preinstalled_ms: Summary::of(&preinstalled),
+        preinstalled_without_pip,
         pip_ms: if pip_unavailable.is_some() {
             None
         } else {
@@ -128,6 +142,25 @@ fn installed(venv: &std::path::Path, package: &str) -> bool {
     };
     lib.flatten()
         .any(|python| python.path().join("site-packages").join(package).is_dir())
+}
+
+/// The note of the named executor's Ready Event (published right after its Ready condition).
+async fn ready_note(events: &Api<Event>, name: &str) -> anyhow::Result<String> {
+    let started = Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await?;
+        let ready = list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("Ready")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        });
+        if let Some(event) = ready {
+            return Ok(event.note.unwrap_or_default());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("no Ready Event for {name} within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn create_to_ready(

@@ -10,7 +10,7 @@ use k8s_openapi::{
 
 pub use crate::controller::ownership::{Ownership, not_owned_message, ownership};
 use crate::{
-    bridge::session::{CallError, SetupError},
+    bridge::session::{CallError, Provisioned, SetupError},
     briq::{self, ErrorClass, SandboxState},
     controller::conditions::{self, Desired, READY, STALLED, desired},
     controller::execution::ATTEMPT_GRACE,
@@ -114,7 +114,7 @@ pub fn adoption(mut found: Vec<briq::Sandbox>) -> Option<Adoption> {
 /// How a provisioning attempt ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SetupVerdict {
-    Ready,
+    Ready(Provisioned),
     /// The sandbox disappeared before it was ready: forget it and create another.
     SandboxGone,
     /// Nothing went wrong for good (briq unavailable, connection lost): try again later.
@@ -123,9 +123,9 @@ pub enum SetupVerdict {
     Failed(String),
 }
 
-pub fn setup_verdict(outcome: &Result<(), SetupError>) -> SetupVerdict {
+pub fn setup_verdict(outcome: &Result<Provisioned, SetupError>) -> SetupVerdict {
     match outcome {
-        Ok(()) => SetupVerdict::Ready,
+        Ok(provisioned) => SetupVerdict::Ready(*provisioned),
         Err(SetupError::Call(CallError::Briq(error))) if error.class() == ErrorClass::NotFound => {
             SetupVerdict::SandboxGone
         }
@@ -140,6 +140,17 @@ pub fn setup_verdict(outcome: &Result<(), SetupError>) -> SetupVerdict {
         }),
         Err(error @ SetupError::Kernel(_)) => SetupVerdict::Failed(error.to_string()),
     }
+}
+
+/// The Ready event's note: which sandbox, and whether setup had to pip-install anything (a
+/// prebuilt sandbox image makes no pip call; see README.md, "Sandbox image").
+pub fn ready_note(sandbox: &str, provisioned: Provisioned) -> String {
+    let setup = if provisioned.pip_installed {
+        "setup pip-installed missing requirements"
+    } else {
+        "setup made no pip call: every requirement was installed already"
+    };
+    format!("sandbox {sandbox} is ready; {setup}")
 }
 
 /// What a probe of a ready executor's sandbox found.
@@ -536,8 +547,11 @@ mod tests {
 
     #[test]
     fn setup_verdict_table() {
-        let cases: Vec<(Result<(), SetupError>, SetupVerdict)> = vec![
-            (Ok(()), SetupVerdict::Ready),
+        let prebuilt = Provisioned {
+            pip_installed: false,
+        };
+        let cases: Vec<(Result<Provisioned, SetupError>, SetupVerdict)> = vec![
+            (Ok(prebuilt), SetupVerdict::Ready(prebuilt)),
             (
                 Err(SetupError::Call(CallError::Briq(not_found()))),
                 SetupVerdict::SandboxGone,
@@ -589,6 +603,24 @@ mod tests {
         ];
         for (outcome, expected) in cases {
             assert_eq!(setup_verdict(&outcome), expected, "{outcome:?}");
+        }
+    }
+
+    #[test]
+    fn the_ready_note_says_whether_setup_ran_pip() {
+        let cases = [
+            (
+                false,
+                "sandbox bq_1 is ready; setup made no pip call: every requirement was installed \
+                 already",
+            ),
+            (
+                true,
+                "sandbox bq_1 is ready; setup pip-installed missing requirements",
+            ),
+        ];
+        for (pip_installed, expected) in cases {
+            assert_eq!(ready_note("bq_1", Provisioned { pip_installed }), expected);
         }
     }
 

@@ -33,7 +33,7 @@ use super::{
     backoff::Backoff,
     conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, prune_backoff,
     publish, retry,
-    session::{Session, SetupError},
+    session::{Provisioned, Session, SetupError},
     settle,
 };
 use crate::{
@@ -410,13 +410,13 @@ impl<S: SandboxApi> Actor<'_, S> {
         let packages = executor.spec.packages.clone().unwrap_or_default();
         let outcome = session.provision(deadline, &packages).await;
         match decide::setup_verdict(&outcome) {
-            SetupVerdict::Ready => {
+            SetupVerdict::Ready(provisioned) => {
                 let ready = SandboxFields {
                     ready: Some(conditions::now()),
                     ..sandbox
                 };
                 self.report(executor, decide::kernel_ready(), ready).await?;
-                let note = format!("sandbox {id} is ready");
+                let note = decide::ready_note(&id, provisioned);
                 self.event(executor, EventType::Normal, "Ready", "Provision", note)
                     .await;
                 info!(sandbox = %id, "executor ready");
@@ -818,7 +818,7 @@ impl<S: SandboxApi> Actor<'_, S> {
 }
 
 /// The error of a setup attempt that is retried: always a failed bridge call.
-fn retry_error(outcome: Result<(), SetupError>) -> Error {
+fn retry_error(outcome: Result<Provisioned, SetupError>) -> Error {
     match outcome {
         Err(SetupError::Call(error)) => error.into(),
         other => Error::Invariant(format!("setup retried after {other:?}")),
