@@ -1219,3 +1219,84 @@ async fn killing_the_operator_at_random_never_runs_code_twice_nor_loses_an_execu
     );
     assert_eq!(left, 0, "no sandbox is left");
 }
+
+/// The executor's Expired state: Stalled for `IdleTimeout` with its sandbox given back.
+fn expired(executor: &BriqExecutor) -> bool {
+    let stalled = condition(executor, "Stalled");
+    stalled.0 == "True"
+        && stalled.1 == "IdleTimeout"
+        && executor
+            .status
+            .as_ref()
+            .is_some_and(|s| s.sandbox_id.is_none())
+}
+
+#[tokio::test]
+async fn an_idle_executor_expires_gives_its_sandbox_back_and_never_runs_code_again() {
+    let env = TestEnv::new("e2e-idle").await;
+    let operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "idleTimeoutSeconds": 3 })).await;
+    wait_ready(&env, "py").await;
+    assert_eq!(
+        reason(&run(&env, "first", "py", "x = 1").await),
+        "Completed"
+    );
+
+    let executor = wait_for(&env.api::<BriqExecutor>(), "py", 30, expired).await;
+    let (ready, ready_reason, message) = condition(&executor, "Ready");
+    assert_eq!(
+        (ready.as_str(), ready_reason.as_str()),
+        ("False", "IdleTimeout")
+    );
+    assert!(message.contains("idleTimeoutSeconds"), "{message}");
+    assert_eq!(
+        operator.live_sandboxes().await,
+        0,
+        "the sandbox was destroyed before it was forgotten"
+    );
+    assert!(
+        !executor
+            .annotations()
+            .contains_key(briq_operator::controller::SANDBOX_ID_ANNOTATION)
+    );
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Expired")),
+        "an Expired Event"
+    );
+
+    // Final: new code is refused at once, and nothing reaches briq.
+    let before = support::execs(&operator.admin()).await;
+    let refused = run(&env, "late", "py", "x").await;
+    assert_eq!(reason(&refused), "ExecutorUnusable");
+    let (_, _, why) = condition(&refused, "Succeeded");
+    assert!(why.contains("IdleTimeout"), "{why}");
+    assert_eq!(support::execs(&operator.admin()).await, before);
+}
+
+#[tokio::test]
+async fn an_execution_longer_than_the_idle_timeout_is_never_cut_short() {
+    let env = TestEnv::new("e2e-idle-busy").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "idleTimeoutSeconds": 5 })).await;
+    wait_ready(&env, "py").await;
+    let long = run(&env, "long", "py", "import time\ntime.sleep(8)\n'done'").await;
+    assert_eq!(reason(&long), "Completed", "{:?}", long.status);
+    assert_eq!(output(&long), "'done'");
+    // Idle counts from the end of that run, not from Ready: still ready right after it.
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert_eq!(
+        condition(&executor, "Ready").0,
+        "True",
+        "{:?}",
+        executor.status
+    );
+    wait_for(&env.api::<BriqExecutor>(), "py", 30, expired).await;
+}

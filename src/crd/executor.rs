@@ -19,6 +19,9 @@ pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
 pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
 pub const API_KEY_LABEL_VALUE: &str = "true";
 
+/// The longest `idleTimeoutSeconds`: 30 days.
+pub const MAX_IDLE_TIMEOUT_SECONDS: u32 = 30 * 24 * 3600;
+
 /// Fields that shape the sandbox cannot change once it exists: the executor owns exactly one
 /// sandbox and never rebuilds it behind the user's back. Make a new executor instead.
 const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.sleep == oldSelf.sleep \
@@ -124,6 +127,17 @@ pub struct BriqExecutorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = MAX_TTL_SECONDS))]
     pub execution_ttl_seconds_after_finished: Option<u32>,
+
+    /// Seconds without an Execution after which the executor is reclaimed: its sandbox is
+    /// destroyed and it becomes `Expired` for good (`Ready=False`, `Stalled=True`, reason
+    /// `IdleTimeout`). Idle counts from the latest of the kernel's first answer and any
+    /// Execution's creation or completion, and never while an Execution waits or runs. Keep it
+    /// below `sleep`: a sandbox briq puts to sleep loses its kernel, and the executor then
+    /// becomes unusable at its next use instead. When omitted, the executor is kept until
+    /// deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_IDLE_TIMEOUT_SECONDS))]
+    pub idle_timeout_seconds: Option<u32>,
 }
 
 /// An environment variable set in the sandbox.

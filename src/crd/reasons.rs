@@ -179,6 +179,9 @@ reasons! {
         Terminating,
         /// Destroying the sandbox failed; it is retried.
         DestroyFailed,
+        /// Expired: no Execution for `idleTimeoutSeconds`; the sandbox was destroyed and the
+        /// executor never runs code again (final).
+        IdleTimeout,
     }
 }
 

@@ -309,6 +309,37 @@ pub fn unfinished(store: &Store<Execution>, namespace: &str, name: &str) -> usiz
         .count()
 }
 
+/// How many cached Executions of executor `namespace/name` have their attempt recorded and have
+/// not concluded: code that may be running in its sandbox.
+pub fn running(store: &Store<Execution>, namespace: &str, name: &str) -> usize {
+    of_executor(store, namespace, name)
+        .filter(|e| !finished(e) && e.status.as_ref().is_some_and(|s| s.attempt_id.is_some()))
+        .count()
+}
+
+/// The use of executor `namespace/name` the cache shows: its latest Execution creation or
+/// completion, and how many Executions wait or run.
+pub fn activity(
+    store: &Store<Execution>,
+    namespace: &str,
+    name: &str,
+) -> super::executor::Activity {
+    let mut activity = super::executor::Activity::default();
+    for execution in of_executor(store, namespace, name) {
+        if execution.metadata.deletion_timestamp.is_none() && !finished(&execution) {
+            activity.unfinished += 1;
+        }
+        let created = execution.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let completed = execution
+            .status
+            .as_ref()
+            .and_then(|s| s.completion_time.as_ref())
+            .map(|t| t.0);
+        activity.last = activity.last.max(created).max(completed);
+    }
+    activity
+}
+
 /// Every cached Execution of executor `namespace/name`, finished or not.
 fn of_executor<'a>(
     store: &Store<Execution>,

@@ -29,8 +29,10 @@ pub const SANDBOX_ID_ANNOTATION: &str = "briq.cloud/sandbox-id";
 pub enum Step {
     /// Unusable is final: report it and never touch the sandbox again (deletion destroys it).
     ReportUnusable { why: String },
-    /// Setup failed for good: destroy the sandbox if one is still recorded, and report it.
-    FinishFailedSetup {
+    /// The executor ended for good with a sandbox to give back (setup failed, or idle for its
+    /// `idleTimeoutSeconds`): destroy the sandbox if one is still recorded, and report it.
+    Conclude {
+        reason: ExecutorReason,
         leftover: Option<String>,
         message: String,
     },
@@ -69,17 +71,24 @@ fn stalled_reason(status: &BriqExecutorStatus) -> Option<&str> {
         .map(|condition| condition.reason.as_str())
 }
 
+/// The final states that give the sandbox back (the others keep it until deletion).
+const CONCLUSIONS: [ExecutorReason; 2] = [ExecutorReason::SetupFailed, ExecutorReason::IdleTimeout];
+
 /// The next step of a live executor with this status and these annotations.
 pub fn decide(status: &BriqExecutorStatus, annotations: &BTreeMap<String, String>) -> Step {
     if status.unusable {
         let why = status.unusable_reason.as_deref().unwrap_or("unknown");
         return Step::ReportUnusable { why: why.into() };
     }
-    if stalled_reason(status) == Some(ExecutorReason::SetupFailed.as_str()) {
+    let concluded = stalled_reason(status)
+        .and_then(ExecutorReason::parse)
+        .filter(|reason| CONCLUSIONS.contains(reason));
+    if let Some(reason) = concluded {
         let message = conditions::find(&status.conditions, READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        return Step::FinishFailedSetup {
+        return Step::Conclude {
+            reason,
             leftover: recorded_sandbox(status, annotations),
             message,
         };
@@ -140,6 +149,65 @@ pub fn setup_verdict(outcome: &Result<Provisioned, SetupError>) -> SetupVerdict 
         }),
         Err(error @ SetupError::Kernel(_)) => SetupVerdict::Failed(error.to_string()),
     }
+}
+
+/// What the executor's Executions say about its use, from the watch cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// The latest creation or completion of any of its Executions.
+    pub last: Option<Timestamp>,
+    /// Executions that neither concluded nor are being deleted (waiting or running).
+    pub unfinished: usize,
+}
+
+/// Where a ready executor stands against its `idleTimeoutSeconds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Idleness {
+    /// No idle timeout, or an Execution waits or runs: nothing to watch for.
+    InUse,
+    /// Idle, not for long enough yet: look again after this long.
+    IdleFor { remaining: std::time::Duration },
+    /// Idle for the whole timeout: give the sandbox back, with this message.
+    Expired { message: String },
+}
+
+/// Idle since the latest of: the kernel's first answer, the last Execution the operator counted
+/// (`lastExecutionTime`) and the latest creation or completion among the cached Executions. The
+/// later the better: a source that lags (counts are written in batches) or was pruned (finished
+/// Executions are deleted) can only make the executor look busier, never idler.
+pub fn idleness(
+    timeout_seconds: Option<u32>,
+    status: &BriqExecutorStatus,
+    executions: Activity,
+    now: Timestamp,
+) -> Idleness {
+    let Some(timeout) = timeout_seconds else {
+        return Idleness::InUse;
+    };
+    if executions.unfinished > 0 {
+        return Idleness::InUse;
+    }
+    let since = [
+        status.ready_time.as_ref().map(|t| t.0),
+        status.last_execution_time.as_ref().map(|t| t.0),
+        executions.last,
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+    // Ready without a recorded time (a status written by an older operator): start now.
+    let idle = since.map_or(SignedDuration::ZERO, |since| now.duration_since(since));
+    let timeout = SignedDuration::from_secs(timeout.into());
+    if idle >= timeout {
+        let message = format!(
+            "no Execution for {}s (idleTimeoutSeconds): expired, its sandbox destroyed; create a new \
+             BriqExecutor",
+            timeout.as_secs()
+        );
+        return Idleness::Expired { message };
+    }
+    let remaining = (timeout - idle.max(SignedDuration::ZERO)).unsigned_abs();
+    Idleness::IdleFor { remaining }
 }
 
 /// The Ready event's note: which sandbox, and whether setup had to pip-install anything (a
@@ -363,6 +431,126 @@ mod tests {
         state("False", true, ExecutorReason::SetupFailed, "pip failed")
     }
 
+    fn expired() -> [Desired; 2] {
+        state("False", true, ExecutorReason::IdleTimeout, "idle")
+    }
+
+    #[test]
+    fn idleness_table() {
+        let at = |seconds: i64| Timestamp::from_second(1_800_000_000 + seconds).unwrap();
+        let time = |seconds: i64| Some(Time(at(seconds)));
+        let ready_at_0 = BriqExecutorStatus {
+            ready_time: time(0),
+            ..status(&ready(), Some("bq_1"))
+        };
+        let counted_at_50 = BriqExecutorStatus {
+            last_execution_time: time(50),
+            ..ready_at_0.clone()
+        };
+        let idle = Activity::default();
+        let created_at_80 = Activity {
+            last: Some(at(80)),
+            unfinished: 0,
+        };
+        let waiting = Activity {
+            last: Some(at(0)),
+            unfinished: 1,
+        };
+        let secs = std::time::Duration::from_secs;
+        let expired = Idleness::Expired {
+            message: "no Execution for 60s (idleTimeoutSeconds): expired, its sandbox destroyed; \
+                      create a new BriqExecutor"
+                .into(),
+        };
+        let cases = [
+            ("no timeout", None, &ready_at_0, idle, 1000, Idleness::InUse),
+            (
+                "an Execution waits or runs, however long",
+                Some(60),
+                &ready_at_0,
+                waiting,
+                1000,
+                Idleness::InUse,
+            ),
+            (
+                "idle since ready, not long enough",
+                Some(60),
+                &ready_at_0,
+                idle,
+                45,
+                Idleness::IdleFor {
+                    remaining: secs(15),
+                },
+            ),
+            (
+                "idle since ready for the timeout",
+                Some(60),
+                &ready_at_0,
+                idle,
+                60,
+                expired.clone(),
+            ),
+            (
+                "the counted last Execution restarts the clock",
+                Some(60),
+                &counted_at_50,
+                idle,
+                100,
+                Idleness::IdleFor {
+                    remaining: secs(10),
+                },
+            ),
+            (
+                "a cached Execution later than the counts (they lag) wins",
+                Some(60),
+                &counted_at_50,
+                created_at_80,
+                130,
+                Idleness::IdleFor {
+                    remaining: secs(10),
+                },
+            ),
+            (
+                "every source older than the timeout",
+                Some(60),
+                &counted_at_50,
+                created_at_80,
+                140,
+                expired,
+            ),
+            (
+                "a time ahead of this clock (skew) counts as now",
+                Some(60),
+                &counted_at_50,
+                Activity {
+                    last: Some(at(500)),
+                    unfinished: 0,
+                },
+                400,
+                Idleness::IdleFor {
+                    remaining: secs(60),
+                },
+            ),
+            (
+                "ready without a recorded time: the clock starts now",
+                Some(60),
+                &status(&ready(), Some("bq_1")),
+                idle,
+                1000,
+                Idleness::IdleFor {
+                    remaining: secs(60),
+                },
+            ),
+        ];
+        for (name, timeout, status, activity, now, expected) in cases {
+            assert_eq!(
+                idleness(timeout, status, activity, at(now)),
+                expected,
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn decide_table() {
         let unusable = BriqExecutorStatus {
@@ -397,7 +585,8 @@ mod tests {
                 "failed setup with a sandbox left",
                 status(&setup_failed(), Some("bq_1")),
                 &none,
-                Step::FinishFailedSetup {
+                Step::Conclude {
+                    reason: ExecutorReason::SetupFailed,
                     leftover: Some("bq_1".into()),
                     message: "pip failed".into(),
                 },
@@ -406,9 +595,42 @@ mod tests {
                 "failed setup, sandbox already destroyed",
                 status(&setup_failed(), None),
                 &none,
-                Step::FinishFailedSetup {
+                Step::Conclude {
+                    reason: ExecutorReason::SetupFailed,
                     leftover: None,
                     message: "pip failed".into(),
+                },
+            ),
+            (
+                "expired with its sandbox not yet given back",
+                status(&expired(), Some("bq_1")),
+                &by_annotation,
+                Step::Conclude {
+                    reason: ExecutorReason::IdleTimeout,
+                    leftover: Some("bq_1".into()),
+                    message: "idle".into(),
+                },
+            ),
+            (
+                "expired, its sandbox given back",
+                status(&expired(), None),
+                &none,
+                Step::Conclude {
+                    reason: ExecutorReason::IdleTimeout,
+                    leftover: None,
+                    message: "idle".into(),
+                },
+            ),
+            (
+                // Stalled for a reason that keeps the sandbox: not concluded.
+                "stalled on a foreign sandbox",
+                status(
+                    &state("False", true, ExecutorReason::SandboxNotOwned, "x"),
+                    Some("bq_1"),
+                ),
+                &none,
+                Step::Provision {
+                    sandbox: "bq_1".into(),
                 },
             ),
             (
@@ -466,7 +688,8 @@ mod tests {
         let table = [
             (Step::ReportUnusable { why: "x".into() }, false),
             (
-                Step::FinishFailedSetup {
+                Step::Conclude {
+                    reason: ExecutorReason::SetupFailed,
                     leftover: None,
                     message: "x".into(),
                 },

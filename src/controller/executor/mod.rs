@@ -6,7 +6,7 @@
 
 mod decide;
 
-pub use decide::{CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
+pub use decide::{Activity, CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
 
 use std::{sync::Arc, time::Duration};
 
@@ -25,7 +25,7 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use self::decide::{
-    Adoption, Drain, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state,
+    Adoption, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state,
     unusable_state,
 };
 use super::{
@@ -161,12 +161,24 @@ impl<S: SandboxApi> Actor<'_, S> {
                     .await?;
                 Ok(Action::await_change())
             }
-            Step::FinishFailedSetup { leftover, message } => {
+            Step::Conclude {
+                reason,
+                leftover,
+                message,
+            } => {
                 if let Some(id) = leftover {
-                    self.destroy_failed_setup(executor, &id).await?;
+                    // Never under a running Execution: one that took its turn before the
+                    // executor concluded finishes first; no turn starts after.
+                    let namespace = executor.namespace().unwrap_or_default();
+                    if super::execution::running(self.executions, &namespace, &executor.name_any())
+                        > 0
+                    {
+                        return Ok(Action::requeue(DRAIN_RECHECK));
+                    }
+                    self.give_back(executor, &id, reason).await?;
                 }
-                let failed = state("False", true, ExecutorReason::SetupFailed, message);
-                self.report(executor, failed, SandboxFields::default())
+                let concluded = state("False", true, reason, message);
+                self.report(executor, concluded, SandboxFields::default())
                     .await?;
                 Ok(Action::await_change())
             }
@@ -208,6 +220,13 @@ impl<S: SandboxApi> Actor<'_, S> {
                 self.provision(executor, &key, fields).await
             }
             Step::Probe { sandbox } => {
+                let recheck = match self.idleness(executor) {
+                    Idleness::Expired { .. } => return self.expire(executor).await,
+                    Idleness::IdleFor { remaining } => {
+                        remaining.min(self.shared.settings.probe_interval)
+                    }
+                    Idleness::InUse => self.shared.settings.probe_interval,
+                };
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(Action::requeue(API_KEY_RECHECK));
                 };
@@ -215,7 +234,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     id: Some(sandbox.clone()),
                     ..sandbox_fields(executor)
                 };
-                self.probe(executor, &key, &sandbox, fields).await
+                self.probe(executor, &key, &sandbox, fields, recheck).await
             }
         }
     }
@@ -442,7 +461,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                 .await;
                 let failed = state("False", true, ExecutorReason::SetupFailed, failure);
                 self.report(executor, failed, sandbox).await?;
-                self.destroy_failed_setup(executor, &id).await?;
+                self.give_back(executor, &id, ExecutorReason::SetupFailed)
+                    .await?;
                 Ok(Action::await_change())
             }
         }
@@ -457,13 +477,14 @@ impl<S: SandboxApi> Actor<'_, S> {
         key: &ApiKey,
         id: &str,
         sandbox: SandboxFields,
+        recheck: Duration,
     ) -> Result<Action> {
         let found = self.shared.sandboxes.get_sandbox(key, id).await;
         match decide::probe_verdict(id, &own_name(executor), &found) {
             ProbeVerdict::Running => {
                 self.report(executor, decide::kernel_ready(), sandbox)
                     .await?;
-                Ok(Action::requeue(self.shared.settings.probe_interval))
+                Ok(Action::requeue(recheck))
             }
             ProbeVerdict::NotOwned => self.disown(executor, key, id, true).await,
             ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),
@@ -697,15 +718,59 @@ impl<S: SandboxApi> Actor<'_, S> {
         }
     }
 
-    async fn destroy_failed_setup(&self, executor: &BriqExecutor, id: &str) -> Result<()> {
+    /// Destroys the sandbox of an executor that ended for good (`why`), if it is the
+    /// executor's own, and forgets it.
+    async fn give_back(
+        &self,
+        executor: &BriqExecutor,
+        id: &str,
+        why: ExecutorReason,
+    ) -> Result<()> {
         let key = api_key(self.shared, executor).await?;
         if self.ownership(executor, &key, id).await? == Ownership::Owned {
             self.shared.sandboxes.destroy_sandbox(&key, id).await?;
         }
         self.annotate(executor, json!({ SANDBOX_ID_ANNOTATION: null }))
             .await?;
-        info!(sandbox = %id, "destroyed the sandbox of a failed setup");
+        info!(sandbox = %id, reason = %why, "destroyed the sandbox of a concluded executor");
         Ok(())
+    }
+
+    /// Where the executor stands against its idle timeout, from its status and the cached
+    /// Executions.
+    fn idleness(&self, executor: &BriqExecutor) -> Idleness {
+        let namespace = executor.namespace().unwrap_or_default();
+        let activity =
+            super::execution::activity(self.executions, &namespace, &executor.name_any());
+        decide::idleness(
+            executor.spec.idle_timeout_seconds,
+            &status_of(executor),
+            activity,
+            Timestamp::now(),
+        )
+    }
+
+    /// Idle for its timeout: decided again on a fresh read (it cannot be taken back), and said
+    /// in the status first, so that no Execution takes a turn after and a failed destroy is
+    /// retried; the `Conclude` step that this write leads to gives the sandbox back.
+    async fn expire(&self, cached: &BriqExecutor) -> Result<Action> {
+        let fresh = self.api.get(&cached.name_any()).await?;
+        let still_ready = matches!(
+            decide::decide(&status_of(&fresh), fresh.annotations()),
+            Step::Probe { .. }
+        );
+        let Idleness::Expired { message } = self.idleness(&fresh) else {
+            return Ok(Action::requeue(CONFLICT_RECHECK));
+        };
+        if !still_ready {
+            return Ok(Action::requeue(CONFLICT_RECHECK));
+        }
+        let expired = state("False", true, ExecutorReason::IdleTimeout, message.clone());
+        self.report(&fresh, expired, sandbox_fields(&fresh)).await?;
+        self.event(&fresh, EventType::Normal, "Expired", "Reclaim", message)
+            .await;
+        info!("expired: idle for its idleTimeoutSeconds");
+        Ok(Action::await_change())
     }
 
     /// Records `id`, a sandbox of this executor's own that this process just created or found,
