@@ -279,3 +279,51 @@ async fn kubectl_explain_shows_the_descriptions() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("safe serialization"), "{stdout}");
 }
+
+#[tokio::test]
+async fn a_resource_quota_caps_how_many_executors_a_namespace_may_hold() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let env = TestEnv::new("crds-quota").await;
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": { "name": "executors" },
+        "spec": { "hard": { "count/briqexecutors.briq.cloud": "2" } },
+    }))
+    .unwrap();
+    let quotas = env.api::<ResourceQuota>();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    // kube-controller-manager's resourcequota controller counts usage first; until then the
+    // quota's admission refuses every create it covers.
+    support::wait_for(&quotas, "executors", 30, |quota| {
+        quota
+            .status
+            .as_ref()
+            .and_then(|s| s.used.as_ref())
+            .is_some()
+    })
+    .await;
+
+    let executors = env.api::<BriqExecutor>();
+    let executor = |name: &str| -> BriqExecutor {
+        serde_json::from_value(json!({ "metadata": { "name": name }, "spec": {} })).unwrap()
+    };
+    for name in ["one", "two"] {
+        executors
+            .create(&PostParams::default(), &executor(name))
+            .await
+            .unwrap_or_else(|e| panic!("{name} within the quota: {e}"));
+    }
+    match executors
+        .create(&PostParams::default(), &executor("three"))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status.message.contains("exceeded quota"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("a third executor beyond the quota: {other:?}"),
+    }
+}

@@ -37,7 +37,7 @@ rules:
 
 /// The controllers of kube-controller-manager the control plane runs: deleting a namespace
 /// deletes its objects, and owner references are garbage collected. Nothing else (no pods run).
-const CONTROLLERS: &str = "namespace,garbagecollector";
+const CONTROLLERS: &str = "namespace,garbagecollector,resourcequota";
 
 /// How to start a control plane; the default is what the tests use.
 #[derive(Debug, Clone)]
@@ -46,7 +46,8 @@ pub struct Options {
     /// [`AUDIT_POLICY`]), for counting the API requests of a client.
     pub audit_log: bool,
     /// Run kube-controller-manager ([`CONTROLLERS`]): without it namespaces never finish
-    /// deleting and owner references are never collected.
+    /// deleting, owner references are never collected and ResourceQuotas never count usage (so
+    /// their admission refuses every create they cover).
     pub controller_manager: bool,
 }
 
