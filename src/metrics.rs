@@ -19,12 +19,14 @@ use prometheus_client::{
 pub enum ControllerKind {
     Executor,
     Execution,
+    Pool,
 }
 
 impl ControllerKind {
     pub fn label(self) -> &'static str {
         match self {
             ControllerKind::Executor => "executor",
+            ControllerKind::Pool => "pool",
             ControllerKind::Execution => "execution",
         }
     }

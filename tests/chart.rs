@@ -408,7 +408,7 @@ async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts
         assert!(kinds.contains(&wanted), "no {wanted} in {kinds:?}");
     }
     let crds = ops::find(&documents, "CustomResourceDefinition");
-    assert_eq!(crds.len(), 2, "both CRDs");
+    assert_eq!(crds.len(), 3, "every CRD");
     for document in &documents {
         let namespace = &document["metadata"]["namespace"];
         assert!(
@@ -564,8 +564,10 @@ fn the_admission_policy_lets_only_the_charts_service_account_through() {
             json!([
                 "briqexecutors",
                 "executions",
+                "briqexecutorpools",
                 "briqexecutors/status",
-                "executions/status"
+                "executions/status",
+                "briqexecutorpools/status"
             ])
         );
         let binding = ops::find(&documents, "ValidatingAdmissionPolicyBinding")[0];
@@ -645,6 +647,13 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         ("briq.cloud", "executions/status", "patch", ""),
         ("briq.cloud", "briqexecutors/finalizers", "update", ""),
         ("briq.cloud", "executions", "delete", ""),
+        ("briq.cloud", "briqexecutorpools", "get", ""),
+        ("briq.cloud", "briqexecutorpools", "list", ""),
+        ("briq.cloud", "briqexecutorpools", "watch", ""),
+        ("briq.cloud", "briqexecutorpools/status", "patch", ""),
+        ("briq.cloud", "briqexecutorpools/finalizers", "update", ""),
+        ("briq.cloud", "briqexecutors", "create", ""),
+        ("briq.cloud", "briqexecutors", "delete", ""),
         ("", "secrets", "get", ""),
         ("", "secrets", "patch", ""),
         ("events.k8s.io", "events", "create", ""),
@@ -761,9 +770,10 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
     // What the role must not allow, asked of the API server's authorizer.
     let ns = env.namespace.as_str();
     let denied: &[(&str, &str, &str, &str)] = &[
-        ("create", "briq.cloud", "briqexecutors", ""),
         ("update", "briq.cloud", "briqexecutors", "py"),
-        ("delete", "briq.cloud", "briqexecutors", "py"),
+        ("create", "briq.cloud", "briqexecutorpools", ""),
+        ("delete", "briq.cloud", "briqexecutorpools", "fast"),
+        ("patch", "briq.cloud", "briqexecutorpools", "fast"),
         ("create", "briq.cloud", "executions", ""),
         ("update", "briq.cloud", "executions", "x"),
         ("deletecollection", "briq.cloud", "executions", ""),
@@ -811,6 +821,11 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
     for (verb, group, resource, name) in [
         ("watch", "briq.cloud", "executions", ""),
         ("patch", "briq.cloud", "executions/status", "x"),
+        // Pools make and replace their members.
+        ("create", "briq.cloud", "briqexecutors", ""),
+        ("delete", "briq.cloud", "briqexecutors", "fast-x1"),
+        ("watch", "briq.cloud", "briqexecutorpools", ""),
+        ("patch", "briq.cloud", "briqexecutorpools/status", "fast"),
         ("delete", "briq.cloud", "executions", "x"),
         ("get", "", "secrets", "briq-key"),
         ("patch", "", "secrets", "briq-key"),

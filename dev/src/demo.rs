@@ -1,8 +1,8 @@
 //! `briq-dev demo`: the whole product on one machine, with nothing but this repository. It
 //! starts a local control plane, the local sandbox server and the operator, applies
 //! `examples/executor.yaml` and `examples/execution.yaml`, prints the result, runs a smolagents
-//! `CodeAgent` whose code runs as Executions (`dev/python/briq_dev/demo_agent.py`), prints its
-//! answer, and tears everything down, destroying the sandbox through the operator's finalizer.
+//! `CodeAgent` whose code runs as Executions on an executor claimed from the warm pool of
+//! `examples/pool.yaml` (`dev/python/briq_dev/demo_agent.py`), prints its answer, and tears everything down, destroying the sandbox through the operator's finalizer.
 //! `briq-dev local-stack` runs the same stack until interrupted.
 
 use std::{path::Path, time::Duration};
@@ -10,7 +10,7 @@ use std::{path::Path, time::Duration};
 use anyhow::{Context as _, bail};
 use kube::{Api, Client, ResourceExt, api::PostParams};
 
-use briq_operator::crd::{BriqExecutor, Execution};
+use briq_operator::crd::{BriqExecutor, BriqExecutorPool, Execution};
 
 use crate::{
     progress::Progress,
@@ -67,7 +67,14 @@ async fn exercise(client: &Client, kubeconfig: &Path, progress: &Progress) -> an
     let executions: Api<Execution> = Api::namespaced(client.clone(), NAMESPACE);
     let executor: BriqExecutor = manifest("executor.yaml")?;
     executors.create(&PostParams::default(), &executor).await?;
-    progress.step("applied examples/executor.yaml; waiting for Ready (sandbox, bridge, kernel)");
+    // The agent's executor comes from a warm pool, which fills while the example runs.
+    let pools: Api<BriqExecutorPool> = Api::namespaced(client.clone(), NAMESPACE);
+    let pool: BriqExecutorPool = manifest("pool.yaml")?;
+    pools.create(&PostParams::default(), &pool).await?;
+    progress.step(
+        "applied examples/executor.yaml and examples/pool.yaml; waiting for Ready (sandbox, \
+         bridge, kernel)",
+    );
     let decided = |executor: &BriqExecutor| {
         executor.status.as_ref().is_some_and(|status| {
             status
@@ -124,13 +131,19 @@ async fn exercise(client: &Client, kubeconfig: &Path, progress: &Progress) -> an
         bail!("the Execution failed: {}", succeeded.message);
     }
 
+    let warm =
+        |pool: &BriqExecutorPool| pool.status.as_ref().is_some_and(|s| s.ready_replicas >= 1);
+    wait::for_object(&pools, "warm", READY_TIMEOUT, warm)
+        .await
+        .context("the pool did not get a Ready member")?;
+    progress.step("pool warm has a Ready member");
     let answer = run_agent(kubeconfig, progress).await?;
     println!("--- the agent's answer ---\n{answer}");
     Ok(())
 }
 
 /// Runs `python -m briq_dev.demo_agent` (the venv of the local sandboxes has smolagents and
-/// the bridge package) against the `demo` executor, relaying its lines as progress. Its model is
+/// the bridge package) on an executor it claims from the `warm` pool, relaying its lines as progress. Its model is
 /// scripted unless `BRIQ_DEMO_MODEL` configures a real one. Returns the answer it printed.
 async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<String> {
     use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -138,7 +151,7 @@ async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<Str
     let venv = tokio::task::spawn_blocking(sandbox_venv).await??;
     progress.step("running a smolagents CodeAgent whose code runs as Executions");
     let mut child = tokio::process::Command::new(venv.join("bin").join("python"))
-        .args(["-m", "briq_dev.demo_agent", "--executor", "demo"])
+        .args(["-m", "briq_dev.demo_agent", "--pool", "warm"])
         .args(["--namespace", NAMESPACE])
         .env("KUBECONFIG", kubeconfig)
         .current_dir(repo_root())

@@ -33,7 +33,7 @@ use tokio::{sync::oneshot, task::JoinHandle};
 use briq_operator::{
     briq::{ApiKey, BriqClient, ClientOptions},
     controller::{self, Observer, Settings},
-    crd::{self, BriqExecutor},
+    crd::{self, BriqExecutor, BriqExecutorPool},
     http::{Health, Role},
     leader::LeaseConfig,
     metrics::Metrics,
@@ -316,6 +316,8 @@ impl Stack {
     pub async fn stop(mut self) -> anyhow::Result<()> {
         let mut leaked = None;
         if let Some(controllers) = self.controllers.take() {
+            // Pools first: they would make members again as fast as their executors go.
+            delete_pools(&Api::all(self.admin.clone())).await?;
             delete_executors(&Api::all(self.admin.clone()), DELETE_TIMEOUT).await?;
             leaked = Some(self.server().admin().stats().await?.sandboxes.len());
             controllers.stop().await;
@@ -392,6 +394,25 @@ pub fn settings(namespace: Option<&str>, server: &LocalServer) -> Settings {
         namespace: namespace.map(str::to_owned),
         ..Settings::default()
     }
+}
+
+/// Deletes every pool `api` lists; its members go with the executors.
+pub async fn delete_pools(api: &Api<BriqExecutorPool>) -> anyhow::Result<()> {
+    for pool in api.list_metadata(&ListParams::default()).await?.items {
+        let namespaced: Api<BriqExecutorPool> = Api::namespaced(
+            api.clone().into_client(),
+            &pool.namespace().unwrap_or_default(),
+        );
+        match namespaced
+            .delete(&pool.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every executor `api` lists (its finalizer destroys the sandbox) and waits until they

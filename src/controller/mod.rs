@@ -15,6 +15,7 @@ mod execution;
 mod executor;
 mod orphans;
 mod ownership;
+mod pool;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 pub use orphans::{KEY_IN_USE_FINALIZER, orphans};
@@ -49,7 +50,8 @@ use crate::{
     bridge::session,
     briq::{ApiKey, SandboxApi},
     crd::{
-        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, DEFAULT_API_KEY_SECRET_KEY, Execution,
+        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool,
+        DEFAULT_API_KEY_SECRET_KEY, Execution, POOL_MEMBER_ANNOTATION,
     },
     http::Health,
     metrics::{ControllerKind, Live, Metrics},
@@ -572,6 +574,10 @@ pub async fn run_observed<S>(
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    let pools: Api<BriqExecutorPool> = match &settings.namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
     let (executor_concurrency, execution_concurrency) = (
         settings.executor_concurrency,
         settings.execution_concurrency,
@@ -584,7 +590,7 @@ pub async fn run_observed<S>(
             let _ = rx.recv().await;
         }
     };
-    let (execution_stop, executor_stop) = (stop_signal(), stop_signal());
+    let (execution_stop, executor_stop, pool_stop) = (stop_signal(), stop_signal(), stop_signal());
     let stopping = Arc::new(AtomicBool::new(false));
     let stopping_flag = stopping.clone();
     tokio::spawn(async move {
@@ -671,6 +677,7 @@ pub async fn run_observed<S>(
     ));
     let on_executor_deleted = executor_ctx.clone();
     let wake_sweeper = orphan_sweep.clone();
+    let executors_for_pools = executors.clone();
     let executor_events = watcher(executors, watcher::Config::default().any_semantic())
         .modify(cache::compact)
         .reflect(executor_writer)
@@ -683,9 +690,46 @@ pub async fn run_observed<S>(
         .applied_objects();
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone())
         .with_config(controller::Config::default().concurrency(executor_concurrency));
+    // Pools: woken by their own changes and by any change of a member (claimed ones too, which
+    // the pool no longer owns: a claim is what makes it refill).
+    let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
+    let pool_ctx = Arc::new(pool::Context::new(
+        shared.clone(),
+        pool_store.clone(),
+        executor_store.clone(),
+    ));
+    let pool_events = watcher(pools, watcher::Config::default().any_semantic())
+        .modify(cache::compact)
+        .reflect(pool_writer)
+        .applied_objects();
+    let member_changes = watcher(
+        executors_for_pools,
+        watcher::Config::default().any_semantic(),
+    )
+    .touched_objects();
+    let pool_loop = Controller::for_stream(pool_events, pool_store)
+        .watches_stream(member_changes, |member| {
+            let pool = member.annotations().get(POOL_MEMBER_ANNOTATION)?;
+            Some(ObjectRef::new(pool).within(&member.namespace()?))
+        })
+        .graceful_shutdown_on(pool_stop)
+        .run(
+            |pool, ctx| async move {
+                let metrics = ctx.shared.metrics.clone();
+                metrics
+                    .reconcile(ControllerKind::Pool, pool::reconcile(pool, ctx))
+                    .await
+            },
+            pool::error_policy,
+            pool_ctx.clone(),
+        )
+        .for_each(|result| async move { log_failure("pool", result) });
     let bookkeeping: Count = {
         let (executor_ctx, execution_ctx) = (executor_ctx.clone(), execution_ctx.clone());
-        Box::new(move || executor_ctx.bookkeeping() + execution_ctx.bookkeeping())
+        let pool_ctx = pool_ctx.clone();
+        Box::new(move || {
+            executor_ctx.bookkeeping() + execution_ctx.bookkeeping() + pool_ctx.bookkeeping()
+        })
     };
     let _reporting = Reporting::start(&observer, executor_store, execution_store, bookkeeping);
     let orphan_sweeper = shared
@@ -696,12 +740,14 @@ pub async fn run_observed<S>(
     // after that, which this sweep removes.
     let sweeper = {
         let (executor_ctx, execution_ctx) = (executor_ctx.clone(), execution_ctx.clone());
+        let pool_ctx = pool_ctx.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut every = tokio::time::interval(BOOKKEEPING_SWEEP);
             loop {
                 every.tick().await;
                 executor_ctx.sweep();
                 execution_ctx.sweep();
+                pool_ctx.sweep();
             }
         }))
     };
@@ -730,7 +776,7 @@ pub async fn run_observed<S>(
         )
         .for_each(|result| async move { log_failure("executor", result) });
     info!("controllers started");
-    futures::future::join(execution_loop, executor_loop).await;
+    futures::future::join3(execution_loop, executor_loop, pool_loop).await;
     drop(count_writer);
     execution_ctx.write_counts().await;
     drop(sweeper);

@@ -29,7 +29,8 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     && (has(self.size) ? has(oldSelf.size) && self.size == oldSelf.size : !has(oldSelf.size)) \
     && (has(self.packages) ? has(oldSelf.packages) && self.packages == oldSelf.packages : !has(oldSelf.packages)) \
     && (has(self.env) ? has(oldSelf.env) && self.env == oldSelf.env : !has(oldSelf.env)) \
-    && (has(self.apiKeySecretRef) ? has(oldSelf.apiKeySecretRef) && self.apiKeySecretRef == oldSelf.apiKeySecretRef : !has(oldSelf.apiKeySecretRef))";
+    && (has(self.apiKeySecretRef) ? has(oldSelf.apiKeySecretRef) && self.apiKeySecretRef == oldSelf.apiKeySecretRef : !has(oldSelf.apiKeySecretRef)) \
+    && (has(self.poolRef) ? has(oldSelf.poolRef) && self.poolRef == oldSelf.poolRef : !has(oldSelf.poolRef))";
 
 /// A sandboxed Python executor: the operator creates one briq sandbox for it, installs the
 /// bridge and its Python dependencies, starts a Jupyter kernel on loopback inside the sandbox and
@@ -52,7 +53,7 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(SANDBOX_FIELDS_IMMUTABLE).message(
-    "image, size, sleep, setupTimeoutSeconds, packages, env and apiKeySecretRef are immutable: \
+    "image, size, sleep, setupTimeoutSeconds, packages, env, apiKeySecretRef and poolRef are immutable: \
      the sandbox already exists; create a new BriqExecutor instead"
 ))]
 #[serde(rename_all = "camelCase")]
@@ -138,6 +139,13 @@ pub struct BriqExecutorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_IDLE_TIMEOUT_SECONDS))]
     pub idle_timeout_seconds: Option<u32>,
+
+    /// Take a Ready member of this `BriqExecutorPool` (its sandbox and live kernel) instead of
+    /// creating a sandbox: Ready as soon as the handover is recorded. Without a Ready member the
+    /// executor waits (`WaitingForPool`) and creates its own sandbox after
+    /// `coldCreateAfterSeconds`. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_ref: Option<super::PoolRef>,
 }
 
 /// An environment variable set in the sandbox.
@@ -214,6 +222,14 @@ pub struct BriqExecutorStatus {
     /// When the last Execution finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_execution_time: Option<Time>,
+}
+
+impl BriqExecutorSpec {
+    /// The spec an empty `spec: {}` becomes (every default applied), to tell a field a user left
+    /// unset from one they set.
+    pub fn default_for_comparison() -> BriqExecutorSpec {
+        serde_json::from_value(serde_json::json!({})).expect("an empty spec has defaults")
+    }
 }
 
 fn default_image() -> String {

@@ -2,10 +2,12 @@
 
 mod execution;
 mod executor;
+mod pool;
 pub mod reasons;
 
 pub use execution::*;
 pub use executor::*;
+pub use pool::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -26,10 +28,33 @@ fn append_description(schema: &mut schemars::Schema, text: &str) {
 
 /// Every CRD this operator serves, in install order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    [BriqExecutor::crd(), Execution::crd()]
-        .into_iter()
-        .map(unwrap_descriptions)
-        .collect()
+    [
+        BriqExecutor::crd(),
+        Execution::crd(),
+        pool_template_rules(BriqExecutorPool::crd()),
+    ]
+    .into_iter()
+    .map(unwrap_descriptions)
+    .collect()
+}
+
+/// A pool's template is a BriqExecutor spec, but not an executor's: it may change (members are
+/// replaced, claimed ones keep theirs), so the executor's immutability rule does not apply to
+/// it; it may not claim from a pool itself.
+fn pool_template_rules(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(crd).expect("a CRD serializes to JSON");
+    let template = value
+        .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/template")
+        .and_then(|t| t.as_object_mut())
+        .expect("the pool CRD has spec.template");
+    template.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([{
+            "rule": "!has(self.poolRef)",
+            "message": "a pool's template cannot itself claim from a pool",
+        }]),
+    );
+    serde_json::from_value(value).expect("a CRD deserializes from its own JSON")
 }
 
 /// One paragraph's wrapped lines as one line; a list keeps one item per line.

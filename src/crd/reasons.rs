@@ -182,6 +182,25 @@ reasons! {
         /// Expired: no Execution for `idleTimeoutSeconds`; the sandbox was destroyed and the
         /// executor never runs code again (final).
         IdleTimeout,
+        /// Waiting for a Ready member of the pool named by `poolRef` (a cold create follows
+        /// after `coldCreateAfterSeconds`).
+        WaitingForPool,
+        /// The claimer's spec differs from its pool's template in a field that shapes the
+        /// sandbox; nothing is claimed or created (final).
+        PoolMismatch,
+        /// A pool member handed over to a claimer: it runs no code of its own, and its sandbox
+        /// is the claimer's until the claimer is deleted.
+        Claimed,
+    }
+}
+
+reasons! {
+    /// Reasons of a BriqExecutorPool's `Ready` condition.
+    PoolReason {
+        /// `readyReplicas` reached `spec.replicas`.
+        MembersReady,
+        /// Members are being created, provisioned or replaced.
+        Filling,
     }
 }
 

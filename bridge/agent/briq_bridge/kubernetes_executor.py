@@ -230,6 +230,10 @@ class KubernetesExecutor(RemotePythonExecutor):
         create_executor: create a BriqExecutor and own it: `cleanup()` (or leaving the `with`
             block, or the agent's own cleanup) deletes it, which destroys its sandbox.
         executor_spec: spec of the created BriqExecutor (default `{}`: the operator's defaults).
+        pool: name of a BriqExecutorPool: create a BriqExecutor (as `create_executor=True`)
+            that takes a Ready member's sandbox and live kernel, Ready in milliseconds instead of
+            a cold start; without a Ready member it creates its own sandbox after the pool's
+            wait (`spec.poolRef.coldCreateAfterSeconds`).
         ready_timeout: how long to wait for the BriqExecutor to be Ready, in seconds.
         api_client: a `kubernetes.client.ApiClient` to use instead of loading a configuration.
 
@@ -247,9 +251,13 @@ class KubernetesExecutor(RemotePythonExecutor):
         timeout_seconds: int | None = None,
         create_executor: bool = False,
         executor_spec: dict | None = None,
+        pool: str | None = None,
         ready_timeout: float = 300.0,
         api_client: client.ApiClient | None = None,
     ):
+        if pool is not None:
+            create_executor = True
+            executor_spec = {**(executor_spec or {}), "poolRef": {"name": pool}}
         if executor_name is None and not create_executor:
             raise ValueError("executor_name is required unless create_executor=True")
         if timeout_seconds is not None and not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:

@@ -256,3 +256,40 @@ def test_create_executor_context_manager_deletes_it(kubeconfig, custom_objects):
 def test_a_missing_executor_is_a_clear_error(stack, kubeconfig):
     with pytest.raises(ExecutorNotFoundError, match="no-such-executor not found"):
         KubernetesExecutor([], quiet(), executor_name="no-such-executor", kubeconfig=kubeconfig)
+
+
+def test_an_agents_executor_claimed_from_a_pool_starts_on_a_warm_kernel(kubeconfig, custom_objects):
+    pool = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "BriqExecutorPool",
+        "metadata": {"name": "warm-test"},
+        "spec": {"replicas": 1, "template": {"env": NO_NETWORK_ENV}},
+    }
+    custom_objects.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "briqexecutorpools", pool
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            status = custom_objects.get_namespaced_custom_object(
+                GROUP, VERSION, "default", "briqexecutorpools", "warm-test"
+            ).get("status", {})
+            if status.get("readyReplicas", 0) >= 1:
+                break
+            assert time.monotonic() < deadline, f"the pool never got a Ready member: {status}"
+            time.sleep(0.2)
+
+        with new_executor(
+            kubeconfig, pool="warm-test", executor_spec={"env": NO_NETWORK_ENV}
+        ) as executor:
+            created = custom_objects.get_namespaced_custom_object(
+                GROUP, VERSION, "default", "briqexecutors", executor.executor_name
+            )
+            assert created["spec"]["poolRef"]["name"] == "warm-test"
+            ready = next(c for c in created["status"]["conditions"] if c["type"] == "Ready")
+            assert "handed over from BriqExecutorPool warm-test" in ready["message"]
+            assert executor.run_code_raise_errors("x = 41\nx + 1").output == "42"
+    finally:
+        custom_objects.delete_namespaced_custom_object(
+            GROUP, VERSION, "default", "briqexecutorpools", "warm-test"
+        )

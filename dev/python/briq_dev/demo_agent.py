@@ -1,11 +1,13 @@
 """The demo's agent: a real smolagents CodeAgent whose code runs through briq-operator.
 
     KUBECONFIG=... python -m briq_dev.demo_agent --executor demo
+    KUBECONFIG=... python -m briq_dev.demo_agent --pool warm
 
 Runs `CodeAgent(tools=[], model=model, executor=KubernetesExecutor(...))` on "Calculate the
-first 20 Fibonacci numbers." against an existing, Ready BriqExecutor, printing one line per step
-and then `answer: <JSON>`. The model is a deterministic scripted one (no API key needed) unless
-`BRIQ_DEMO_MODEL` names a real smolagents model:
+first 20 Fibonacci numbers." against an existing, Ready BriqExecutor (`--executor`), or on one
+it creates from a BriqExecutorPool (`--pool`: it takes a warm member's kernel, and is deleted at
+the end), printing one line per step and then `answer: <JSON>`. The model is a deterministic
+scripted one (no API key needed) unless `BRIQ_DEMO_MODEL` names a real smolagents model:
 
 - `hf:<model id>` — `InferenceClientModel` (token from `HF_TOKEN`)
 - `openai:<model id>` — `OpenAIModel` (`OPENAI_API_KEY`, optional `OPENAI_BASE_URL`; needs the
@@ -79,7 +81,9 @@ def one_line(text: str, limit: int = 100) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--executor", required=True, help="name of a Ready BriqExecutor")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--executor", help="name of a Ready BriqExecutor")
+    target.add_argument("--pool", help="name of a BriqExecutorPool to claim an executor from")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or in-cluster")
     parser.add_argument("--max-steps", type=int, default=6)
@@ -115,9 +119,17 @@ def main() -> int:
         [],
         AgentLogger(level=level),
         executor_name=args.executor,
+        pool=args.pool,
         namespace=args.namespace,
         kubeconfig=args.kubeconfig,
     ) as executor:
+        if args.pool:
+            ready = time.monotonic() - started
+            print(
+                f"executor {executor.executor_name} claimed from pool {args.pool}: Ready in "
+                f"{ready:.2f} s",
+                flush=True,
+            )
         agent = CodeAgent(
             tools=[],
             model=model,

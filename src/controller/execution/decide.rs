@@ -19,7 +19,7 @@ use crate::{
     },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
-        MAX_STATUS_BYTES,
+        MAX_STATUS_BYTES, POOL_MEMBER_ANNOTATION,
         reasons::{ExecutionReason, Phase},
     },
 };
@@ -251,6 +251,20 @@ pub fn unable(executor: &BriqExecutor, known_unusable: bool) -> Option<Verdict> 
         return Some(Verdict::new(
             ExecutionReason::ExecutorDeleted,
             format!("BriqExecutor {name} is being deleted"),
+        ));
+    }
+    if let Some(pool) = executor
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POOL_MEMBER_ANNOTATION))
+    {
+        return Some(Verdict::new(
+            ExecutionReason::ExecutorUnusable,
+            format!(
+                "BriqExecutor {name} is a member of BriqExecutorPool {pool} and runs no code of its \
+                 own; create a BriqExecutor with spec.poolRef.name: {pool} and run code there"
+            ),
         ));
     }
     let status = executor.status.clone().unwrap_or_default();

@@ -40,7 +40,7 @@ use super::{
     backoff::Backoff,
     conditions::{self, SUCCEEDED},
     is_conflict, mark_unusable, object_key,
-    ownership::{Ownership, ownership},
+    ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
     prune_backoff, retry,
     session::Session,
     settle,
@@ -739,8 +739,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             return Ok(None);
         }
         let found = self.ctx.shared.sandboxes.get_sandbox(key, sandbox).await;
-        let own_name = crate::briq::sandbox_name(&self.namespace, &executor.name_any(), &uid);
-        let Some(ownership) = ownership(&own_name, &found) else {
+        let member = claimed_member(executor, &self.ctx.executors, &self.ctx.shared.client).await?;
+        let expected = expected_sandbox_name(executor, member.as_ref());
+        let Some(ownership) = ownership(&expected, &found) else {
             return Err(found.expect_err("briq did not say").into());
         };
         if ownership == Ownership::Owned {

@@ -14,7 +14,10 @@ use crate::{
     briq::{self, ErrorClass, SandboxState},
     controller::conditions::{self, Desired, READY, STALLED, desired},
     controller::execution::ATTEMPT_GRACE,
-    crd::{BriqExecutorStatus, MAX_EXECUTION_TIMEOUT_SECONDS, reasons::ExecutorReason},
+    crd::{
+        BriqExecutorPoolSpec, BriqExecutorSpec, BriqExecutorStatus, CLAIMED_BY_ANNOTATION,
+        MAX_EXECUTION_TIMEOUT_SECONDS, POOL_FALLBACK_ANNOTATION, PoolRef, reasons::ExecutorReason,
+    },
 };
 
 /// Set before a sandbox is created and removed once its id is recorded: if the operator stops in
@@ -43,13 +46,28 @@ pub enum Step {
     Provision { sandbox: String },
     /// Ready: check that the sandbox still runs.
     Probe { sandbox: String },
+    /// No sandbox yet and a `poolRef`: take a Ready member's sandbox, or wait, or fall back to
+    /// creating one.
+    Claim,
+    /// A pool member handed over to the executor with this uid: it runs nothing of its own and
+    /// leaves the sandbox alone (the claimer probes it; deletion destroys it).
+    HandedOver { claimer: String },
 }
 
 impl Step {
     /// Steps whose effect cannot be taken back (a second sandbox, a second setup) are decided
     /// on a fresh read: the watch cache can lag behind this controller's own last write.
     pub fn needs_fresh_read(&self) -> bool {
-        matches!(self, Step::CreateSandbox { .. } | Step::Provision { .. })
+        matches!(
+            self,
+            Step::CreateSandbox { .. }
+                | Step::Provision { .. }
+                | Step::Claim
+                | Step::Conclude {
+                    leftover: Some(_),
+                    ..
+                }
+        )
     }
 }
 
@@ -72,10 +90,26 @@ fn stalled_reason(status: &BriqExecutorStatus) -> Option<&str> {
 }
 
 /// The final states that give the sandbox back (the others keep it until deletion).
-const CONCLUSIONS: [ExecutorReason; 2] = [ExecutorReason::SetupFailed, ExecutorReason::IdleTimeout];
+const CONCLUSIONS: [ExecutorReason; 3] = [
+    ExecutorReason::SetupFailed,
+    ExecutorReason::IdleTimeout,
+    ExecutorReason::PoolMismatch,
+];
 
-/// The next step of a live executor with this status and these annotations.
-pub fn decide(status: &BriqExecutorStatus, annotations: &BTreeMap<String, String>) -> Step {
+/// The next step of a live executor with this status and these annotations; `claims` when its
+/// spec has a `poolRef`.
+pub fn decide(
+    status: &BriqExecutorStatus,
+    annotations: &BTreeMap<String, String>,
+    claims: bool,
+) -> Step {
+    // A handed-over member's sandbox is its claimer's, whatever its own status says (an idle
+    // expiry decided just before the claim, say).
+    if let Some(claimer) = annotations.get(CLAIMED_BY_ANNOTATION) {
+        return Step::HandedOver {
+            claimer: claimer.clone(),
+        };
+    }
     if status.unusable {
         let why = status.unusable_reason.as_deref().unwrap_or("unknown");
         return Step::ReportUnusable { why: why.into() };
@@ -94,6 +128,7 @@ pub fn decide(status: &BriqExecutorStatus, annotations: &BTreeMap<String, String
         };
     }
     match recorded_sandbox(status, annotations) {
+        None if claims && !annotations.contains_key(POOL_FALLBACK_ANNOTATION) => Step::Claim,
         None => Step::CreateSandbox {
             pending: annotations.contains_key(CREATE_PENDING_ANNOTATION),
         },
@@ -148,6 +183,113 @@ pub fn setup_verdict(outcome: &Result<Provisioned, SetupError>) -> SetupVerdict 
             _ => message.clone(),
         }),
         Err(error @ SetupError::Kernel(_)) => SetupVerdict::Failed(error.to_string()),
+    }
+}
+
+/// The fields of a claimer's spec that shape its sandbox and differ from its pool's template
+/// (a field left at its default takes the template's value): with any, it claims nothing.
+pub fn pool_mismatch(claimer: &BriqExecutorSpec, template: &BriqExecutorSpec) -> Vec<&'static str> {
+    let unset = BriqExecutorSpec::default_for_comparison();
+    // (field, equal to the template's, left at its default)
+    let fields = [
+        (
+            "image",
+            claimer.image == template.image,
+            claimer.image == unset.image,
+        ),
+        (
+            "size",
+            claimer.size == template.size,
+            claimer.size.is_none(),
+        ),
+        (
+            "sleep",
+            claimer.sleep == template.sleep,
+            claimer.sleep == unset.sleep,
+        ),
+        (
+            "setupTimeoutSeconds",
+            claimer.setup_timeout_seconds == template.setup_timeout_seconds,
+            claimer.setup_timeout_seconds == unset.setup_timeout_seconds,
+        ),
+        (
+            "packages",
+            claimer.packages == template.packages,
+            claimer.packages.is_none(),
+        ),
+        ("env", claimer.env == template.env, claimer.env.is_none()),
+        // The member's sandbox was made with the template's key: no default stands in for it.
+        (
+            "apiKeySecretRef",
+            claimer.api_key_secret_ref == template.api_key_secret_ref,
+            false,
+        ),
+    ];
+    fields
+        .into_iter()
+        .filter(|(_, same, left_default)| !same && !left_default)
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
+/// What a claimer does now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimPlan {
+    /// Try these Ready members, in this order, until one is won.
+    Take(Vec<String>),
+    /// No Ready member: wait, and look again after this long.
+    Wait {
+        message: String,
+        recheck: std::time::Duration,
+    },
+    /// Stop waiting: create a sandbox of its own, for this reason.
+    FallBack(String),
+    /// Its spec cannot take the template's sandbox (final).
+    Mismatch(String),
+}
+
+/// How long a waiting claimer waits before it looks at its pool again.
+pub const CLAIM_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+pub fn claim_plan(
+    claimer: &BriqExecutorSpec,
+    pool_ref: &PoolRef,
+    pool: Option<&BriqExecutorPoolSpec>,
+    ready_members: Vec<String>,
+    waited: std::time::Duration,
+) -> ClaimPlan {
+    let name = &pool_ref.name;
+    let Some(pool) = pool else {
+        return ClaimPlan::FallBack(format!("BriqExecutorPool {name} does not exist"));
+    };
+    let mismatch = pool_mismatch(claimer, &pool.template);
+    if !mismatch.is_empty() {
+        return ClaimPlan::Mismatch(format!(
+            "{} differ from the template of BriqExecutorPool {name}; leave them unset or equal \
+             to the template's, in a new BriqExecutor",
+            mismatch.join(", ")
+        ));
+    }
+    if !ready_members.is_empty() {
+        return ClaimPlan::Take(ready_members);
+    }
+    if pool.replicas == 0 {
+        return ClaimPlan::FallBack(format!("BriqExecutorPool {name} is scaled to zero"));
+    }
+    let patience = std::time::Duration::from_secs(pool_ref.cold_create_after_seconds.into());
+    if waited >= patience {
+        return ClaimPlan::FallBack(format!(
+            "no Ready member of BriqExecutorPool {name} within {}s",
+            patience.as_secs()
+        ));
+    }
+    ClaimPlan::Wait {
+        message: format!(
+            "waiting for a Ready member of BriqExecutorPool {name}; creating a sandbox of its own \
+             after {}s",
+            patience.as_secs()
+        ),
+        recheck: CLAIM_RECHECK.min(patience - waited),
     }
 }
 
@@ -679,7 +821,228 @@ mod tests {
             ),
         ];
         for (name, status, annotations, expected) in cases {
-            assert_eq!(decide(&status, annotations), expected, "{name}");
+            assert_eq!(decide(&status, annotations, false), expected, "{name}");
+        }
+    }
+
+    fn spec(value: serde_json::Value) -> BriqExecutorSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn pool_mismatch_table() {
+        let template = spec(serde_json::json!({
+            "image": "reg/briq-sandbox:1", "sleep": "2h", "packages": ["pandas==2.2.3"],
+            "apiKeySecretRef": { "name": "team-key" },
+        }));
+        let cases: [(&str, serde_json::Value, Vec<&str>); 7] = [
+            (
+                "every shaping field left unset: the template's",
+                serde_json::json!({ "apiKeySecretRef": { "name": "team-key" } }),
+                vec![],
+            ),
+            (
+                "equal to the template",
+                serde_json::json!({
+                    "image": "reg/briq-sandbox:1", "sleep": "2h", "packages": ["pandas==2.2.3"],
+                    "apiKeySecretRef": { "name": "team-key" },
+                }),
+                vec![],
+            ),
+            (
+                "per-action fields are the claimer's own",
+                serde_json::json!({
+                    "executionTimeoutSeconds": 5, "maxQueuedExecutions": 3,
+                    "idleTimeoutSeconds": 60, "apiKeySecretRef": { "name": "team-key" },
+                }),
+                vec![],
+            ),
+            (
+                "another image",
+                serde_json::json!({ "image": "other:1", "apiKeySecretRef": { "name": "team-key" } }),
+                vec!["image"],
+            ),
+            (
+                "other packages and size",
+                serde_json::json!({
+                    "packages": ["numpy"], "size": "large",
+                    "apiKeySecretRef": { "name": "team-key" },
+                }),
+                vec!["size", "packages"],
+            ),
+            (
+                // The member's sandbox was made with the template's key: no default stands in.
+                "no key where the template has one",
+                serde_json::json!({}),
+                vec!["apiKeySecretRef"],
+            ),
+            (
+                "another key",
+                serde_json::json!({ "apiKeySecretRef": { "name": "mine" } }),
+                vec!["apiKeySecretRef"],
+            ),
+        ];
+        for (name, claimer, expected) in cases {
+            assert_eq!(pool_mismatch(&spec(claimer), &template), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn claim_plan_table() {
+        let pool_ref = |after: u32| PoolRef {
+            name: "fast".into(),
+            cold_create_after_seconds: after,
+        };
+        let pool = |replicas: i32| BriqExecutorPoolSpec {
+            replicas,
+            template: spec(serde_json::json!({})),
+        };
+        let claimer = spec(serde_json::json!({}));
+        let secs = std::time::Duration::from_secs;
+        let members = || vec!["fast-a".to_string(), "fast-b".to_string()];
+        let waiting = |recheck| ClaimPlan::Wait {
+            message: "waiting for a Ready member of BriqExecutorPool fast; creating a sandbox \
+                      of its own after 30s"
+                .into(),
+            recheck,
+        };
+        let cases = [
+            (
+                "ready members: take them in order",
+                Some(pool(2)),
+                members(),
+                secs(0),
+                ClaimPlan::Take(members()),
+            ),
+            (
+                "no pool: at once",
+                None,
+                vec![],
+                secs(0),
+                ClaimPlan::FallBack("BriqExecutorPool fast does not exist".into()),
+            ),
+            (
+                "scaled to zero: at once",
+                Some(pool(0)),
+                vec![],
+                secs(0),
+                ClaimPlan::FallBack("BriqExecutorPool fast is scaled to zero".into()),
+            ),
+            (
+                "none ready yet: wait",
+                Some(pool(2)),
+                vec![],
+                secs(10),
+                waiting(CLAIM_RECHECK),
+            ),
+            (
+                "the last moments of the wait are not overshot",
+                Some(pool(2)),
+                vec![],
+                secs(30) - std::time::Duration::from_millis(100),
+                waiting(std::time::Duration::from_millis(100)),
+            ),
+            (
+                "waited long enough",
+                Some(pool(2)),
+                vec![],
+                secs(30),
+                ClaimPlan::FallBack("no Ready member of BriqExecutorPool fast within 30s".into()),
+            ),
+        ];
+        for (name, pool, ready, waited, expected) in cases {
+            assert_eq!(
+                claim_plan(&claimer, &pool_ref(30), pool.as_ref(), ready, waited),
+                expected,
+                "{name}"
+            );
+        }
+        let odd = spec(serde_json::json!({ "image": "other:1" }));
+        assert_eq!(
+            claim_plan(&odd, &pool_ref(30), Some(&pool(2)), members(), secs(0)),
+            ClaimPlan::Mismatch(
+                "image differ from the template of BriqExecutorPool fast; leave them unset or \
+                 equal to the template's, in a new BriqExecutor"
+                    .into()
+            ),
+            "a mismatch wins over ready members"
+        );
+    }
+
+    #[test]
+    fn decide_table_for_pools() {
+        let none = annotations(&[]);
+        let fallen_back = annotations(&[(POOL_FALLBACK_ANNOTATION, "pool gone")]);
+        let claimed = annotations(&[(CLAIMED_BY_ANNOTATION, "uid-c")]);
+        let handed_over = Step::HandedOver {
+            claimer: "uid-c".into(),
+        };
+        let unusable = BriqExecutorStatus {
+            unusable: true,
+            ..status(&ready(), Some("bq_1"))
+        };
+        let cases = [
+            (
+                "a claimer without a sandbox claims",
+                BriqExecutorStatus::default(),
+                &none,
+                true,
+                Step::Claim,
+            ),
+            (
+                "a claimer that fell back creates its own",
+                BriqExecutorStatus::default(),
+                &fallen_back,
+                true,
+                Step::CreateSandbox { pending: false },
+            ),
+            (
+                "a claimer with its handed-over sandbox probes it",
+                status(&ready(), Some("bq_1")),
+                &none,
+                true,
+                Step::Probe {
+                    sandbox: "bq_1".into(),
+                },
+            ),
+            (
+                "a handed-over member leaves its sandbox to the claimer",
+                status(&ready(), Some("bq_1")),
+                &claimed,
+                false,
+                handed_over.clone(),
+            ),
+            (
+                "even when an expiry was decided just before the claim",
+                status(&expired(), Some("bq_1")),
+                &claimed,
+                false,
+                handed_over.clone(),
+            ),
+            (
+                "or it was marked unusable",
+                unusable,
+                &claimed,
+                false,
+                handed_over,
+            ),
+            (
+                "a mismatched claimer is concluded",
+                status(
+                    &state("False", true, ExecutorReason::PoolMismatch, "image differs"),
+                    None,
+                ),
+                &none,
+                true,
+                Step::Conclude {
+                    reason: ExecutorReason::PoolMismatch,
+                    leftover: None,
+                    message: "image differs".into(),
+                },
+            ),
+        ];
+        for (name, status, annotations, claims, expected) in cases {
+            assert_eq!(decide(&status, annotations, claims), expected, "{name}");
         }
     }
 

@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{
-    Api, ResourceExt,
+    Api, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
     runtime::{
         controller::Action,
@@ -25,8 +25,8 @@ use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use self::decide::{
-    Adoption, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict, Step, state,
-    unusable_state,
+    Adoption, ClaimPlan, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict,
+    Step, state, unusable_state,
 };
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
@@ -38,7 +38,15 @@ use super::{
 };
 use crate::{
     briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
-    crd::{BriqExecutor, Execution, reasons::ExecutorReason},
+    controller::{
+        ownership::{claimed_member, expected_sandbox_name},
+        pool,
+    },
+    crd::{
+        BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
+        CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_LABEL,
+        reasons::ExecutorReason,
+    },
 };
 
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
@@ -104,6 +112,7 @@ pub async fn reconcile<S: SandboxApi>(
         shared: &ctx.shared,
         api: &api,
         executions: &ctx.executions,
+        executors: &ctx.store,
     };
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
@@ -142,15 +151,17 @@ struct Actor<'a, S> {
     shared: &'a Shared<S>,
     api: &'a Api<BriqExecutor>,
     executions: &'a Store<Execution>,
+    executors: &'a Store<BriqExecutor>,
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
     async fn apply(&self, cached: &BriqExecutor) -> Result<Action> {
-        let mut step = decide::decide(&status_of(cached), cached.annotations());
+        let claims = cached.spec.pool_ref.is_some();
+        let mut step = decide::decide(&status_of(cached), cached.annotations(), claims);
         let fresh;
         let executor = if step.needs_fresh_read() {
             fresh = self.api.get(&cached.name_any()).await?;
-            step = decide::decide(&status_of(&fresh), fresh.annotations());
+            step = decide::decide(&status_of(&fresh), fresh.annotations(), claims);
             &fresh
         } else {
             cached
@@ -218,6 +229,21 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: current.ready,
                 };
                 self.provision(executor, &key, fields).await
+            }
+            Step::Claim => self.claim(executor).await,
+            Step::HandedOver { claimer } => {
+                let to = executor
+                    .owner_references()
+                    .iter()
+                    .find(|owner| owner.uid == claimer)
+                    .map_or(claimer.clone(), |owner| owner.name.clone());
+                let message = format!(
+                    "handed over to BriqExecutor {to}: its sandbox and kernel are that executor's"
+                );
+                let claimed = state("False", false, ExecutorReason::Claimed, message);
+                self.report(executor, claimed, sandbox_fields(executor))
+                    .await?;
+                Ok(Action::await_change())
             }
             Step::Probe { sandbox } => {
                 let recheck = match self.idleness(executor) {
@@ -480,7 +506,8 @@ impl<S: SandboxApi> Actor<'_, S> {
         recheck: Duration,
     ) -> Result<Action> {
         let found = self.shared.sandboxes.get_sandbox(key, id).await;
-        match decide::probe_verdict(id, &own_name(executor), &found) {
+        let expected = self.expected_name(executor).await?;
+        match decide::probe_verdict(id, &expected, &found) {
             ProbeVerdict::Running => {
                 self.report(executor, decide::kernel_ready(), sandbox)
                     .await?;
@@ -506,7 +533,8 @@ impl<S: SandboxApi> Actor<'_, S> {
         id: &str,
     ) -> Result<Ownership> {
         let found = self.shared.sandboxes.get_sandbox(key, id).await;
-        match decide::ownership(&own_name(executor), &found) {
+        let expected = self.expected_name(executor).await?;
+        match decide::ownership(&expected, &found) {
             Some(ownership) => Ok(ownership),
             None => Err(found.expect_err("briq did not say").into()),
         }
@@ -536,7 +564,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let found = self
             .shared
             .sandboxes
-            .find_sandboxes_by_name(key, &own_name(executor))
+            .find_sandboxes_by_name(key, &self.expected_name(executor).await?)
             .await?;
         match decide::adoption(found) {
             Some(Adoption { keep, .. }) => {
@@ -718,6 +746,185 @@ impl<S: SandboxApi> Actor<'_, S> {
         }
     }
 
+    /// The name briq must show for this executor's sandbox (a claimer's is its member's).
+    async fn expected_name(&self, executor: &BriqExecutor) -> Result<String> {
+        let member = claimed_member(executor, self.executors, &self.shared.client).await?;
+        Ok(expected_sandbox_name(executor, member.as_ref()))
+    }
+
+    /// A claimer without a sandbox: resume a handover a crash interrupted, else take a Ready
+    /// member of its pool (the member's resourceVersion as precondition, so exactly one claimer
+    /// wins it), else wait or fall back to a sandbox of its own.
+    async fn claim(&self, executor: &BriqExecutor) -> Result<Action> {
+        let pool_ref = executor
+            .spec
+            .pool_ref
+            .clone()
+            .expect("a claimer has a poolRef");
+        let uid = executor.uid().unwrap_or_default();
+        let mine = ListParams::default().labels(&format!("{CLAIMED_BY_LABEL}={uid}"));
+        let resumed = self
+            .api
+            .list(&mine)
+            .await?
+            .items
+            .into_iter()
+            .find(|member| {
+                member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
+                    && member.metadata.deletion_timestamp.is_none()
+            });
+        if let Some(member) = resumed {
+            return self.record_claim(executor, &pool_ref.name, &member).await;
+        }
+        let namespace = executor.namespace().unwrap_or_default();
+        let pools: Api<BriqExecutorPool> = Api::namespaced(self.shared.client.clone(), &namespace);
+        let pool = pools.get_opt(&pool_ref.name).await?;
+        let ready = pool
+            .as_ref()
+            .map(|pool| pool::ready_members(self.executors, pool))
+            .unwrap_or_default();
+        // A creation time ahead of this clock (skew) counts as just created.
+        let waited = executor
+            .creation_timestamp()
+            .map(|created| {
+                let waited = Timestamp::now().duration_since(created.0);
+                waited
+                    .max(k8s_openapi::jiff::SignedDuration::ZERO)
+                    .unsigned_abs()
+            })
+            .unwrap_or_default();
+        let plan = decide::claim_plan(
+            &executor.spec,
+            &pool_ref,
+            pool.as_ref().map(|pool| &pool.spec),
+            ready.iter().map(|m| m.name_any()).collect(),
+            waited,
+        );
+        match plan {
+            ClaimPlan::Take(_) => {
+                for member in &ready {
+                    if let Some(won) = self.take(executor, member).await? {
+                        return self.record_claim(executor, &pool_ref.name, &won).await;
+                    }
+                }
+                Ok(Action::requeue(decide::CLAIM_RECHECK))
+            }
+            ClaimPlan::Wait { message, recheck } => {
+                let waiting = state("False", false, ExecutorReason::WaitingForPool, message);
+                self.report(executor, waiting, SandboxFields::default())
+                    .await?;
+                Ok(Action::requeue(recheck))
+            }
+            ClaimPlan::FallBack(why) => {
+                self.event(
+                    executor,
+                    EventType::Normal,
+                    "ColdCreate",
+                    "Claim",
+                    format!("{why}: creating a sandbox of its own"),
+                )
+                .await;
+                self.annotate(executor, json!({ POOL_FALLBACK_ANNOTATION: why }))
+                    .await?;
+                Ok(Action::await_change())
+            }
+            ClaimPlan::Mismatch(message) => {
+                self.event(
+                    executor,
+                    EventType::Warning,
+                    "PoolMismatch",
+                    "Claim",
+                    message.clone(),
+                )
+                .await;
+                let stalled = state("False", true, ExecutorReason::PoolMismatch, message);
+                self.report(executor, stalled, SandboxFields::default())
+                    .await?;
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Marks `member` as this executor's, unless it changed since the cache saw it (another
+    /// claimer, its pool, an expiry): `None`. Its owner becomes the claimer, so deleting the
+    /// pool leaves it alone and deleting the claimer deletes it; its pool label goes, so the
+    /// pool counts it no more.
+    async fn take(
+        &self,
+        executor: &BriqExecutor,
+        member: &BriqExecutor,
+    ) -> Result<Option<BriqExecutor>> {
+        let uid = executor.uid().unwrap_or_default();
+        let owner = executor.controller_owner_ref(&()).map(|mut owner| {
+            owner.block_owner_deletion = Some(true);
+            owner
+        });
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": member.resource_version(),
+                "annotations": { CLAIMED_BY_ANNOTATION: uid },
+                "labels": { POOL_LABEL: null, CLAIMED_BY_LABEL: uid },
+                "ownerReferences": [owner],
+            }
+        });
+        match self
+            .api
+            .patch(
+                &member.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(won) => Ok(Some(won)),
+            // Changed since the cache saw it, or gone: another claimer's, or no longer offered.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The second half of a handover: the claimer records the member and its sandbox, and is
+    /// Ready at once (the member's kernel answered; the first Execution confirms the sandbox
+    /// with briq before any code goes there).
+    async fn record_claim(
+        &self,
+        executor: &BriqExecutor,
+        pool: &str,
+        member: &BriqExecutor,
+    ) -> Result<Action> {
+        let member_status = status_of(member);
+        let Some(id) = decide::recorded_sandbox(&member_status, member.annotations()) else {
+            return Err(Error::Invariant(format!(
+                "pool member {} was claimed without a sandbox",
+                member.name_any()
+            )));
+        };
+        self.annotate(
+            executor,
+            json!({ CLAIMED_MEMBER_ANNOTATION: member.name_any(), SANDBOX_ID_ANNOTATION: id }),
+        )
+        .await?;
+        let message = format!(
+            "the kernel answers: handed over from BriqExecutorPool {pool} (executor {})",
+            member.name_any()
+        );
+        let ready = state("True", false, ExecutorReason::KernelReady, message);
+        let fields = SandboxFields {
+            id: Some(id.clone()),
+            created: member_status.sandbox_created_time.clone(),
+            ready: Some(conditions::now()),
+        };
+        self.report(executor, ready, fields).await?;
+        let note = format!(
+            "took sandbox {id} and its kernel from BriqExecutorPool {pool} (executor {})",
+            member.name_any()
+        );
+        self.event(executor, EventType::Normal, "Claimed", "Claim", note)
+            .await;
+        info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
+        Ok(Action::requeue(self.shared.settings.probe_interval))
+    }
+
     /// Destroys the sandbox of an executor that ended for good (`why`), if it is the
     /// executor's own, and forgets it.
     async fn give_back(
@@ -756,7 +963,11 @@ impl<S: SandboxApi> Actor<'_, S> {
     async fn expire(&self, cached: &BriqExecutor) -> Result<Action> {
         let fresh = self.api.get(&cached.name_any()).await?;
         let still_ready = matches!(
-            decide::decide(&status_of(&fresh), fresh.annotations()),
+            decide::decide(
+                &status_of(&fresh),
+                fresh.annotations(),
+                fresh.spec.pool_ref.is_some()
+            ),
             Step::Probe { .. }
         );
         let Idleness::Expired { message } = self.idleness(&fresh) else {
@@ -888,15 +1099,6 @@ fn retry_error(outcome: Result<Provisioned, SetupError>) -> Error {
         Err(SetupError::Call(error)) => error.into(),
         other => Error::Invariant(format!("setup retried after {other:?}")),
     }
-}
-
-/// The executor's own sandbox name: what briq must answer for a sandbox to be this executor's.
-fn own_name(executor: &BriqExecutor) -> String {
-    sandbox_name(
-        &executor.namespace().unwrap_or_default(),
-        &executor.name_any(),
-        &executor.uid().unwrap_or_default(),
-    )
 }
 
 fn status_of(executor: &BriqExecutor) -> crate::crd::BriqExecutorStatus {

@@ -1,0 +1,289 @@
+//! The `BriqExecutorPool` controller: keeps `spec.replicas` unclaimed members made from the
+//! current template, replaces broken and outdated ones, and reports how many are Ready. Members
+//! are ordinary `BriqExecutor`s (the executor controller provisions them), owned by the pool
+//! until claimed; the claim itself is the claimer's ([`super::executor`]).
+
+mod decide;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, PostParams},
+    runtime::{controller::Action, reflector::Store},
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tracing::{info, instrument};
+
+use self::decide::Member;
+use super::{
+    EXECUTOR_MANAGER, Error, Result, Shared, apply_status, backoff::Backoff, conditions,
+    object_key, prune_backoff, retry, settle,
+};
+use crate::crd::{
+    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, CLAIMED_BY_ANNOTATION, POOL_LABEL,
+    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
+};
+
+/// While members are being made or provisioned: look again this often (members' own changes
+/// wake the pool too).
+const FILLING_RECHECK: Duration = Duration::from_secs(5);
+
+pub struct Context<S> {
+    pub shared: Arc<Shared<S>>,
+    pools: Store<BriqExecutorPool>,
+    executors: Store<BriqExecutor>,
+    backoff: Backoff,
+    /// Members this process created that the cache may not show yet, per pool: counted as
+    /// not-ready members until it does (or [`EXPECTATION_TIMEOUT`] passes), so that a reconcile
+    /// woken before the cache caught up does not create them twice.
+    expected: Mutex<HashMap<String, Vec<(String, Instant)>>>,
+}
+
+/// How long a created member is counted without the cache showing it.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl<S> Context<S> {
+    pub fn new(
+        shared: Arc<Shared<S>>,
+        pools: Store<BriqExecutorPool>,
+        executors: Store<BriqExecutor>,
+    ) -> Self {
+        Context {
+            backoff: shared.backoff(),
+            shared,
+            pools,
+            executors,
+            expected: Mutex::default(),
+        }
+    }
+
+    pub fn sweep(&self) {
+        prune_backoff(&self.backoff, &self.pools);
+        let live: HashSet<String> = self
+            .pools
+            .state()
+            .iter()
+            .map(|p| object_key(p.as_ref()))
+            .collect();
+        self.expected().retain(|pool, _| live.contains(pool));
+    }
+
+    pub fn bookkeeping(&self) -> usize {
+        self.backoff.len() + self.expected().len()
+    }
+
+    fn expected(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(String, Instant)>>> {
+        self.expected.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The members created for `pool` that the cache (`seen`) does not show yet.
+    fn still_expected(&self, pool: &str, seen: &HashSet<String>) -> Vec<String> {
+        let mut expected = self.expected();
+        let Some(created) = expected.get_mut(pool) else {
+            return Vec::new();
+        };
+        created.retain(|(name, at)| !seen.contains(name) && at.elapsed() < EXPECTATION_TIMEOUT);
+        let names = created.iter().map(|(name, _)| name.clone()).collect();
+        if created.is_empty() {
+            expected.remove(pool);
+        }
+        names
+    }
+
+    fn created(&self, pool: &str, member: String) {
+        self.expected()
+            .entry(pool.to_owned())
+            .or_default()
+            .push((member, Instant::now()));
+    }
+}
+
+/// The hash of a template, as the members made from it carry it.
+pub fn template_hash(pool: &BriqExecutorPool) -> String {
+    let canonical = serde_json::to_vec(&pool.spec.template).expect("a spec serializes");
+    let digest = Sha256::digest(&canonical);
+    digest[..5].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The pool's unclaimed members, as the cache shows them: made by the operator for this pool
+/// (the guarded member annotation), still owned by it, still labelled, never claimed.
+fn members(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<Arc<BriqExecutor>> {
+    let namespace = pool.namespace();
+    let name = pool.name_any();
+    let uid = pool.uid();
+    executors
+        .state()
+        .into_iter()
+        .filter(|e| {
+            e.namespace() == namespace
+                && e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&name)
+                && e.labels().get(POOL_LABEL) == Some(&name)
+                && !e.annotations().contains_key(CLAIMED_BY_ANNOTATION)
+                && e.owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
+        })
+        .collect()
+}
+
+fn is_ready(executor: &BriqExecutor) -> bool {
+    executor
+        .status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, conditions::READY) && !s.unusable)
+}
+
+fn view(executor: &BriqExecutor, hash: &str) -> Member {
+    let status = executor.status.clone().unwrap_or_default();
+    Member {
+        name: executor.name_any(),
+        current: executor
+            .labels()
+            .get(TEMPLATE_HASH_LABEL)
+            .map(String::as_str)
+            == Some(hash),
+        ready: is_ready(executor),
+        broken: status.unusable || conditions::is_true(&status.conditions, conditions::STALLED),
+        deleting: executor.metadata.deletion_timestamp.is_some(),
+        created: executor.metadata.creation_timestamp.as_ref().map(|t| t.0),
+    }
+}
+
+/// The members a claimer may take now, longest Ready first: current template, Ready, not being
+/// deleted.
+pub fn ready_members(
+    executors: &Store<BriqExecutor>,
+    pool: &BriqExecutorPool,
+) -> Vec<BriqExecutor> {
+    let hash = template_hash(pool);
+    let mut ready: Vec<BriqExecutor> = members(executors, pool)
+        .into_iter()
+        .filter(|e| {
+            let member = view(e, &hash);
+            member.current && member.ready && !member.broken && !member.deleting
+        })
+        .map(|e| e.as_ref().clone())
+        .collect();
+    let since = |e: &BriqExecutor| {
+        e.status
+            .as_ref()
+            .and_then(|s| s.ready_time.as_ref())
+            .map(|t| t.0)
+            .unwrap_or(Timestamp::MAX)
+    };
+    ready.sort_by(|a, b| {
+        since(a)
+            .cmp(&since(b))
+            .then(a.name_any().cmp(&b.name_any()))
+    });
+    ready
+}
+
+#[instrument(skip_all, fields(namespace = pool.namespace(), name = pool.name_any()))]
+pub async fn reconcile<S>(pool: Arc<BriqExecutorPool>, ctx: Arc<Context<S>>) -> Result<Action> {
+    let result = act(&pool, &ctx).await;
+    settle(&ctx.backoff, pool.as_ref(), result)
+}
+
+pub fn error_policy<S>(pool: Arc<BriqExecutorPool>, error: &Error, ctx: Arc<Context<S>>) -> Action {
+    retry(&ctx.backoff, pool.as_ref(), error)
+}
+
+async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
+    if pool.metadata.deletion_timestamp.is_some() {
+        // Garbage collection deletes the members it still owns; claimed ones are not its own.
+        return Ok(Action::await_change());
+    }
+    let namespace = pool.namespace().unwrap_or_default();
+    let executors: Api<BriqExecutor> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+    let hash = template_hash(pool);
+    let key = object_key(pool);
+    let seen: HashSet<String> = ctx
+        .executors
+        .state()
+        .iter()
+        .filter(|e| e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&pool.name_any()))
+        .map(|e| e.name_any())
+        .collect();
+    let mut members: Vec<Member> = members(&ctx.executors, pool)
+        .iter()
+        .map(|e| view(e, &hash))
+        .collect();
+    members.extend(
+        ctx.still_expected(&key, &seen)
+            .into_iter()
+            .map(|name| Member {
+                name,
+                current: true,
+                ready: false,
+                broken: false,
+                deleting: false,
+                created: None,
+            }),
+    );
+    let plan = decide::plan(pool.spec.replicas, &members);
+    for name in &plan.delete {
+        match executors.delete(name, &DeleteParams::default()).await {
+            Ok(_) => info!(member = %name, "deleted a pool member"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    for _ in 0..plan.create {
+        let member = new_member(pool, &hash)?;
+        let made = executors.create(&PostParams::default(), &member).await?;
+        info!(member = %made.name_any(), "created a pool member");
+        ctx.created(&key, made.name_any());
+    }
+    let ready = decide::ready_condition(pool.spec.replicas, plan.ready_replicas);
+    let filling = ready.status != "True";
+    let current = pool.status.clone().unwrap_or_default();
+    let status = BriqExecutorPoolStatus {
+        observed_generation: pool.metadata.generation,
+        replicas: plan.replicas,
+        ready_replicas: plan.ready_replicas,
+        selector: Some(format!("{POOL_LABEL}={}", pool.name_any())),
+        conditions: conditions::merge(&current.conditions, &[ready], pool.metadata.generation),
+    };
+    if status != current {
+        let pools: Api<BriqExecutorPool> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+        let status = serde_json::to_value(status).expect("status serializes");
+        apply_status(&pools, pool, EXECUTOR_MANAGER, status).await?;
+    }
+    Ok(if filling || plan.create > 0 {
+        Action::requeue(FILLING_RECHECK)
+    } else {
+        Action::await_change()
+    })
+}
+
+/// A member made from the pool's current template: owned by the pool (garbage collection
+/// deletes it with the pool), labelled for the scale subresource's selector, and marked as a
+/// member for good (an annotation only the operator may write).
+fn new_member(pool: &BriqExecutorPool, hash: &str) -> Result<BriqExecutor> {
+    let mut owner = pool
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::Invariant("a pool without a uid".into()))?;
+    // A foreground deletion of the pool waits for its unclaimed members (and their sandboxes).
+    owner.block_owner_deletion = Some(true);
+    let name = pool.name_any();
+    let member = json!({
+        "apiVersion": BriqExecutor::api_version(&()),
+        "kind": BriqExecutor::kind(&()),
+        "metadata": {
+            "generateName": format!("{name}-"),
+            "labels": { POOL_LABEL: name, TEMPLATE_HASH_LABEL: hash },
+            "annotations": { POOL_MEMBER_ANNOTATION: name },
+            "ownerReferences": [owner],
+        },
+        "spec": pool.spec.template,
+    });
+    serde_json::from_value(member).map_err(|e| Error::Invariant(format!("a pool member: {e}")))
+}

@@ -1,0 +1,548 @@
+//! Warm pools end to end: real kube-apiserver (with garbage collection), the real briq client
+//! against the local sandbox server, real Jupyter kernels. A `BriqExecutorPool` keeps members
+//! Ready; a `BriqExecutor` with `poolRef` takes one member's sandbox and kernel, and exactly one
+//! executor owns each sandbox at every instant.
+
+mod support;
+
+use std::{collections::BTreeSet, time::Duration};
+
+use briq_dev::local_server::{Fault, FaultRule, Operation};
+use k8s_openapi::api::events::v1::Event;
+
+use briq_operator::crd::{
+    BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL, POOL_LABEL,
+    POOL_MEMBER_ANNOTATION,
+};
+use kube::{
+    ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use support::{
+    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, finished,
+    output, reason, wait_deleted, wait_for, wait_ready,
+};
+
+const RUN_SECONDS: u64 = 60;
+
+async fn create_pool(env: &TestEnv, name: &str, replicas: i32, template: Value) {
+    let pool: BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "replicas": replicas, "template": template },
+    }))
+    .unwrap();
+    env.api::<BriqExecutorPool>()
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+}
+
+/// Waits until the pool has exactly `replicas` unclaimed members from its current template,
+/// all Ready, and says so in its status (which a claim alone does not change, hence the count
+/// from the API first).
+async fn pool_ready(env: &TestEnv, name: &str, replicas: i32) -> BriqExecutorPool {
+    eventually(
+        support::READY_SECONDS,
+        "the pool's unclaimed members are Ready",
+        || async {
+            let members = unclaimed(env, name).await;
+            members.len() == replicas as usize
+                && members.iter().all(|m| {
+                    condition(m, "Ready").0 == "True" && m.metadata.deletion_timestamp.is_none()
+                })
+        },
+    )
+    .await;
+    wait_for(
+        &env.api::<BriqExecutorPool>(),
+        name,
+        READY_SECONDS,
+        |pool| {
+            let status = pool.status.clone().unwrap_or_default();
+            status.replicas == replicas
+                && status.ready_replicas == replicas
+                && status.observed_generation == pool.metadata.generation
+                && condition(pool, "Ready").0 == "True"
+        },
+    )
+    .await
+}
+
+/// The pool's unclaimed members, by the label the scale subresource selects them with.
+async fn unclaimed(env: &TestEnv, pool: &str) -> Vec<BriqExecutor> {
+    env.api::<BriqExecutor>()
+        .list(&ListParams::default().labels(&format!("{POOL_LABEL}={pool}")))
+        .await
+        .unwrap()
+        .items
+}
+
+fn sandbox_of(executor: &BriqExecutor) -> String {
+    executor
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox_id.clone())
+        .unwrap_or_default()
+}
+
+async fn run(
+    env: &TestEnv,
+    name: &str,
+    executor: &str,
+    code: &str,
+) -> briq_operator::crd::Execution {
+    create_execution(env, name, executor, code).await;
+    finished(env, name, RUN_SECONDS).await
+}
+
+/// Every live sandbox's name, as briq (the local server) has them.
+async fn sandbox_names(operator: &Operator) -> BTreeSet<String> {
+    operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .sandboxes
+        .into_iter()
+        .map(|s| s.name)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_takes_a_ready_members_kernel_and_the_pool_refills() {
+    let env = TestEnv::new("pool-claim").await;
+    let operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 2, json!({})).await;
+    pool_ready(&env, "fast", 2).await;
+    let members: BTreeSet<String> = unclaimed(&env, "fast")
+        .await
+        .iter()
+        .map(sandbox_of)
+        .collect();
+
+    create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    let agent = wait_ready(&env, "agent").await;
+    let sandbox = sandbox_of(&agent);
+    assert!(
+        members.contains(&sandbox),
+        "{sandbox} is one of {members:?}"
+    );
+    let (_, _, message) = condition(&agent, "Ready");
+    assert!(
+        message.contains("handed over from BriqExecutorPool fast"),
+        "{message}"
+    );
+
+    // The member now belongs to the claimer: claimed for good, owned by it, out of the pool.
+    let executors = env.api::<BriqExecutor>();
+    let taken: Vec<BriqExecutor> = executors
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.annotations().contains_key(POOL_MEMBER_ANNOTATION) && sandbox_of(e) == sandbox
+        })
+        .collect();
+    assert_eq!(taken.len(), 1, "one member had that sandbox");
+    let member = &taken[0];
+    assert_eq!(
+        member.annotations().get(CLAIMED_BY_ANNOTATION),
+        agent.uid().as_ref()
+    );
+    assert!(!member.labels().contains_key(POOL_LABEL));
+    assert_eq!(member.owner_references().len(), 1);
+    assert_eq!(
+        Some(&member.owner_references()[0].uid),
+        agent.uid().as_ref()
+    );
+    let member = wait_for(&executors, &member.name_any(), 30, |m| {
+        condition(m, "Ready").1 == "Claimed"
+    })
+    .await;
+
+    // Python state persists in the handed-over kernel.
+    assert_eq!(
+        reason(&run(&env, "one", "agent", "x = 41").await),
+        "Completed"
+    );
+    let two = run(&env, "two", "agent", "x + 1").await;
+    assert_eq!(
+        (reason(&two).as_str(), output(&two).as_str()),
+        ("Completed", "42")
+    );
+
+    // A member runs no code of its own, claimed or not.
+    let refused = run(&env, "direct", &member.name_any(), "x").await;
+    assert_eq!(reason(&refused), "ExecutorUnusable");
+    assert!(
+        condition(&refused, "Succeeded")
+            .2
+            .contains("member of BriqExecutorPool fast")
+    );
+
+    // The pool refills: two unclaimed Ready members again, beside the claimed one.
+    pool_ready(&env, "fast", 2).await;
+    assert_eq!(operator.live_sandboxes().await, 3);
+}
+
+#[tokio::test]
+async fn without_a_ready_member_a_claimer_creates_its_own_sandbox() {
+    let env = TestEnv::new("pool-fallback").await;
+    let operator = Operator::start(&env).await;
+    // At once when there is no pool, or the pool is scaled to zero.
+    create_pool(&env, "empty", 0, json!({})).await;
+    create_executor(&env, "lonely", json!({ "poolRef": { "name": "missing" } })).await;
+    create_executor(&env, "eager", json!({ "poolRef": { "name": "empty" } })).await;
+    for name in ["lonely", "eager"] {
+        let executor = wait_ready(&env, name).await;
+        assert_own_sandbox(&env, &operator, &executor).await;
+    }
+
+    // After coldCreateAfterSeconds when the pool has no Ready member: its member's sandbox
+    // create hangs at briq.
+    let admin = operator.admin();
+    let creates = admin.stats().await.unwrap().calls(Operation::Create);
+    admin
+        .add_fault(
+            &FaultRule::on(Operation::Create, Fault::delay(Duration::from_secs(20))).times(1),
+        )
+        .await
+        .unwrap();
+    create_pool(&env, "slow", 1, json!({})).await;
+    eventually(30, "the member's create reached briq", || async {
+        admin.stats().await.unwrap().calls(Operation::Create) > creates
+    })
+    .await;
+    create_executor(
+        &env,
+        "patient",
+        json!({ "poolRef": { "name": "slow", "coldCreateAfterSeconds": 1 } }),
+    )
+    .await;
+    let patient = wait_ready(&env, "patient").await;
+    assert_own_sandbox(&env, &operator, &patient).await;
+    let notes = event_notes(&env, "ColdCreate").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("no Ready member of BriqExecutorPool slow within 1s")),
+        "{notes:?}"
+    );
+}
+
+async fn assert_own_sandbox(env: &TestEnv, operator: &Operator, executor: &BriqExecutor) {
+    let name = executor.name_any();
+    let own = briq_operator::briq::sandbox_name(&env.namespace, &name, &executor.uid().unwrap());
+    assert!(
+        sandbox_names(operator).await.contains(&own),
+        "{name} runs on a sandbox of its own"
+    );
+    assert!(
+        executor
+            .annotations()
+            .contains_key(briq_operator::crd::POOL_FALLBACK_ANNOTATION),
+        "{name} says why it did not claim"
+    );
+}
+
+async fn event_notes(env: &TestEnv, reason: &str) -> Vec<String> {
+    env.api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// Polls `check` until it holds, or panics after `seconds`.
+async fn eventually<F, Fut>(seconds: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    briq_dev::wait::poll(
+        Duration::from_secs(seconds),
+        Duration::from_millis(100),
+        what,
+        || {
+            let fut = check();
+            async move { Ok(fut.await) }
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error}"));
+}
+
+#[tokio::test]
+async fn a_claimer_whose_spec_differs_from_the_template_claims_nothing() {
+    let env = TestEnv::new("pool-mismatch").await;
+    let operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 1, json!({ "sleep": "2h" })).await;
+    pool_ready(&env, "fast", 1).await;
+    create_executor(
+        &env,
+        "odd",
+        json!({ "poolRef": { "name": "fast" }, "sleep": "3h" }),
+    )
+    .await;
+    let odd = wait_for(&env.api::<BriqExecutor>(), "odd", 30, |e| {
+        condition(e, "Stalled").0 == "True"
+    })
+    .await;
+    let (_, why, message) = condition(&odd, "Ready");
+    assert_eq!(why, "PoolMismatch");
+    assert!(message.contains("sleep"), "{message}");
+    // Leaving the field unset takes the template's value.
+    create_executor(&env, "plain", json!({ "poolRef": { "name": "fast" } })).await;
+    wait_ready(&env, "plain").await;
+    pool_ready(&env, "fast", 1).await;
+    assert_eq!(
+        operator.live_sandboxes().await,
+        2,
+        "one handed over, one refilled"
+    );
+}
+
+#[tokio::test]
+async fn the_pool_scales_through_its_scale_subresource() {
+    let env = TestEnv::new("pool-scale").await;
+    let operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 1, json!({})).await;
+    pool_ready(&env, "fast", 1).await;
+    let (ok, _, stderr) = env.kubectl(&["scale", "briqexecutorpool/fast", "--replicas=3"]);
+    assert!(ok, "{stderr}");
+    pool_ready(&env, "fast", 3).await;
+    assert_eq!(operator.live_sandboxes().await, 3);
+    let (ok, stdout, stderr) = env.kubectl(&[
+        "get",
+        "--raw",
+        &format!(
+            "/apis/briq.cloud/v1alpha1/namespaces/{}/briqexecutorpools/fast/scale",
+            env.namespace
+        ),
+    ]);
+    assert!(ok, "{stderr}");
+    let scale: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(scale["spec"]["replicas"], 3);
+    assert_eq!(scale["status"]["replicas"], 3);
+    assert_eq!(scale["status"]["selector"], "briq.cloud/pool=fast");
+
+    let (ok, _, stderr) = env.kubectl(&["scale", "briqexecutorpool/fast", "--replicas=1"]);
+    assert!(ok, "{stderr}");
+    pool_ready(&env, "fast", 1).await;
+    eventually(60, "the surplus sandboxes are destroyed", || async {
+        operator.live_sandboxes().await == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_template_change_replaces_unclaimed_members_only() {
+    let env = TestEnv::new("pool-roll").await;
+    let operator = Operator::start(&env).await;
+    create_pool(
+        &env,
+        "fast",
+        1,
+        json!({ "env": [{ "name": "FLAVOUR", "value": "a" }] }),
+    )
+    .await;
+    pool_ready(&env, "fast", 1).await;
+    create_executor(
+        &env,
+        "agent",
+        json!({ "poolRef": { "name": "fast" }, "env": [{ "name": "FLAVOUR", "value": "a" }] }),
+    )
+    .await;
+    let agent = wait_ready(&env, "agent").await;
+    let held = sandbox_of(&agent);
+    assert_eq!(
+        reason(&run(&env, "before", "agent", "x = 1").await),
+        "Completed"
+    );
+    pool_ready(&env, "fast", 1).await;
+    let old: Vec<String> = unclaimed(&env, "fast")
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+
+    let patch = json!({ "spec": { "template": { "env": [{ "name": "FLAVOUR", "value": "b" }] } } });
+    env.api::<BriqExecutorPool>()
+        .patch("fast", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    pool_ready(&env, "fast", 1).await;
+    let new = unclaimed(&env, "fast").await;
+    assert_eq!(new.len(), 1);
+    assert!(
+        !old.contains(&new[0].name_any()),
+        "the unclaimed member was replaced"
+    );
+    let flavour = run(&env, "flavour-new", &new[0].name_any(), "1").await;
+    assert_eq!(reason(&flavour), "ExecutorUnusable", "members run nothing");
+
+    // The claimer keeps its sandbox, its kernel and its state.
+    let agent = env.api::<BriqExecutor>().get("agent").await.unwrap();
+    assert_eq!(sandbox_of(&agent), held);
+    let after = run(
+        &env,
+        "after",
+        "agent",
+        "import os\n(x, os.environ['FLAVOUR'])",
+    )
+    .await;
+    assert_eq!(output(&after), "(1, 'a')");
+    assert_eq!(operator.live_sandboxes().await, 2);
+}
+
+#[tokio::test]
+async fn deleting_the_pool_destroys_unclaimed_members_and_claimed_ones_live_on() {
+    let env = TestEnv::new("pool-delete").await;
+    let operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 2, json!({})).await;
+    pool_ready(&env, "fast", 2).await;
+    create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    wait_ready(&env, "agent").await;
+    pool_ready(&env, "fast", 2).await;
+    assert_eq!(operator.live_sandboxes().await, 3);
+
+    let pools = env.api::<BriqExecutorPool>();
+    // As `kubectl delete` does it: the pool goes at once, garbage collection takes what it owns.
+    pools
+        .delete("fast", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&pools, "fast", 60).await;
+    eventually(60, "the unclaimed members are deleted", || async {
+        unclaimed(&env, "fast").await.is_empty()
+    })
+    .await;
+    eventually(
+        60,
+        "the unclaimed members' sandboxes are destroyed",
+        || async { operator.live_sandboxes().await == 1 },
+    )
+    .await;
+    let still = run(&env, "still", "agent", "'alive'").await;
+    assert_eq!(output(&still), "'alive'");
+
+    // The claimer takes its member (and the sandbox) with it: nothing leaks.
+    let executors = env.api::<BriqExecutor>();
+    executors
+        .delete("agent", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&executors, "agent", 60).await;
+    eventually(60, "every executor is gone", || async {
+        executors
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    assert_eq!(operator.live_sandboxes().await, 0, "no sandbox leaked");
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_handover_leaves_exactly_one_owner() {
+    let env = TestEnv::new("pool-crash").await;
+    let mut operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 2, json!({})).await;
+    pool_ready(&env, "fast", 2).await;
+
+    // The operator dies right after the first half of a handover: the member says it was
+    // handed to the claimer, the claimer has recorded nothing yet.
+    operator.kill().await;
+    let claimer = create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    let uid = claimer.uid().unwrap();
+    let members = unclaimed(&env, "fast").await;
+    let member = &members[0];
+    let owner = json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor", "name": "agent",
+        "uid": uid, "controller": true, "blockOwnerDeletion": true,
+    });
+    let half = json!({ "metadata": {
+        "annotations": { CLAIMED_BY_ANNOTATION: uid },
+        "labels": { POOL_LABEL: null, CLAIMED_BY_LABEL: uid },
+        "ownerReferences": [owner],
+    }});
+    env.api::<BriqExecutor>()
+        .patch(
+            &member.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&half),
+        )
+        .await
+        .unwrap();
+
+    operator.resume();
+    let agent = wait_ready(&env, "agent").await;
+    assert_eq!(
+        sandbox_of(&agent),
+        sandbox_of(member),
+        "the claimer finished that handover instead of taking another member"
+    );
+    pool_ready(&env, "fast", 2).await;
+    // Exactly one executor uses each sandbox: the claimer and the unclaimed members.
+    let executors = env
+        .api::<BriqExecutor>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let users: Vec<String> = executors
+        .iter()
+        .filter(|e| !e.annotations().contains_key(CLAIMED_BY_ANNOTATION))
+        .map(sandbox_of)
+        .collect();
+    let distinct: BTreeSet<&String> = users.iter().collect();
+    assert_eq!(users.len(), 3);
+    assert_eq!(distinct.len(), 3, "no sandbox has two users: {users:?}");
+    let claimed: Vec<&BriqExecutor> = executors
+        .iter()
+        .filter(|e| e.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid))
+        .collect();
+    assert_eq!(claimed.len(), 1, "one member was handed to the claimer");
+}
+
+#[tokio::test]
+async fn two_claimers_racing_for_one_member_never_share_it() {
+    let env = TestEnv::new("pool-race").await;
+    let _operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 1, json!({})).await;
+    pool_ready(&env, "fast", 1).await;
+    for name in ["left", "right"] {
+        create_executor(
+            &env,
+            name,
+            json!({ "poolRef": { "name": "fast", "coldCreateAfterSeconds": 0 } }),
+        )
+        .await;
+    }
+    let left = wait_ready(&env, "left").await;
+    let right = wait_ready(&env, "right").await;
+    assert_ne!(sandbox_of(&left), sandbox_of(&right));
+    let executors = env
+        .api::<BriqExecutor>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let handed: Vec<&String> = executors
+        .iter()
+        .filter_map(|e| e.annotations().get(CLAIMED_BY_ANNOTATION))
+        .collect();
+    assert!(
+        handed.len() <= 1,
+        "one member, at most one claim: {handed:?}"
+    );
+}
