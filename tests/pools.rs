@@ -546,3 +546,50 @@ async fn two_claimers_racing_for_one_member_never_share_it() {
         "one member, at most one claim: {handed:?}"
     );
 }
+
+#[tokio::test]
+async fn a_copied_claimer_never_gets_the_members_sandbox() {
+    let env = TestEnv::new("pool-copy").await;
+    let _operator = Operator::start(&env).await;
+    create_pool(&env, "fast", 1, json!({})).await;
+    pool_ready(&env, "fast", 1).await;
+    create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    let agent = wait_ready(&env, "agent").await;
+    let held = sandbox_of(&agent);
+    assert_eq!(
+        reason(&run(&env, "mine", "agent", "secret = 42").await),
+        "Completed"
+    );
+
+    // `kubectl get -o yaml`, a new name, `kubectl apply`: every annotation comes along (here
+    // as an admin, past the admission policy that stops tenants from writing them).
+    let executors = env.api::<BriqExecutor>();
+    let copy: BriqExecutor = serde_json::from_value(json!({
+        "metadata": { "name": "copy", "annotations": agent.annotations() },
+        "spec": agent.spec,
+    }))
+    .unwrap();
+    executors
+        .create(&PostParams::default(), &copy)
+        .await
+        .unwrap();
+    let copy = wait_ready(&env, "copy").await;
+    assert_ne!(
+        sandbox_of(&copy),
+        held,
+        "the copy runs on a sandbox of its own"
+    );
+    let notes = event_notes(&env, "SandboxNotOwned").await;
+    assert!(notes.iter().any(|n| n.contains(&held)), "{notes:?}");
+    let probe = run(&env, "probe", "copy", "secret").await;
+    assert_eq!(
+        reason(&probe),
+        "CodeError",
+        "the copy never saw the original's kernel"
+    );
+
+    // The original keeps its sandbox and its state.
+    let agent = executors.get("agent").await.unwrap();
+    assert_eq!(sandbox_of(&agent), held);
+    assert_eq!(output(&run(&env, "still", "agent", "secret").await), "42");
+}
