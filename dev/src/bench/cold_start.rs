@@ -58,13 +58,28 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
     ));
     stack.namespace(PIP_NAMESPACE).await?;
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), PIP_NAMESPACE);
-    let python = std::env::var("BRIQ_PYTHON").unwrap_or_else(|_| "python3".into());
+    // The sandbox's Python must be readable by the kernel's user (uid 65534): a Python under
+    // /root (pyenv, the usual toolchain install) is not, the distribution's is.
+    let python = std::env::var("BRIQ_PYTHON").unwrap_or_else(|_| {
+        let system = "/usr/bin/python3";
+        if std::path::Path::new(system).exists() {
+            system
+        } else {
+            "python3"
+        }
+        .into()
+    });
     let mut pip = Vec::new();
     let mut pip_unavailable = None;
     for i in 0..runs {
         let dir = tempfile::Builder::new()
             .prefix("briq-bench-venv-")
             .tempdir()?;
+        // tempfile makes it 0700; the kernel's user must reach the venv inside.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
         let venv = dir.path().join("venv");
         let status = tokio::process::Command::new(&python)
             .args(["-m", "venv"])
