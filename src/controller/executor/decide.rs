@@ -16,7 +16,8 @@ use crate::{
     controller::execution::ATTEMPT_GRACE,
     crd::{
         BriqExecutorPoolSpec, BriqExecutorSpec, BriqExecutorStatus, CLAIMED_BY_ANNOTATION,
-        MAX_EXECUTION_TIMEOUT_SECONDS, POOL_FALLBACK_ANNOTATION, PoolRef, reasons::ExecutorReason,
+        CLAIMED_MEMBER_ANNOTATION, MAX_EXECUTION_TIMEOUT_SECONDS, POOL_FALLBACK_ANNOTATION,
+        PoolRef, reasons::ExecutorReason,
     },
 };
 
@@ -477,13 +478,47 @@ pub fn state(
 }
 
 /// The state of a ready executor.
-pub fn kernel_ready() -> [Desired; 2] {
-    state(
-        "True",
-        false,
-        ExecutorReason::KernelReady,
-        "the kernel answers",
-    )
+/// Ready; for a claimer, where its kernel came from (kept on every later probe, so that
+/// `kubectl describe` keeps saying so).
+pub fn kernel_ready(handed_over: Option<&str>) -> [Desired; 2] {
+    let message = match handed_over {
+        Some(origin) => format!("the kernel answers: {origin}"),
+        None => "the kernel answers".to_owned(),
+    };
+    state("True", false, ExecutorReason::KernelReady, message)
+}
+
+/// Where a claimer's sandbox came from, by its own record (`poolRef` and the
+/// `claimed-member` annotation); `None` for an executor that made its own.
+pub fn handover(
+    pool_ref: Option<&PoolRef>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<String> {
+    let pool = pool_ref?;
+    let member = annotations.get(CLAIMED_MEMBER_ANNOTATION)?;
+    Some(handover_text(&pool.name, member))
+}
+
+pub fn handover_text(pool: &str, member: &str) -> String {
+    format!("handed over from BriqExecutorPool {pool} (executor {member})")
+}
+
+/// The order in which a claimer tries the Ready members: the pool's order (longest Ready
+/// first), started at a place that depends on the claimer's uid, so that claimers arriving
+/// together mostly try different members instead of all racing for the first.
+pub fn take_order<T: Clone>(members: &[T], claimer_uid: &str) -> Vec<T> {
+    if members.is_empty() {
+        return Vec::new();
+    }
+    let spread = claimer_uid.bytes().fold(0u64, |hash, byte| {
+        hash.wrapping_mul(31).wrapping_add(byte.into())
+    });
+    let start = (spread % members.len() as u64) as usize;
+    members[start..]
+        .iter()
+        .chain(&members[..start])
+        .cloned()
+        .collect()
 }
 
 /// The state of an unusable executor.
@@ -885,6 +920,62 @@ mod tests {
         for (name, claimer, expected) in cases {
             assert_eq!(pool_mismatch(&spec(claimer), &template), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn claimers_spread_over_the_ready_members_and_each_tries_them_all() {
+        let members = ["a", "b", "c", "d"];
+        assert_eq!(take_order::<&str>(&[], "uid"), Vec::<&str>::new());
+        let mut firsts = std::collections::BTreeSet::new();
+        for uid in [
+            "3f1c", "77aa", "b2d0", "0c9e", "e514", "5a5a", "91f3", "c0de",
+        ] {
+            let order = take_order(&members, uid);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, members, "{uid} tries every member once");
+            let start = order[0];
+            let rotation: Vec<&str> = members
+                .iter()
+                .cycle()
+                .skip_while(|m| **m != start)
+                .take(4)
+                .copied()
+                .collect();
+            assert_eq!(
+                order, rotation,
+                "{uid} keeps the pool's order from where it starts"
+            );
+            firsts.insert(start);
+        }
+        assert!(
+            firsts.len() >= 3,
+            "claimers start at different members: {firsts:?}"
+        );
+    }
+
+    #[test]
+    fn a_claimer_says_where_its_kernel_came_from_on_every_probe() {
+        let pool = PoolRef {
+            name: "fast".into(),
+            cold_create_after_seconds: 30,
+        };
+        let claimed = annotations(&[(CLAIMED_MEMBER_ANNOTATION, "fast-x1")]);
+        let none = annotations(&[]);
+        assert_eq!(
+            handover(Some(&pool), &claimed).as_deref(),
+            Some("handed over from BriqExecutorPool fast (executor fast-x1)")
+        );
+        assert_eq!(handover(Some(&pool), &none), None, "fell back to its own");
+        assert_eq!(handover(None, &claimed), None, "not a claimer");
+        assert_eq!(
+            kernel_ready(Some(
+                "handed over from BriqExecutorPool fast (executor fast-x1)"
+            ))[0]
+                .message,
+            "the kernel answers: handed over from BriqExecutorPool fast (executor fast-x1)"
+        );
+        assert_eq!(kernel_ready(None)[0].message, "the kernel answers");
     }
 
     #[test]

@@ -460,7 +460,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: Some(conditions::now()),
                     ..sandbox
                 };
-                self.report(executor, decide::kernel_ready(), ready).await?;
+                self.report(executor, kernel_ready_of(executor), ready)
+                    .await?;
                 let note = decide::ready_note(&id, provisioned);
                 self.event(executor, EventType::Normal, "Ready", "Provision", note)
                     .await;
@@ -509,7 +510,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let expected = self.expected_name(executor).await?;
         match decide::probe_verdict(id, &expected, &found) {
             ProbeVerdict::Running => {
-                self.report(executor, decide::kernel_ready(), sandbox)
+                self.report(executor, kernel_ready_of(executor), sandbox)
                     .await?;
                 Ok(Action::requeue(recheck))
             }
@@ -576,7 +577,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ..sandbox_fields(executor)
                 };
                 let state = if was_ready {
-                    decide::kernel_ready()
+                    kernel_ready_of(executor)
                 } else {
                     state("Unknown", false, ExecutorReason::SandboxNotOwned, message)
                 };
@@ -802,7 +803,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         );
         match plan {
             ClaimPlan::Take(_) => {
-                for member in &ready {
+                for member in &decide::take_order(&ready, &uid) {
                     if let Some(won) = self.take(executor, member).await? {
                         return self.record_claim(executor, &pool_ref.name, &won).await;
                     }
@@ -904,11 +905,8 @@ impl<S: SandboxApi> Actor<'_, S> {
             json!({ CLAIMED_MEMBER_ANNOTATION: member.name_any(), SANDBOX_ID_ANNOTATION: id }),
         )
         .await?;
-        let message = format!(
-            "the kernel answers: handed over from BriqExecutorPool {pool} (executor {})",
-            member.name_any()
-        );
-        let ready = state("True", false, ExecutorReason::KernelReady, message);
+        let origin = decide::handover_text(pool, &member.name_any());
+        let ready = decide::kernel_ready(Some(&origin));
         let fields = SandboxFields {
             id: Some(id.clone()),
             created: member_status.sandbox_created_time.clone(),
@@ -1099,6 +1097,12 @@ fn retry_error(outcome: Result<Provisioned, SetupError>) -> Error {
         Err(SetupError::Call(error)) => error.into(),
         other => Error::Invariant(format!("setup retried after {other:?}")),
     }
+}
+
+/// Ready, saying where a claimer's kernel came from.
+fn kernel_ready_of(executor: &BriqExecutor) -> [conditions::Desired; 2] {
+    let origin = decide::handover(executor.spec.pool_ref.as_ref(), executor.annotations());
+    decide::kernel_ready(origin.as_deref())
 }
 
 fn status_of(executor: &BriqExecutor) -> crate::crd::BriqExecutorStatus {

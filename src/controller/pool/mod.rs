@@ -31,9 +31,10 @@ use crate::crd::{
     POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
 };
 
-/// While members are being made or provisioned: look again this often (members' own changes
-/// wake the pool too).
-const FILLING_RECHECK: Duration = Duration::from_secs(5);
+/// While members are being made or provisioned: look again this often. Members' own changes
+/// wake the pool too, but through a watch of its own: the executor cache it reads may not show
+/// the change yet when it wakes, and then only this recheck sees it.
+const FILLING_RECHECK: Duration = Duration::from_secs(1);
 
 pub struct Context<S> {
     pub shared: Arc<Shared<S>>,
