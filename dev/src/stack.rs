@@ -416,7 +416,8 @@ pub async fn delete_pools(api: &Api<BriqExecutorPool>) -> anyhow::Result<()> {
 }
 
 /// Deletes every executor `api` lists (its finalizer destroys the sandbox) and waits until they
-/// are gone.
+/// are gone. One already gone is fine: garbage collection deletes a deleted pool's members, and
+/// a claimed member with its claimer, while this runs.
 pub async fn delete_executors(api: &Api<BriqExecutor>, timeout: Duration) -> anyhow::Result<()> {
     let executors = api.list_metadata(&ListParams::default()).await?.items;
     stream::iter(&executors)
@@ -425,9 +426,14 @@ pub async fn delete_executors(api: &Api<BriqExecutor>, timeout: Duration) -> any
                 api.clone().into_client(),
                 &executor.namespace().unwrap_or_default(),
             );
-            namespaced
+            match namespaced
                 .delete(&executor.name_any(), &DeleteParams::default())
                 .await
+            {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                Err(error) => Err(error),
+            }
         })
         .buffer_unordered(16)
         .try_collect::<Vec<_>>()

@@ -112,7 +112,7 @@ pub async fn run(
         .context("the ready executor has no sandbox id")?;
     sequential(&executions, &executor, "warmup", WARM_UP).await?;
     progress.step(format!(
-        "1/7: executor ready; {actions} Executions of `{CODE}`, one after another"
+        "1/8: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
 
     let audit_log = stack

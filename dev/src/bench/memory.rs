@@ -77,7 +77,7 @@ pub async fn run(
     first.settle().await?;
     let idle = first.memory()?;
     progress.step(format!(
-        "5/7: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
+        "5/8: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
         idle.peak
     ));
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);

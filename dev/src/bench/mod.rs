@@ -1,14 +1,15 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, and scale on simulated
-//! sandboxes, prints the figures as a Markdown table and writes them as JSON (`--out`), so two
-//! runs can be compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
+//! sandboxes, and claims from warm pools against cold creates, prints the figures as a Markdown
+//! table and writes them as JSON (`--out`), so two runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
 //! the memory scenario, which measures a separate `briq-operator run` process. The memory and
 //! simulated-scale scenarios use the local sandbox server's simulated sandboxes (no kernels), so
-//! that a thousand executors are really Ready; the others use real kernels.
+//! that a thousand executors are really Ready; the warm-pool scenario uses them for its pools of
+//! 10 and of a burst's size, and real kernels for a small pool; the others use real kernels.
 
 mod agent;
 mod audit;
@@ -16,6 +17,7 @@ mod cold_start;
 mod latency;
 mod memory;
 mod objects;
+mod pools;
 mod report;
 mod scaling;
 mod simulated;
@@ -80,7 +82,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-7, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-8, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -104,6 +106,16 @@ pub struct Counts {
     pub simulated_bound_seconds: u64,
     /// Executions' worth of requests the API server is sent alone (scenario 7's ceiling).
     pub api_ceiling_executions: usize,
+    /// Scenario 8: the simulated pool that claims come from one at a time, and how many claims
+    /// (with as many cold creates beside).
+    pub pool_replicas: usize,
+    pub pool_claims: usize,
+    /// Scenario 8: claims at once against a simulated pool as large.
+    pub pool_burst: usize,
+    /// Scenario 8: claims at once against a pool as large, on real kernels.
+    pub pool_real_kernels: usize,
+    /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
+    pub pool_bound_seconds: u64,
 }
 
 impl Counts {
@@ -122,6 +134,11 @@ impl Counts {
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
                 api_ceiling_executions: 500,
+                pool_replicas: 10,
+                pool_claims: 10,
+                pool_burst: 20,
+                pool_real_kernels: 3,
+                pool_bound_seconds: 120,
             }
         } else {
             Counts {
@@ -137,6 +154,11 @@ impl Counts {
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
                 api_ceiling_executions: 3_000,
+                pool_replicas: 10,
+                pool_claims: 50,
+                pool_burst: 100,
+                pool_real_kernels: 3,
+                pool_bound_seconds: 120,
             }
         }
     }
@@ -151,6 +173,16 @@ impl Counts {
     fn simulated(&self) -> Vec<scaling::Scale> {
         let (executors, actions) = (&self.simulated_executors, self.simulated_actions);
         scaling::Scale::each(executors, actions, self.simulated_bound_seconds)
+    }
+
+    fn pools(&self) -> pools::Sizes {
+        pools::Sizes {
+            pool: self.pool_replicas,
+            claims: self.pool_claims,
+            burst: self.pool_burst,
+            real_kernels: self.pool_real_kernels,
+            bound: std::time::Duration::from_secs(self.pool_bound_seconds),
+        }
     }
 }
 
@@ -171,6 +203,7 @@ pub struct Report {
     pub cold_start: Option<cold_start::ColdStart>,
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
+    pub pools: Option<pools::Pools>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -189,11 +222,13 @@ enum Outcome {
         Vec<(String, String)>,
         Option<simulated::ApiCeiling>,
     ),
+    /// Scenario 8's phases, and the labelled errors of those that failed.
+    Pools(Box<pools::Pools>, Vec<(String, String)>),
 }
 
 /// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
-/// scaling can leave the API server saturated: they come last.
-const ORDER: [u8; 6] = [1, 2, 6, 7, 5, 3];
+/// scaling can leave the API server saturated: they come last. Warm pools delete what they made.
+const ORDER: [u8; 7] = [1, 2, 6, 8, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -258,6 +293,10 @@ async fn scenario(
                 .ok();
             Outcome::Simulated(points, failures, ceiling)
         }
+        8 => {
+            let (pools, failures) = pools::run(stack, progress, counts.pools()).await;
+            Outcome::Pools(Box::new(pools), failures)
+        }
         other => anyhow::bail!("no scenario {other}"),
     })
 }
@@ -301,6 +340,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cold_start: None,
         simulated: None,
         api_ceiling: None,
+        pools: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -341,6 +381,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(Outcome::Simulated(points, failures, ceiling)) => {
                 report.simulated = Some(points);
                 report.api_ceiling = ceiling;
+                report.errors.extend(failures);
+            }
+            Ok(Outcome::Pools(pools, failures)) => {
+                report.pools = Some(*pools);
                 report.errors.extend(failures);
             }
             Err(error) => {

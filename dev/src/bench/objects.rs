@@ -200,7 +200,8 @@ where
 /// When each object of an `Api` was first seen meeting a condition, through one watch that is
 /// running by the time [`FirstSeen::start`] returns.
 pub struct FirstSeen {
-    seen: Arc<Mutex<HashMap<String, Instant>>>,
+    /// By name: when, and the note taken of the object then.
+    seen: Arc<Mutex<HashMap<String, (Instant, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -209,7 +210,20 @@ impl FirstSeen {
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        FirstSeen::start_noting(api, condition, |_| String::new()).await
+    }
+
+    /// [`FirstSeen::start`], also taking `note` of each object as it was when first seen
+    /// meeting the condition ([`FirstSeen::notes`]): what a later read may no longer show.
+    pub async fn start_noting<K>(
+        api: Api<K>,
+        condition: fn(&K) -> bool,
+        note: fn(&K) -> String,
+    ) -> anyhow::Result<FirstSeen>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let seen: Arc<Mutex<HashMap<String, (Instant, String)>>> = Arc::default();
         let (synced_tx, synced) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn({
             let seen = Arc::clone(&seen);
@@ -229,7 +243,9 @@ impl FirstSeen {
                     };
                     if condition(&object) {
                         let now = Instant::now();
-                        lock(&seen).entry(object.name_any()).or_insert(now);
+                        lock(&seen)
+                            .entry(object.name_any())
+                            .or_insert_with(|| (now, note(&object)));
                     }
                 }
             }
@@ -259,7 +275,37 @@ impl FirstSeen {
 
     /// When each object was first seen meeting the condition, by name.
     pub fn times(&self) -> HashMap<String, Instant> {
-        lock(&self.seen).clone()
+        lock(&self.seen)
+            .iter()
+            .map(|(name, (at, _))| (name.clone(), *at))
+            .collect()
+    }
+
+    /// The note taken of each object when it was first seen meeting the condition, by name.
+    pub fn notes(&self) -> HashMap<String, String> {
+        lock(&self.seen)
+            .iter()
+            .map(|(name, (_, note))| (name.clone(), note.clone()))
+            .collect()
+    }
+
+    /// Waits until every one of `names` was seen (other objects of the `Api` meeting the
+    /// condition do not count), or until `deadline`; whether they were.
+    pub async fn wait_for_names(&self, names: &[String], deadline: Instant) -> bool {
+        loop {
+            if names.iter().all(|name| lock(&self.seen).contains_key(name)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// When the named object was first seen meeting the condition.
+    pub fn seen(&self, name: &str) -> Option<Instant> {
+        lock(&self.seen).get(name).map(|(at, _)| *at)
     }
 }
 

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{
     Report,
+    pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
     scaling::Burst,
     simulated::{
         TARGET_EXECUTIONS_PER_SECOND, TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS,
@@ -154,6 +155,100 @@ fn burst_notes(b: &Burst, targets: bool) -> String {
         let _ = write!(notes, "; outputs not checked ({why})");
     }
     notes
+}
+
+/// Scenario 8's rows of one phase: its claims (with the targets when `targets`), its cold
+/// creates and the ratio of the two.
+fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
+    let kind = if c.simulated {
+        "simulated"
+    } else {
+        "real kernels"
+    };
+    let figure = if c.at_once {
+        format!(
+            "{} claim{} at once → Ready, pool of {} ({kind})",
+            c.claims,
+            if c.claims == 1 { "" } else { "s" },
+            c.replicas
+        )
+    } else {
+        format!(
+            "claim → Ready, one at a time, pool of {} ({kind})",
+            c.replicas
+        )
+    };
+    let mut notes = Vec::new();
+    if let Some(s) = &c.claim_ms {
+        notes.push(if c.at_once && c.simulated {
+            format!("p90 {}, p99 {}", ms(s.p90), ms(s.p99))
+        } else if c.at_once {
+            format!("max {}", ms(s.max))
+        } else {
+            format!("p99 **{}**", ms(s.p99))
+        });
+    }
+    if targets {
+        notes.push(format!(
+            "target p50 ≤ {TARGET_CLAIM_P50_MS:.0} ms, p99 ≤ {:.0} s",
+            TARGET_CLAIM_P99_MS / 1000.0
+        ));
+    }
+    let claimed = c.claim_ms.as_ref().map_or(0, |s| s.n);
+    notes.push(format!(
+        "handed over {} of {claimed} Ready, **{} fell back** to a cold create",
+        c.handed_over, c.fallbacks
+    ));
+    match (&c.refill_ms, c.at_once) {
+        (Some(s), true) => notes.push(format!(
+            "pool full again **{}** after the first create",
+            ms(s.max)
+        )),
+        (Some(s), false) => notes.push(format!(
+            "pool full again {} after each claim's create (median; max {})",
+            ms(s.median),
+            ms(s.max)
+        )),
+        (None, _) => {}
+    }
+    if let Some(fill) = c.fill_seconds {
+        notes.push(format!("pool filled in {fill:.1} s at first"));
+    }
+    if let Some(why) = &c.partial {
+        notes.push(format!("**partial: {why}**"));
+    }
+    let median = c.claim_ms.as_ref().map_or("n/a".into(), |s| ms(s.median));
+    rows.push(Row {
+        scenario: "8",
+        figure,
+        median,
+        p95: c.claim_ms.as_ref().map_or("n/a".into(), |s| ms(s.p95)),
+        notes: match &c.claim_ms {
+            Some(s) => format!("n={}; {}", s.n, notes.join("; ")),
+            None => notes.join("; "),
+        },
+    });
+    if c.cold_ms.is_none() {
+        return;
+    }
+    let extra = c
+        .cold_ms
+        .as_ref()
+        .filter(|s| s.n > 1)
+        .map(|s| format!("p99 {}; without poolRef, same server", ms(s.p99)));
+    rows.push(timing(
+        "8",
+        &format!("cold create → Ready, one at a time ({kind})"),
+        c.cold_ms.as_ref(),
+        extra.unwrap_or_else(|| "without poolRef, same server".into()),
+    ));
+    rows.push(Row {
+        scenario: "8",
+        figure: format!("ratio cold create / claim ({kind}, medians)"),
+        median: times(c.cold_over_claim),
+        p95: String::new(),
+        notes: "what a warm pool saves".into(),
+    });
 }
 
 /// The figures as a Markdown table, headed by the machine.
@@ -425,6 +520,17 @@ pub fn table(report: &Report) -> String {
                 c.executions_per_second, c.executions, c.seconds, c.concurrency
             ),
         ));
+    }
+    if let Some(p) = &report.pools {
+        if let Some(c) = &p.one_at_a_time {
+            pool_rows(&mut rows, c, true);
+        }
+        if let Some(c) = &p.burst {
+            pool_rows(&mut rows, c, false);
+        }
+        if let Some(c) = &p.real_kernels {
+            pool_rows(&mut rows, c, false);
+        }
     }
     for (scenario, error) in &report.errors {
         let line: String = error.split_whitespace().collect::<Vec<_>>().join(" ");

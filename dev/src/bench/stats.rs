@@ -1,4 +1,4 @@
-//! Summaries of timings: median, p95 (nearest rank), min, max, mean.
+//! Summaries of timings: median, p90, p95 and p99 (nearest rank), min, max, mean.
 
 use std::time::Duration;
 
@@ -9,7 +9,9 @@ use serde::Serialize;
 pub struct Summary {
     pub n: usize,
     pub median: f64,
+    pub p90: f64,
     pub p95: f64,
+    pub p99: f64,
     pub min: f64,
     pub max: f64,
     pub mean: f64,
@@ -32,7 +34,9 @@ impl Summary {
         Some(Summary {
             n,
             median,
+            p90: percentile(&sorted, 0.90),
             p95: percentile(&sorted, 0.95),
+            p99: percentile(&sorted, 0.99),
             min: sorted[0],
             max: sorted[n - 1],
             mean: sorted.iter().sum::<f64>() / n as f64,
@@ -67,15 +71,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn median_and_nearest_rank_p95() {
+    fn median_and_nearest_rank_percentiles() {
         let values: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = Summary::of_millis(&values).unwrap();
         assert_eq!(
-            (s.n, s.median, s.p95, s.min, s.max),
-            (100, 50.5, 95.0, 1.0, 100.0)
+            (s.n, s.median, s.p90, s.p95, s.p99, s.min, s.max),
+            (100, 50.5, 90.0, 95.0, 99.0, 1.0, 100.0)
         );
         let s = Summary::of_millis(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((s.median, s.p95, s.mean), (2.0, 3.0, 2.0));
+        assert_eq!((s.median, s.p95, s.p99, s.mean), (2.0, 3.0, 3.0, 2.0));
         assert_eq!(Summary::of_millis(&[]), None);
         assert_eq!(ratio(Some(3.0), Some(2.0)), Some(1.5));
         assert_eq!(ratio(Some(3.0), Some(0.0)), None);

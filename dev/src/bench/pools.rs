@@ -1,0 +1,521 @@
+//! Scenario 8: warm pools. A `BriqExecutor` with `spec.poolRef` takes a Ready member's sandbox
+//! and kernel instead of making its own, so claim → Ready costs a few API writes where a cold
+//! create costs a sandbox, a setup and a kernel start: the ratio of the two, measured in the same
+//! run, is the point. On simulated sandboxes (what is measured is the operator and the API
+//! server): claims one at a time from a pool of 10, each finding the pool full, with as many cold
+//! creates beside; then a burst of claims all at once against a pool as large as the burst, and
+//! how long the pool takes to be full again. On real kernels, at a size this machine runs at
+//! once: a pool of 3, 3 claims at once, one cold create.
+//!
+//! A claimer is timed from its create call to `Ready=True` seen by one watch over the namespace,
+//! as scenario 7 times its executors. Its Ready message says whether the pool handed it a member
+//! ("handed over from BriqExecutorPool …") or it fell back to a cold create of its own (after
+//! `coldCreateAfterSeconds`, 30 s by default): fallbacks are counted, not hidden in the latency.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt as _, TryStreamExt as _, stream};
+use kube::{
+    Api, ResourceExt as _,
+    api::{ListParams, PostParams},
+};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{
+    objects::{self, FirstSeen},
+    scaling,
+    stats::{Summary, millis, ratio},
+};
+use crate::{
+    local_server::LocalServer,
+    progress::Progress,
+    stack::{self, Controllers, Stack},
+};
+use briq_operator::crd::{BriqExecutor, BriqExecutorPool, POOL_FALLBACK_ANNOTATION, POOL_LABEL};
+
+/// The targets of the warm-pool issue for a claim one at a time, shown beside the figures.
+pub const TARGET_CLAIM_P50_MS: f64 = 100.0;
+pub const TARGET_CLAIM_P99_MS: f64 = 1_000.0;
+
+/// Each phase has a namespace of its own, so that the next one's caches do not hold the last
+/// one's hundreds of executors.
+const ONE_AT_A_TIME_NAMESPACE: &str = "bench-pool";
+const BURST_NAMESPACE: &str = "bench-pool-burst";
+const REAL_NAMESPACE: &str = "bench-pool-real";
+/// The pool of every phase.
+const POOL: &str = "warm";
+/// How often a waiting phase looks at the pool (its status first; its members only once the
+/// status says it is full).
+const FULL_POLL: Duration = Duration::from_millis(50);
+
+/// How much scenario 8 does.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Members of the pool the claims one at a time come from.
+    pub pool: usize,
+    /// Claims one at a time, and as many cold creates beside.
+    pub claims: usize,
+    /// Claims at once against a pool as large, on simulated sandboxes.
+    pub burst: usize,
+    /// Claims at once against a pool as large, on real kernels.
+    pub real_kernels: usize,
+    /// The bound of every wait: the pool filling, a claim, a cold create, a refill.
+    pub bound: Duration,
+}
+
+/// The three phases; a phase that failed is `None` (its error is in the report's errors).
+#[derive(Debug, Clone, Serialize)]
+pub struct Pools {
+    pub one_at_a_time: Option<Claims>,
+    pub burst: Option<Claims>,
+    pub real_kernels: Option<Claims>,
+}
+
+/// Claims against one pool, and cold creates beside them on the same sandbox server.
+#[derive(Debug, Clone, Serialize)]
+pub struct Claims {
+    /// Whether the sandboxes were simulated (else real kernels).
+    pub simulated: bool,
+    /// Members the pool keeps.
+    pub replicas: usize,
+    /// Claims planned.
+    pub claims: usize,
+    /// All created at once (else one at a time, each finding the pool full).
+    pub at_once: bool,
+    /// Pool created → full (every member Ready), before any claim; `None` past the bound.
+    pub fill_seconds: Option<f64>,
+    /// Create → Ready of each claimer Ready within the bound.
+    pub claim_ms: Option<Summary>,
+    /// Claimers whose Ready message says the pool handed them a member's sandbox.
+    pub handed_over: usize,
+    /// Claimers that created a sandbox of their own instead (expected: none).
+    pub fallbacks: usize,
+    /// Create → pool full again: per claim when one at a time; once, from the first create,
+    /// when all at once.
+    pub refill_ms: Option<Summary>,
+    /// Executors without `poolRef` on the same server, one at a time, create → Ready.
+    pub cold_ms: Option<Summary>,
+    /// Cold create median / claim median.
+    pub cold_over_claim: Option<f64>,
+    /// Why the figures are partial, when a wait reached its bound.
+    pub partial: Option<String>,
+}
+
+impl Claims {
+    fn new(server: &Server, replicas: usize, claims: usize, at_once: bool) -> Claims {
+        Claims {
+            simulated: matches!(server, Server::Simulated),
+            replicas,
+            claims,
+            at_once,
+            fill_seconds: None,
+            claim_ms: None,
+            handed_over: 0,
+            fallbacks: 0,
+            refill_ms: None,
+            cold_ms: None,
+            cold_over_claim: None,
+            partial: None,
+        }
+    }
+}
+
+enum Server {
+    Simulated,
+    Real,
+}
+
+impl Server {
+    fn of<'a>(&self, stack: &'a Stack) -> &'a LocalServer {
+        match self {
+            Server::Simulated => stack.simulated_server(),
+            Server::Real => stack.server(),
+        }
+    }
+}
+
+/// Runs the phases in turn; a failed phase does not stop the next. The figures, and the failed
+/// phases' errors labelled for the report.
+pub async fn run(
+    stack: &Stack,
+    progress: &Progress,
+    sizes: Sizes,
+) -> (Pools, Vec<(String, String)>) {
+    let mut failures = Vec::new();
+    // A failed clean-up is reported beside the figures, not instead of them.
+    let mut keep = |label: &str, (measured, cleaned): Measured| {
+        if let Err(error) = cleaned {
+            progress.step(format!(
+                "8: cleaning up the {label} phase failed: {error:#}"
+            ));
+            failures.push((format!("8 ({label}, clean-up)"), format!("{error:#}")));
+        }
+        match measured {
+            Ok(claims) => Some(claims),
+            Err(error) => {
+                progress.step(format!("8: the {label} phase failed: {error:#}"));
+                failures.push((format!("8 ({label})"), format!("{error:#}")));
+                None
+            }
+        }
+    };
+
+    progress.step(format!(
+        "8/8: a warm pool of {} on simulated sandboxes: {} claims one at a time, {} cold \
+         creates beside",
+        sizes.pool, sizes.claims, sizes.claims
+    ));
+    let plan = Plan::OneAtATime {
+        replicas: sizes.pool,
+        claims: sizes.claims,
+    };
+    let measured = phase(
+        stack,
+        ONE_AT_A_TIME_NAMESPACE,
+        Server::Simulated,
+        sizes,
+        plan,
+    )
+    .await;
+    let one_at_a_time = keep("one at a time", measured);
+
+    progress.step(format!(
+        "8: a warm pool of {0} on simulated sandboxes: {0} claims at once, then the refill",
+        sizes.burst
+    ));
+    let plan = Plan::AtOnce {
+        claims: sizes.burst,
+        cold: 0,
+    };
+    let measured = phase(stack, BURST_NAMESPACE, Server::Simulated, sizes, plan).await;
+    let burst = keep("burst", measured);
+
+    progress.step(format!(
+        "8: a warm pool of {0} on real kernels: {0} claims at once, the refill, 1 cold create",
+        sizes.real_kernels
+    ));
+    let plan = Plan::AtOnce {
+        claims: sizes.real_kernels,
+        cold: 1,
+    };
+    let measured = phase(stack, REAL_NAMESPACE, Server::Real, sizes, plan).await;
+    let real_kernels = keep("real kernels", measured);
+
+    let pools = Pools {
+        one_at_a_time,
+        burst,
+        real_kernels,
+    };
+    (pools, failures)
+}
+
+/// What a phase does.
+enum Plan {
+    /// [`Phase::one_at_a_time`].
+    OneAtATime { replicas: usize, claims: usize },
+    /// [`Phase::at_once`].
+    AtOnce { claims: usize, cold: usize },
+}
+
+/// What a phase measured, and how its clean-up went.
+type Measured = (anyhow::Result<Claims>, anyhow::Result<()>);
+
+/// Runs `plan` in namespace `namespace` with the controllers scoped to it on `server`, then
+/// cleans up ([`Phase::finish`]) however it went.
+async fn phase(
+    stack: &Stack,
+    namespace: &str,
+    server: Server,
+    sizes: Sizes,
+    plan: Plan,
+) -> Measured {
+    let phase = match Phase::start(stack, namespace, server, sizes).await {
+        Ok(phase) => phase,
+        Err(error) => return (Err(error), Ok(())),
+    };
+    let measured = match plan {
+        Plan::OneAtATime { replicas, claims } => phase.one_at_a_time(replicas, claims).await,
+        Plan::AtOnce { claims, cold } => phase.at_once(claims, cold).await,
+    };
+    (measured, phase.finish().await)
+}
+
+/// One phase: a namespace of its own, the controllers scoped to it on one sandbox server, and
+/// its pool's and executors' APIs.
+struct Phase {
+    server: Server,
+    bound: Duration,
+    operator: Controllers,
+    pools: Api<BriqExecutorPool>,
+    executors: Api<BriqExecutor>,
+}
+
+impl Phase {
+    async fn start(
+        stack: &Stack,
+        namespace: &str,
+        server: Server,
+        sizes: Sizes,
+    ) -> anyhow::Result<Phase> {
+        stack.namespace(namespace).await?;
+        Ok(Phase {
+            operator: super::controllers(stack, namespace, server.of(stack))?,
+            server,
+            bound: sizes.bound,
+            pools: Api::namespaced(stack.admin().clone(), namespace),
+            executors: Api::namespaced(stack.admin().clone(), namespace),
+        })
+    }
+
+    /// Deletes the pool first (it would make members again as fast as they go), then every
+    /// executor (their finalizers destroy the sandboxes), and stops the controllers.
+    async fn finish(self) -> anyhow::Result<()> {
+        let deleted = async {
+            stack::delete_pools(&self.pools).await?;
+            objects::delete_executors(&self.executors).await
+        }
+        .await;
+        self.operator.stop().await;
+        deleted
+    }
+
+    /// Claims one at a time, each once the pool is full, and a cold create after each once the
+    /// pool is full again (so that neither competes with the refill).
+    async fn one_at_a_time(&self, replicas: usize, claims: usize) -> anyhow::Result<Claims> {
+        let mut figures = Claims::new(&self.server, replicas, claims, false);
+        if !self.fill(&mut figures).await? {
+            return Ok(figures);
+        }
+        let ready = self.watch_ready().await?;
+        let (mut claim_ms, mut refill_ms, mut cold_ms) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sent_at = HashMap::new();
+        for i in 0..claims {
+            let name = format!("claim-{i:03}");
+            let sent = self.create(&name, claimer()).await?;
+            sent_at.insert(name.clone(), sent);
+            let Some(at) = self.ready_at(&ready, &name, sent).await else {
+                figures.partial = Some(format!("{name} was not Ready {}", self.within()));
+                break;
+            };
+            claim_ms.push(millis(at - sent));
+            let Some(full) = self.full_at(replicas, Instant::now() + self.bound).await? else {
+                figures.partial = Some(format!("the pool was not full again {}", self.within()));
+                break;
+            };
+            refill_ms.push(millis(full - sent));
+
+            let name = format!("cold-{i:03}");
+            let sent = self.create(&name, json!({})).await?;
+            let Some(at) = self.ready_at(&ready, &name, sent).await else {
+                figures.partial = Some(format!("{name} was not Ready {}", self.within()));
+                break;
+            };
+            cold_ms.push(millis(at - sent));
+        }
+        (figures.handed_over, figures.fallbacks) = self.handovers(&sent_at, &ready).await?;
+        drop(ready);
+        figures.claim_ms = Summary::of_millis(&claim_ms);
+        figures.refill_ms = Summary::of_millis(&refill_ms);
+        figures.cold_ms = Summary::of_millis(&cold_ms);
+        figures.cold_over_claim = cold_over_claim(&figures);
+        Ok(figures)
+    }
+
+    /// A pool of `claims` members, `claims` claims created all at once, the pool full again,
+    /// then `cold` cold creates one at a time.
+    async fn at_once(&self, claims: usize, cold: usize) -> anyhow::Result<Claims> {
+        let mut figures = Claims::new(&self.server, claims, claims, true);
+        if !self.fill(&mut figures).await? {
+            return Ok(figures);
+        }
+        let ready = self.watch_ready().await?;
+        let plan = (0..claims)
+            .map(|i| objects::executor(&format!("claim-{i:03}"), claimer()))
+            .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
+        let executors = &self.executors;
+        let first = Instant::now();
+        let sent_at: HashMap<String, Instant> = stream::iter(plan)
+            .map(|executor| async move {
+                let at = Instant::now();
+                executors.create(&PostParams::default(), &executor).await?;
+                Ok::<_, anyhow::Error>((executor.name_any(), at))
+            })
+            .buffer_unordered(claims.max(1))
+            .try_collect()
+            .await?;
+        let names: Vec<String> = sent_at.keys().cloned().collect();
+        let all_ready = ready.wait_for_names(&names, first + self.bound).await;
+        let ready_at = ready.times();
+        figures.claim_ms = Summary::of_millis(&scaling::latencies(&sent_at, &ready_at));
+        if all_ready {
+            match self.full_at(claims, Instant::now() + self.bound).await? {
+                Some(full) => figures.refill_ms = Summary::of_millis(&[millis(full - first)]),
+                None => {
+                    figures.partial =
+                        Some(format!("the pool was not full again {}", self.within()));
+                }
+            }
+        } else {
+            let late = names.iter().filter(|n| !ready_at.contains_key(*n)).count();
+            figures.partial = Some(format!(
+                "{late} of {claims} claimers were not Ready {}",
+                self.within()
+            ));
+        }
+
+        let mut cold_ms = Vec::new();
+        for i in 0..cold {
+            let name = format!("cold-{i:03}");
+            let sent = self.create(&name, json!({})).await?;
+            let Some(at) = self.ready_at(&ready, &name, sent).await else {
+                let why = format!("{name} was not Ready {}", self.within());
+                figures.partial = Some(match figures.partial.take() {
+                    Some(earlier) => format!("{earlier}; {why}"),
+                    None => why,
+                });
+                break;
+            };
+            cold_ms.push(millis(at - sent));
+        }
+        (figures.handed_over, figures.fallbacks) = self.handovers(&sent_at, &ready).await?;
+        drop(ready);
+        figures.cold_ms = Summary::of_millis(&cold_ms);
+        figures.cold_over_claim = cold_over_claim(&figures);
+        Ok(figures)
+    }
+
+    /// Creates the pool (template `{}`) and waits until it is full; whether it was within the
+    /// bound (else the figures say so).
+    async fn fill(&self, figures: &mut Claims) -> anyhow::Result<bool> {
+        let pool: BriqExecutorPool = serde_json::from_value(json!({
+            "apiVersion": "briq.cloud/v1alpha1",
+            "kind": "BriqExecutorPool",
+            "metadata": { "name": POOL },
+            "spec": { "replicas": figures.replicas, "template": {} },
+        }))?;
+        let started = Instant::now();
+        self.pools.create(&PostParams::default(), &pool).await?;
+        match self.full_at(figures.replicas, started + self.bound).await? {
+            Some(full) => {
+                figures.fill_seconds = Some((full - started).as_secs_f64());
+                Ok(true)
+            }
+            None => {
+                figures.partial = Some(format!(
+                    "the pool of {} was not full {}",
+                    figures.replicas,
+                    self.within()
+                ));
+                Ok(false)
+            }
+        }
+    }
+
+    /// When the pool was first seen full, polling until `deadline`: its status says `replicas`
+    /// members, all Ready, for its current generation, and the unclaimed members its label
+    /// selects are that many, all Ready and none being deleted (the status alone lags a claim).
+    async fn full_at(&self, replicas: usize, deadline: Instant) -> anyhow::Result<Option<Instant>> {
+        let want = i32::try_from(replicas)?;
+        let selector = ListParams::default().labels(&format!("{POOL_LABEL}={POOL}"));
+        loop {
+            let pool = self.pools.get(POOL).await?;
+            let status = pool.status.clone().unwrap_or_default();
+            if status.replicas == want
+                && status.ready_replicas == want
+                && status.observed_generation == pool.metadata.generation
+            {
+                let members = self.executors.list(&selector).await?.items;
+                if members.len() == replicas
+                    && members
+                        .iter()
+                        .all(|m| objects::ready(m) && m.metadata.deletion_timestamp.is_none())
+                {
+                    return Ok(Some(Instant::now()));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(FULL_POLL).await;
+        }
+    }
+
+    /// Creates executor `name`; when the create call was sent.
+    async fn create(&self, name: &str, spec: serde_json::Value) -> anyhow::Result<Instant> {
+        let executor = objects::executor(name, spec)?;
+        let sent = Instant::now();
+        self.executors
+            .create(&PostParams::default(), &executor)
+            .await?;
+        Ok(sent)
+    }
+
+    /// When the watch saw executor `name` Ready, waiting at most the bound after `sent`.
+    async fn ready_at(&self, ready: &FirstSeen, name: &str, sent: Instant) -> Option<Instant> {
+        ready
+            .wait_for_names(&[name.to_owned()], sent + self.bound)
+            .await
+            .then(|| ready.seen(name))
+            .flatten()
+    }
+
+    /// One watch over the phase's executors: when each was first seen Ready, and its Ready
+    /// message then (the first probe after a handover replaces it with "the kernel answers").
+    async fn watch_ready(&self) -> anyhow::Result<FirstSeen> {
+        let message = |executor: &BriqExecutor| {
+            objects::ready_reason(executor)
+                .map(|(_, _, message)| message)
+                .unwrap_or_default()
+        };
+        FirstSeen::start_noting(self.executors.clone(), objects::ready, message).await
+    }
+
+    /// (handed over, fell back) among the claimers `sent_at` names: from their Ready message
+    /// when first seen Ready, and the annotation a claimer that stopped waiting for its pool
+    /// carries.
+    async fn handovers(
+        &self,
+        sent_at: &HashMap<String, Instant>,
+        ready: &FirstSeen,
+    ) -> anyhow::Result<(usize, usize)> {
+        let handed = format!("handed over from BriqExecutorPool {POOL}");
+        let messages = ready.notes();
+        let (mut handed_over, mut fallbacks) = (0, 0);
+        for executor in self.executors.list(&ListParams::default()).await? {
+            let name = executor.name_any();
+            if !sent_at.contains_key(&name) {
+                continue;
+            }
+            let fell_back = executor
+                .annotations()
+                .contains_key(POOL_FALLBACK_ANNOTATION);
+            match messages.get(&name) {
+                Some(message) if message.contains(&handed) && !fell_back => handed_over += 1,
+                Some(_) => fallbacks += 1,
+                None if fell_back => fallbacks += 1,
+                None => {}
+            }
+        }
+        Ok((handed_over, fallbacks))
+    }
+
+    fn within(&self) -> String {
+        format!("within {} s", self.bound.as_secs())
+    }
+}
+
+/// A claimer's spec: the pool's, with the default `coldCreateAfterSeconds` (30).
+fn claimer() -> serde_json::Value {
+    json!({ "poolRef": { "name": POOL } })
+}
+
+fn cold_over_claim(figures: &Claims) -> Option<f64> {
+    ratio(
+        figures.cold_ms.as_ref().map(|s| s.median),
+        figures.claim_ms.as_ref().map(|s| s.median),
+    )
+}
