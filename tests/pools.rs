@@ -26,6 +26,15 @@ use support::{
 
 const RUN_SECONDS: u64 = 60;
 
+/// A test namespace, its operator, and a pool `fast` (template `{}`) of `replicas` Ready members.
+async fn with_ready_pool(prefix: &str, replicas: i32) -> (TestEnv, Operator) {
+    let env = TestEnv::new(prefix).await;
+    let operator = Operator::start(&env).await;
+    create_pool(&env, "fast", replicas, json!({})).await;
+    pool_ready(&env, "fast", replicas).await;
+    (env, operator)
+}
+
 async fn create_pool(env: &TestEnv, name: &str, replicas: i32, template: Value) {
     let pool: BriqExecutorPool = serde_json::from_value(json!({
         "metadata": { "name": name },
@@ -111,10 +120,7 @@ async fn sandbox_names(operator: &Operator) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn a_claim_takes_a_ready_members_kernel_and_the_pool_refills() {
-    let env = TestEnv::new("pool-claim").await;
-    let operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 2, json!({})).await;
-    pool_ready(&env, "fast", 2).await;
+    let (env, operator) = with_ready_pool("pool-claim", 2).await;
     let members: BTreeSet<String> = unclaimed(&env, "fast")
         .await
         .iter()
@@ -311,10 +317,7 @@ async fn a_claimer_whose_spec_differs_from_the_template_claims_nothing() {
 
 #[tokio::test]
 async fn the_pool_scales_through_its_scale_subresource() {
-    let env = TestEnv::new("pool-scale").await;
-    let operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 1, json!({})).await;
-    pool_ready(&env, "fast", 1).await;
+    let (env, operator) = with_ready_pool("pool-scale", 1).await;
     let (ok, _, stderr) = env.kubectl(&["scale", "briqexecutorpool/fast", "--replicas=3"]);
     assert!(ok, "{stderr}");
     pool_ready(&env, "fast", 3).await;
@@ -404,10 +407,7 @@ async fn a_template_change_replaces_unclaimed_members_only() {
 
 #[tokio::test]
 async fn deleting_the_pool_destroys_unclaimed_members_and_claimed_ones_live_on() {
-    let env = TestEnv::new("pool-delete").await;
-    let operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 2, json!({})).await;
-    pool_ready(&env, "fast", 2).await;
+    let (env, operator) = with_ready_pool("pool-delete", 2).await;
     create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
     wait_ready(&env, "agent").await;
     pool_ready(&env, "fast", 2).await;
@@ -454,10 +454,7 @@ async fn deleting_the_pool_destroys_unclaimed_members_and_claimed_ones_live_on()
 
 #[tokio::test]
 async fn an_operator_killed_mid_handover_leaves_exactly_one_owner() {
-    let env = TestEnv::new("pool-crash").await;
-    let mut operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 2, json!({})).await;
-    pool_ready(&env, "fast", 2).await;
+    let (env, mut operator) = with_ready_pool("pool-crash", 2).await;
 
     // The operator dies right after the first half of a handover: the member says it was
     // handed to the claimer, the claimer has recorded nothing yet.
@@ -516,10 +513,7 @@ async fn an_operator_killed_mid_handover_leaves_exactly_one_owner() {
 
 #[tokio::test]
 async fn two_claimers_racing_for_one_member_never_share_it() {
-    let env = TestEnv::new("pool-race").await;
-    let _operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 1, json!({})).await;
-    pool_ready(&env, "fast", 1).await;
+    let (env, _operator) = with_ready_pool("pool-race", 1).await;
     for name in ["left", "right"] {
         create_executor(
             &env,
@@ -549,10 +543,7 @@ async fn two_claimers_racing_for_one_member_never_share_it() {
 
 #[tokio::test]
 async fn a_copied_claimer_never_gets_the_members_sandbox() {
-    let env = TestEnv::new("pool-copy").await;
-    let _operator = Operator::start(&env).await;
-    create_pool(&env, "fast", 1, json!({})).await;
-    pool_ready(&env, "fast", 1).await;
+    let (env, _operator) = with_ready_pool("pool-copy", 1).await;
     create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
     let agent = wait_ready(&env, "agent").await;
     let held = sandbox_of(&agent);

@@ -50,7 +50,7 @@ use crate::{
     bridge::session,
     briq::{ApiKey, SandboxApi},
     crd::{
-        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool,
+        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
         DEFAULT_API_KEY_SECRET_KEY, Execution, POOL_MEMBER_ANNOTATION,
     },
     http::Health,
@@ -479,10 +479,12 @@ fn live(
             live.queued += 1;
         }
     }
+    // A handed-over member records its claimer's sandbox too: counted once, with the claimer.
     live.sandboxes = executors
         .state()
         .iter()
         .filter(|e| e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some()))
+        .filter(|e| !e.annotations().contains_key(CLAIMED_BY_ANNOTATION))
         .count() as i64;
     live
 }
