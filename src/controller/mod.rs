@@ -785,3 +785,44 @@ pub async fn run_observed<S>(
     drop(orphan_sweeper);
     info!("controllers stopped");
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn executor(name: &str, sandbox: Option<&str>, annotations: serde_json::Value) -> BriqExecutor {
+        serde_json::from_value(json!({
+            "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+            "metadata": { "name": name, "namespace": "team", "annotations": annotations },
+            "spec": {},
+            "status": { "sandboxId": sandbox },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_handed_over_sandbox_counts_once_among_the_live_sandboxes() {
+        let (executors, mut writer) = reflector::store::<BriqExecutor>();
+        for object in [
+            executor("own", Some("bq_1"), json!({})),
+            executor(
+                "fast-m1",
+                Some("bq_2"),
+                json!({ CLAIMED_BY_ANNOTATION: "uid-c" }),
+            ),
+            executor("agent", Some("bq_2"), json!({})),
+            executor(
+                "fast-m2",
+                Some("bq_3"),
+                json!({ POOL_MEMBER_ANNOTATION: "fast" }),
+            ),
+            executor("waiting", None, json!({})),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        let (executions, _) = reflector::store::<Execution>();
+        assert_eq!(live(&executors, &executions, 0).sandboxes, 3);
+    }
+}
