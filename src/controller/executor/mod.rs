@@ -763,18 +763,13 @@ impl<S: SandboxApi> Actor<'_, S> {
             .clone()
             .expect("a claimer has a poolRef");
         let uid = executor.uid().unwrap_or_default();
-        let mine = ListParams::default().labels(&format!("{CLAIMED_BY_LABEL}={uid}"));
-        let resumed = self
-            .api
-            .list(&mine)
-            .await?
-            .items
-            .into_iter()
-            .find(|member| {
-                member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
-                    && member.metadata.deletion_timestamp.is_none()
-            });
-        if let Some(member) = resumed {
+        let handed_to_it = |member: &BriqExecutor| {
+            member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
+                && member.metadata.deletion_timestamp.is_none()
+        };
+        // A handover a crash interrupted: a restarted operator's cache shows it.
+        let cached = self.executors.state().into_iter().find(|m| handed_to_it(m));
+        if let Some(member) = cached {
             return self.record_claim(executor, &pool_ref.name, &member).await;
         }
         let namespace = executor.namespace().unwrap_or_default();
@@ -801,6 +796,16 @@ impl<S: SandboxApi> Actor<'_, S> {
             ready.iter().map(|m| m.name_any()).collect(),
             waited,
         );
+        // Before anything that cannot be taken back (another member, a sandbox of its own), ask
+        // the API server too: this process's own claim may not be in its cache yet. A claimer
+        // that only waits costs no request for it.
+        if matches!(plan, ClaimPlan::Take(_) | ClaimPlan::FallBack(_)) {
+            let mine = ListParams::default().labels(&format!("{CLAIMED_BY_LABEL}={uid}"));
+            let listed = self.api.list(&mine).await?.items;
+            if let Some(member) = listed.into_iter().find(|m| handed_to_it(m)) {
+                return self.record_claim(executor, &pool_ref.name, &member).await;
+            }
+        }
         match plan {
             ClaimPlan::Take(_) => {
                 for member in &decide::take_order(&ready, &uid) {
