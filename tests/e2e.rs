@@ -19,7 +19,7 @@ use kube::{
 use serde_json::json;
 use support::{
     Operator, READY_SECONDS, TestEnv, condition, create_execution, create_execution_from,
-    create_executor, finished, output, reason, wait_deleted, wait_for, wait_ready,
+    create_executor, finished, output, reason, run, wait_deleted, wait_for, wait_ready,
 };
 
 const RUN_SECONDS: u64 = 60;
@@ -39,11 +39,6 @@ def final_answer(value):
 async fn ready_executor(env: &TestEnv, name: &str) -> BriqExecutor {
     create_executor(env, name, json!({})).await;
     wait_ready(env, name).await
-}
-
-async fn run(env: &TestEnv, name: &str, executor: &str, code: &str) -> Execution {
-    create_execution(env, name, executor, code).await;
-    finished(env, name, RUN_SECONDS).await
 }
 
 #[tokio::test]

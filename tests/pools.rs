@@ -20,11 +20,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, finished,
-    output, reason, wait_deleted, wait_for, wait_ready,
+    Operator, READY_SECONDS, TestEnv, condition, create_executor, output, reason, run,
+    wait_deleted, wait_for, wait_ready,
 };
-
-const RUN_SECONDS: u64 = 60;
 
 /// A test namespace, its operator, and a pool `fast` (template `{}`) of `replicas` Ready members.
 async fn with_ready_pool(prefix: &str, replicas: i32) -> (TestEnv, Operator) {
@@ -93,16 +91,6 @@ fn sandbox_of(executor: &BriqExecutor) -> String {
         .as_ref()
         .and_then(|s| s.sandbox_id.clone())
         .unwrap_or_default()
-}
-
-async fn run(
-    env: &TestEnv,
-    name: &str,
-    executor: &str,
-    code: &str,
-) -> briq_operator::crd::Execution {
-    create_execution(env, name, executor, code).await;
-    finished(env, name, RUN_SECONDS).await
 }
 
 /// Every live sandbox's name, as briq (the local server) has them.

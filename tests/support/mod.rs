@@ -290,6 +290,12 @@ pub async fn create_execution_from(env: &TestEnv, name: &str, spec: Value) {
         .unwrap();
 }
 
+/// Creates an Execution of `code` on `executor` and waits (up to a minute) until it finished.
+pub async fn run(env: &TestEnv, name: &str, executor: &str, code: &str) -> Execution {
+    create_execution(env, name, executor, code).await;
+    finished(env, name, 60).await
+}
+
 pub async fn finished(env: &TestEnv, name: &str, seconds: u64) -> Execution {
     wait_for(&env.api::<Execution>(), name, seconds, |execution| {
         ["True", "False"].contains(&condition(execution, "Succeeded").0.as_str())
