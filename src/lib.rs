@@ -13,3 +13,4 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod telemetry;
+pub mod traces;

@@ -197,6 +197,7 @@ where
     S: SandboxApi + Clone + 'static,
 {
     let client = kube::Client::try_from(config.clone()).context("connecting to Kubernetes")?;
+    crate::traces::init().context("configuring traces")?;
     let http = options.http.map(|listener| {
         let (health, metrics) = (observer.health.clone(), observer.metrics.clone());
         if let Ok(address) = listener.local_addr() {
@@ -250,6 +251,7 @@ where
         }
     }
     drop(http);
+    crate::traces::flush();
     Ok(())
 }
 

@@ -50,14 +50,18 @@ pub async fn run() -> anyhow::Result<()> {
     result
 }
 
-/// Runs the local stack until interrupted, writing an admin kubeconfig to `kubeconfig`.
+/// Runs the local stack until interrupted, writing an admin kubeconfig to `kubeconfig`. Its
+/// operator exports traces as `briq-operator run` does, when the `OTEL_*` variables say so.
 pub async fn local_stack(kubeconfig: &Path) -> anyhow::Result<()> {
+    briq_operator::traces::init().context("configuring traces")?;
     let progress = Progress::start();
     let stack = start(&progress).await?;
     std::fs::copy(stack.kubeconfig(), kubeconfig).context("writing the kubeconfig")?;
     progress.step(format!("ready: KUBECONFIG={}", kubeconfig.display()));
     tokio::signal::ctrl_c().await?;
-    stack.stop().await
+    let stopped = stack.stop().await;
+    briq_operator::traces::flush();
+    stopped
 }
 
 /// Applies the example executor, runs the example Execution, then a real smolagents `CodeAgent`

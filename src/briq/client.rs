@@ -1,7 +1,7 @@
 //! The HTTP client for briq.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
@@ -20,6 +20,7 @@ use super::error::{Error, ErrorClass};
 use super::key::ApiKey;
 use super::retry::idempotent;
 use super::{DestroyOutcome, SandboxApi};
+use crate::traces;
 
 /// Pauses between readiness polls after create: doubling from the first to the longest.
 const FIRST_POLL: Duration = Duration::from_millis(100);
@@ -145,17 +146,34 @@ impl BriqClient {
     }
 
     async fn call(&self, key: &ApiKey, request: RequestBuilder) -> Result<Answer, Error> {
-        let response = request
-            .bearer_auth(key.expose())
-            .send()
-            .await
-            .map_err(|e| Error::from_transport(e, None))?;
+        let (http, request) = request.bearer_auth(key.expose()).build_split();
+        let request = request.map_err(|e| Error::from_transport(e, None))?;
+        let mut noted = traces::enabled().then(|| Noted {
+            operation: format!(
+                "{} {}",
+                request.method(),
+                route(self.options.base_url.path(), request.url().path())
+            ),
+            start: SystemTime::now(),
+        });
+        let response = match http.execute(request).await {
+            Ok(response) => response,
+            Err(e) => {
+                if let Some(noted) = noted.take() {
+                    noted.done(None, None, key);
+                }
+                return Err(Error::from_transport(e, None));
+            }
+        };
         let request_id = response
             .headers()
             .get(api::REQUEST_ID_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let status = response.status();
+        if let Some(noted) = noted {
+            noted.done(Some(status.as_u16()), request_id.as_deref(), key);
+        }
         let retry_after = retry_after(response.headers());
         let body = self.read_body(response, &request_id).await?;
         if status.is_success() {
@@ -267,6 +285,62 @@ impl BriqClient {
         .await?;
         Ok(list.sandboxes)
     }
+}
+
+/// A call being noted for the traces ([`traces::recording`]).
+struct Noted {
+    operation: String,
+    start: SystemTime,
+}
+
+impl Noted {
+    fn done(self, status: Option<u16>, request_id: Option<&str>, key: &ApiKey) {
+        traces::note(traces::BriqCall {
+            operation: self.operation,
+            start: self.start,
+            end: SystemTime::now(),
+            request_id: request_id
+                .filter(|id| traceable_request_id(id, key))
+                .map(str::to_owned),
+            status,
+        });
+    }
+}
+
+/// Whether briq's request id may go into a span: remote text, so only a short token of plain
+/// characters, never one that carries the key.
+fn traceable_request_id(id: &str, key: &ApiKey) -> bool {
+    id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+        && !id.contains(key.expose())
+}
+
+/// The [`paths`] template `path` was made from (below the base URL's own path), so that spans
+/// are named by route, not by sandbox.
+fn route(base: &str, path: &str) -> String {
+    let below = path
+        .strip_prefix(base.trim_end_matches('/'))
+        .unwrap_or(path);
+    let segments: Vec<&str> = below.split('/').filter(|s| !s.is_empty()).collect();
+    [
+        paths::SANDBOXES,
+        paths::SANDBOX,
+        paths::EXEC,
+        paths::FILES,
+        paths::PREVIEW,
+    ]
+    .into_iter()
+    .find(|template| {
+        let parts: Vec<&str> = template.split('/').filter(|s| !s.is_empty()).collect();
+        parts.len() == segments.len()
+            && parts
+                .iter()
+                .zip(&segments)
+                .all(|(part, segment)| part.starts_with('{') || part == segment)
+    })
+    .map_or_else(|| "other".to_owned(), str::to_owned)
 }
 
 /// Every error leaves the client through here: remote text (messages, details, request ids) is
@@ -470,6 +544,46 @@ mod tests {
             url.as_str(),
             "https://example.test/briq/v1/sandboxes/bq_a%2Fb/preview/8080"
         );
+    }
+
+    #[test]
+    fn a_traced_call_is_named_by_its_route_never_by_its_sandbox() {
+        let cases = [
+            ("/", "/v1/sandboxes", "/v1/sandboxes"),
+            ("/", "/v1/sandboxes/bq_1", "/v1/sandboxes/{id}"),
+            ("/", "/v1/sandboxes/bq_1/exec", "/v1/sandboxes/{id}/exec"),
+            (
+                "/briq/",
+                "/briq/v1/sandboxes/bq_1/files",
+                "/v1/sandboxes/{id}/files",
+            ),
+            (
+                "/",
+                "/v1/sandboxes/bq_1/preview/8080",
+                "/v1/sandboxes/{id}/preview/{port}",
+            ),
+            ("/", "/v1/sandboxes/bq_1/exec/more", "other"),
+            ("/", "/v2/sandboxes", "other"),
+        ];
+        for (base, path, expected) in cases {
+            assert_eq!(route(base, path), expected, "{base} {path}");
+        }
+    }
+
+    #[test]
+    fn a_request_id_carrying_the_key_or_odd_characters_stays_out_of_traces() {
+        let key = ApiKey::new("bq_live_secret123").unwrap();
+        let cases = [
+            ("req-7f3a_9.b:1", true),
+            ("", true),
+            ("req\nforged", false),
+            ("req id", false),
+            ("x-bq_live_secret123", false),
+            (&*"a".repeat(129), false),
+        ];
+        for (id, traceable) in cases {
+            assert_eq!(traceable_request_id(id, &key), traceable, "{id:?}");
+        }
     }
 
     #[test]

@@ -236,7 +236,10 @@ pub fn python_module() -> String {
          MAX_TIMEOUT_SECONDS = {MAX_EXECUTION_TIMEOUT_SECONDS}\n\
          DEFAULT_TIMEOUT_SECONDS = {DEFAULT_EXECUTION_TIMEOUT_SECONDS}\n\
          # Succeeded=False reasons after which the executor never runs code again.\n\
-         UNUSABLE_REASONS = frozenset(\n    {{\n{unusable}    }}\n)\n"
+         UNUSABLE_REASONS = frozenset(\n    {{\n{unusable}    }}\n)\n\
+         # The annotation carrying the W3C traceparent of the client's span on an Execution.\n\
+         TRACEPARENT_ANNOTATION = \"{traceparent}\"\n",
+        traceparent = crate::traces::TRACEPARENT_ANNOTATION,
     )
 }
 

@@ -43,6 +43,7 @@ from smolagents.remote_executors import RemotePythonExecutor
 
 # spec.code's and spec.timeoutSeconds' limits in the CRD, BriqExecutor
 # spec.executionTimeoutSeconds' default, and the reasons after which the executor is unusable.
+from ._trace import execution_span
 from .vocabulary import (
     DEFAULT_TIMEOUT_SECONDS,
     MAX_CODE_CHARS,
@@ -458,6 +459,20 @@ class KubernetesExecutor(RemotePythonExecutor):
     # --- one action -------------------------------------------------------------------------
 
     def _run(self, code: str, timeout_seconds: int | None, wait_seconds: float) -> CodeOutput:
+        # The action's client span; the operator's spans continue its trace.
+        with execution_span(self.namespace, self.executor_name) as (span, annotations):
+            output = self._run_as_execution(code, timeout_seconds, wait_seconds, annotations)
+            if span is not None:
+                span.set_attribute("briq.execution", self.last_execution or "")
+            return output
+
+    def _run_as_execution(
+        self,
+        code: str,
+        timeout_seconds: int | None,
+        wait_seconds: float,
+        annotations: dict[str, str],
+    ) -> CodeOutput:
         deadline = time.monotonic() + wait_seconds
         action_id = uuid.uuid4().hex
         spec: dict[str, Any] = {"executorRef": {"name": self.executor_name}, "code": code}
@@ -467,6 +482,8 @@ class KubernetesExecutor(RemotePythonExecutor):
             "generateName": f"{self.executor_name}-",
             "labels": {ACTION_LABEL: action_id},
         }
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         if self._executor_uid:
             # Part of the executor's history from the start (garbage collected with it): the
             # operator would otherwise add this with a write of its own.

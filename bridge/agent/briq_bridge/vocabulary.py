@@ -17,3 +17,5 @@ UNUSABLE_REASONS = frozenset(
         "TransportError",
     }
 )
+# The annotation carrying the W3C traceparent of the client's span on an Execution.
+TRACEPARENT_ANNOTATION = "briq.cloud/traceparent"

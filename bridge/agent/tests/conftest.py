@@ -10,17 +10,40 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client, config
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from smolagents.monitoring import AgentLogger, LogLevel
 
 from briq_bridge import KubernetesExecutor
 from briq_dev.local_stack import LocalStack
 
+from .otlp_receiver import OtlpReceiver
+
 NO_NETWORK_ENV = [{"name": "PIP_NO_INDEX", "value": "1"}]
 
 
 @pytest.fixture(scope="session")
-def stack():
-    stack = LocalStack().start()
+def otlp():
+    """An OTLP/HTTP receiver that the operator and this process export their spans to."""
+    receiver = OtlpReceiver().start()
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent-tests"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
+    )
+    trace.set_tracer_provider(provider)
+    yield receiver
+    provider.shutdown()
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(otlp):
+    # The operator exports its traces to the receiver, in batches 100 ms apart.
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    stack = LocalStack(env=env).start()
     try:
         yield stack
     finally:

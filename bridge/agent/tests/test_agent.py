@@ -11,6 +11,7 @@ import time
 
 import pytest
 from kubernetes.client.rest import ApiException
+from opentelemetry import trace
 from smolagents import CodeAgent, tool
 from smolagents.monitoring import LogLevel
 
@@ -19,6 +20,7 @@ from briq_bridge import (
     ExecutorUnusableError,
     KubernetesExecutor,
 )
+from briq_bridge.vocabulary import TRACEPARENT_ANNOTATION
 from briq_dev.demo_agent import FIRST_20, scripted_model
 from briq_dev.local_stack import REPO
 from briq_dev.scripted_model import ScriptedModel, action, messages_text
@@ -293,3 +295,99 @@ def test_an_agents_executor_claimed_from_a_pool_starts_on_a_warm_kernel(kubeconf
         custom_objects.delete_namespaced_custom_object(
             GROUP, VERSION, "default", "briqexecutorpools", "warm-test"
         )
+
+
+def test_one_trace_holds_the_agent_step_the_client_span_and_the_operators_spans(
+    executor, otlp, custom_objects
+):
+    """The agent's step, the client's span around the Execution and the operator's spans of
+    its queueing, reads, briq exec (with briq's request id), kernel and status write: one trace,
+    each span below the one that caused it."""
+    agent, _ = agent_with(executor, [action("I multiply.", "final_answer(6 * 7)")])
+    with trace.get_tracer("agent-tests").start_as_current_span("agent step") as step:
+        assert agent.run("What is six times seven?") == 42
+    trace_id = format(step.get_span_context().trace_id, "032x")
+    obj = execution(custom_objects, executor.last_execution)
+    assert obj["metadata"]["annotations"][TRACEPARENT_ANNOTATION].split("-")[1] == trace_id
+
+    def of_step(spans):
+        """The step's span, the client span of its last Execution and everything below it
+        (the agent may have run other Executions in the step, to send tools or variables)."""
+        in_trace = [s for s in spans if s.trace_id == trace_id]
+        chosen = [
+            s
+            for s in in_trace
+            if s.name == "agent step"
+            or s.attributes.get("briq.execution") == executor.last_execution
+            and s.name == "briq execution"
+        ]
+        ids = {s.span_id for s in chosen if s.name == "briq execution"}
+        grown = True
+        while grown:
+            below = [s for s in in_trace if s.parent_span_id in ids and s.span_id not in ids]
+            ids |= {s.span_id for s in below}
+            chosen += below
+            grown = bool(below)
+        return chosen
+
+    spans = of_step(
+        otlp.wait_for(
+            lambda spans: any(s.name == "execution" for s in of_step(spans)),
+            timeout=60,
+            what="operator span of the agent's step",
+        )
+    )
+    by_name = {}
+    for span in spans:
+        assert span.name not in by_name, f"two {span.name!r} spans below one Execution"
+        by_name[span.name] = span
+    exec_call = "briq POST /v1/sandboxes/{id}/exec"
+    parents = {
+        "briq execution": "agent step",
+        "execution": "briq execution",
+        "queued": "execution",
+        "read queue": "execution",
+        "check sandbox": "execution",
+        "record attempt": "execution",
+        "run code": "execution",
+        "write result": "execution",
+        exec_call: "run code",
+        "kernel": exec_call,
+    }
+    for name, parent in parents.items():
+        assert name in by_name, f"no {name!r} span in the trace: {sorted(by_name)}"
+        assert by_name[name].parent_span_id == by_name[parent].span_id, f"{name} under {parent}"
+    assert by_name["agent step"].service == "agent-tests"
+    assert by_name["briq execution"].service == "agent-tests"
+    assert by_name["execution"].service == "briq-operator"
+    assert by_name["execution"].attributes["briq.execution"] == executor.last_execution
+    assert by_name["execution"].attributes["briq.reason"] == "FinalAnswer"
+    assert by_name[exec_call].attributes["briq.request_id"]
+    # Each step in its parent's time, in the order they happened.
+    steps = ["queued", "check sandbox", "record attempt", "run code", "write result"]
+    starts = [by_name[name].start_ns for name in steps]
+    assert starts == sorted(starts), steps
+    for name, parent in parents.items():
+        if by_name[parent].service == by_name[name].service:
+            assert by_name[parent].start_ns <= by_name[name].start_ns, name
+            assert by_name[name].end_ns <= by_name[parent].end_ns, name
+
+
+def test_an_executors_provisioning_is_a_trace_of_its_own(shared_executor, otlp):
+    def provisioning(spans):
+        return [
+            s
+            for s in spans
+            if s.name == "provision executor"
+            and s.attributes.get("briq.executor") == shared_executor.executor_name
+        ]
+
+    spans = otlp.wait_for(lambda spans: provisioning(spans), timeout=60, what="provisioning trace")
+    (root,) = provisioning(spans)
+    assert root.parent_span_id == "" and root.service == "briq-operator"
+    children = {s.name: s for s in spans if s.parent_span_id == root.span_id}
+    assert set(children) == {"create sandbox", "set up bridge and kernel"}
+    calls = [
+        s.name for s in spans if s.parent_span_id == children["set up bridge and kernel"].span_id
+    ]
+    assert "briq POST /v1/sandboxes/{id}/exec" in calls, calls

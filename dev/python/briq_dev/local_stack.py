@@ -45,8 +45,15 @@ def _interrupt_with_parent() -> None:
 class LocalStack:
     """`briq-dev local-stack` in a subprocess; output goes to files in `workdir`."""
 
-    def __init__(self, binary: Path | None = None, ready_timeout: float = 900.0):
+    def __init__(
+        self,
+        binary: Path | None = None,
+        ready_timeout: float = 900.0,
+        env: dict[str, str] | None = None,
+    ):
         self.binary = binary or dev_binary()
+        # Added to this process's environment for the stack (the operator's OTEL_* settings).
+        self.env = dict(env or {})
         self.ready_timeout = ready_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="briq-local-stack-"))
         self.kubeconfig = self.workdir / "kubeconfig"
@@ -69,6 +76,7 @@ class LocalStack:
                 stdout=stdout,
                 stderr=stderr,
                 preexec_fn=_interrupt_with_parent,
+                env={**os.environ, **self.env},
             )
         deadline = time.monotonic() + self.ready_timeout
         # The child writes its progress to a file; reading that file is the simplest way to

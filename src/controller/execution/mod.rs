@@ -12,10 +12,15 @@
 mod bookkeeping;
 mod budget;
 mod decide;
+mod trace;
 
 pub(crate) use decide::ATTEMPT_GRACE;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{
@@ -51,6 +56,7 @@ use crate::{
         BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus, history_owner,
         reasons::ExecutionReason,
     },
+    traces,
 };
 
 /// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
@@ -409,6 +415,8 @@ struct Actor<'a, S> {
     api: Api<Execution>,
     executors: Api<BriqExecutor>,
     namespace: String,
+    /// What this reconcile's run noted for its trace.
+    timeline: Mutex<trace::Timeline>,
 }
 
 impl<'a, S: SandboxApi> Actor<'a, S> {
@@ -421,6 +429,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             api: Api::namespaced(client.clone(), &namespace),
             executors: Api::namespaced(client, &namespace),
             namespace,
+            timeline: Mutex::default(),
         }
     }
 
@@ -527,7 +536,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             // Each event on the head of a settling burst would otherwise cost a LIST.
             return self.queued(left).await;
         }
-        match self.ctx.turn(&self.api, self.execution).await? {
+        let read = SystemTime::now();
+        let turn = self.ctx.turn(&self.api, self.execution).await?;
+        self.note(|t| t.turn_read = trace::Noted::between(read, SystemTime::now()));
+        match turn {
             Turn::Mine => {}
             Turn::Behind => return self.queued(QUEUED_RECHECK).await,
             Turn::Settling(left) => return self.queued(left).await,
@@ -549,7 +561,12 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// resourceVersion this run was decided on: the attempt is recorded only if the Execution
     /// is still at that version, so of two operators that decided at once only one sends it.
     async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        let (key, sandbox_id) = match self.sandbox(executor).await? {
+        let checked = SystemTime::now();
+        let (access, calls) = traces::recording(self.sandbox(executor)).await;
+        self.note(|t| {
+            t.sandbox_check = trace::Noted::between(checked, SystemTime::now()).with_calls(calls);
+        });
+        let (key, sandbox_id) = match access? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };
@@ -562,6 +579,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             conditions::now(),
         );
         let running_status = serde_json::to_value(&running).expect("status serializes");
+        let recording = SystemTime::now();
         let recorded = apply_status_at(
             &self.api,
             self.execution,
@@ -570,6 +588,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Some(version),
         )
         .await;
+        self.note(|t| t.attempt_recorded = trace::Noted::between(recording, SystemTime::now()));
         // The cache holds no code: the recorded Execution (the whole object, at the version
         // decided on plus this status; the spec is immutable) brings it.
         let recorded = match recorded {
@@ -589,15 +608,67 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         };
         let timeout = self.timeout_seconds(executor);
         let session = self.session(&key, &sandbox_id);
-        let outcome = session
-            .run(
-                &attempt,
-                &recorded.spec.code,
-                Duration::from_secs(timeout.into()),
-            )
-            .await;
+        let sent = SystemTime::now();
+        let (outcome, calls) = traces::recording(session.run(
+            &attempt,
+            &recorded.spec.code,
+            Duration::from_secs(timeout.into()),
+        ))
+        .await;
+        self.note(|t| {
+            t.code = trace::Noted::between(sent, SystemTime::now()).with_calls(calls);
+            t.kernel = outcome
+                .as_ref()
+                .ok()
+                .map(|result| Duration::from_millis(result.duration_ms));
+        });
         let (verdict, result) = decide::judge(outcome, timeout);
-        self.finish_run(executor, running, &verdict, result).await
+        let action = self.finish_run(executor, running, &verdict, result).await;
+        if action.is_ok() {
+            self.emit_trace(&attempt, &verdict);
+        }
+        action
+    }
+
+    /// Notes a step of this run for its trace (when traces are exported).
+    fn note(&self, step: impl FnOnce(&mut trace::Timeline)) {
+        if traces::enabled() {
+            step(&mut self.timeline.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// Exports the trace of this run, under the client's span when it named one.
+    fn emit_trace(&self, attempt: &str, verdict: &Verdict) {
+        if !traces::enabled() {
+            return;
+        }
+        let name = self.execution.name_any();
+        let subject = trace::Subject {
+            namespace: &self.namespace,
+            execution: &name,
+            executor: self.executor_name(),
+            attempt,
+            created: self
+                .execution
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or_else(SystemTime::now, |t| t.0.into()),
+        };
+        let timeline = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let spans = trace::spans(
+            &subject,
+            &timeline,
+            verdict.reason,
+            &verdict.message,
+            SystemTime::now(),
+        );
+        let parent = self
+            .execution
+            .annotations()
+            .get(traces::TRACEPARENT_ANNOTATION)
+            .map(String::as_str);
+        traces::emit(parent, &spans);
     }
 
     /// The deadline of this Execution's code in `executor`, in seconds.
@@ -803,7 +874,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             result,
             conditions::now(),
         );
-        if let Err(error) = self.write(&status).await {
+        let writing = SystemTime::now();
+        let written = self.write(&status).await;
+        self.note(|t| t.result_written = trace::Noted::between(writing, SystemTime::now()));
+        if let Err(error) = written {
             // Keep the result: the retry writes it rather than calling the Execution interrupted.
             if let Some(uid) = self.execution.uid() {
                 self.ctx.kept.keep_unwritten(&uid, status);

@@ -5,10 +5,14 @@
 //! be taken back), asks [`decide`] for the next step, and performs it.
 
 mod decide;
+mod trace;
 
 pub use decide::{Activity, CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{
@@ -47,6 +51,7 @@ use crate::{
         CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_LABEL,
         reasons::ExecutorReason,
     },
+    traces,
 };
 
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
@@ -197,15 +202,19 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(Action::requeue(API_KEY_RECHECK));
                 };
-                let Some(id) = self.create_sandbox(executor, &key, pending).await? else {
+                let creating = SystemTime::now();
+                let (created, calls) =
+                    traces::recording(self.create_sandbox(executor, &key, pending)).await;
+                let Some(id) = created? else {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
+                let create = traces::Noted::between(creating, SystemTime::now()).with_calls(calls);
                 let sandbox = SandboxFields {
                     id: Some(id.clone()),
                     created: Some(conditions::now()),
                     ready: None,
                 };
-                self.provision(executor, &key, sandbox).await
+                self.provision(executor, &key, sandbox, Some(create)).await
             }
             Step::Provision { sandbox } => {
                 let Some(key) = self.credentials(executor).await? else {
@@ -228,7 +237,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     created: current.created.or_else(|| Some(conditions::now())),
                     ready: current.ready,
                 };
-                self.provision(executor, &key, fields).await
+                self.provision(executor, &key, fields, None).await
             }
             Step::Claim => self.claim(executor).await,
             Step::HandedOver { claimer } => {
@@ -437,6 +446,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         executor: &BriqExecutor,
         key: &ApiKey,
         sandbox: SandboxFields,
+        create: Option<traces::Noted>,
     ) -> Result<Action> {
         let id = sandbox.id.clone().unwrap_or_default();
         let provisioning = state(
@@ -453,7 +463,35 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         let deadline = Duration::from_secs(executor.spec.setup_timeout_seconds.into());
         let packages = executor.spec.packages.clone().unwrap_or_default();
-        let outcome = session.provision(deadline, &packages).await;
+        let setting_up = SystemTime::now();
+        let (outcome, calls) = traces::recording(session.provision(deadline, &packages)).await;
+        let setup = traces::Noted::between(setting_up, SystemTime::now()).with_calls(calls);
+        let emit_trace = |failure: Option<&str>| {
+            if traces::enabled() {
+                let (namespace, name) = (
+                    executor.namespace().unwrap_or_default(),
+                    executor.name_any(),
+                );
+                let subject = trace::Subject {
+                    namespace: &namespace,
+                    executor: &name,
+                    sandbox: &id,
+                    created: executor
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(setting_up, |t| t.0.into()),
+                };
+                let spans = trace::spans(
+                    &subject,
+                    create.as_ref(),
+                    &setup,
+                    failure,
+                    SystemTime::now(),
+                );
+                traces::emit(None, &spans);
+            }
+        };
         match decide::setup_verdict(&outcome) {
             SetupVerdict::Ready(provisioned) => {
                 let ready = SandboxFields {
@@ -465,6 +503,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let note = decide::ready_note(&id, provisioned);
                 self.event(executor, EventType::Normal, "Ready", "Provision", note)
                     .await;
+                emit_trace(None);
                 info!(sandbox = %id, "executor ready");
                 self.shared
                     .metrics
@@ -486,6 +525,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     failure.clone(),
                 )
                 .await;
+                emit_trace(Some(&failure));
                 let failed = state("False", true, ExecutorReason::SetupFailed, failure);
                 self.report(executor, failed, sandbox).await?;
                 self.give_back(executor, &id, ExecutorReason::SetupFailed)
@@ -601,7 +641,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     created: Some(conditions::now()),
                     ready: None,
                 };
-                self.provision(executor, key, fields).await
+                self.provision(executor, key, fields, None).await
             }
         }
     }
