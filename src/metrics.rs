@@ -1,12 +1,13 @@
 //! Prometheus metrics of the operator, served at `/metrics` (OpenMetrics text).
 //!
-//! Every label comes from a small fixed set: `controller` is `executor` or `execution`, `reason`
-//! is an [`ExecutionReason`] that ends an Execution. Names, namespaces, UIDs and error strings never become labels, so the number of
-//! series does not grow with the number of objects.
+//! Every label comes from a small fixed set: `controller` is `executor`, `execution` or `pool`;
+//! `reason` is an [`ExecutionReason`] that ends an Execution, or on the ended-executors counter
+//! one of [`EXECUTOR_ENDINGS`]. Names, namespaces, UIDs and error strings never become labels,
+//! so the number of series does not grow with the number of objects.
 
 use std::{future::Future, sync::Mutex, time::Instant};
 
-use crate::crd::reasons::ExecutionReason;
+use crate::crd::reasons::{ExecutionReason, ExecutorReason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -42,11 +43,22 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+/// The final `Ready` reasons of a BriqExecutor that will run no more code: the `reason` label of
+/// the ended-executors counter takes exactly these values.
+pub const EXECUTOR_ENDINGS: [ExecutorReason; 4] = [
+    ExecutorReason::Unusable,
+    ExecutorReason::SetupFailed,
+    ExecutorReason::IdleTimeout,
+    ExecutorReason::PoolMismatch,
+];
+
 /// What the controllers hold right now, read from their caches at scrape time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Live {
     /// Unfinished Executions that have not started yet.
     pub queued: i64,
+    /// Seconds since the creation of the oldest of those (0 when none waits).
+    pub oldest_queued_seconds: i64,
     /// Executions recorded as running and not finished.
     pub running: i64,
     /// BriqExecutors that hold a sandbox.
@@ -69,7 +81,9 @@ pub struct Metrics {
     execution_duration: Histogram,
     executions: Family<ReasonLabels, Counter>,
     orphans_destroyed: Counter,
+    executors_ended: Family<ReasonLabels, Counter>,
     queued: Gauge,
+    oldest_queued: Gauge,
     running: Gauge,
     sandboxes: Gauge,
     bookkeeping: Gauge,
@@ -107,7 +121,16 @@ impl Default for Metrics {
              by the orphan sweeper",
             orphans_destroyed.clone(),
         );
-        let (queued, running, sandboxes, bookkeeping, leader) = (
+        let executors_ended = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "executors_ended",
+            "BriqExecutors that will run no more code, by the final reason of their Ready \
+             condition: Unusable (timeout, lost kernel, uncertain outcome), SetupFailed, \
+             IdleTimeout, PoolMismatch",
+            executors_ended.clone(),
+        );
+        let (queued, oldest_queued, running, sandboxes, bookkeeping, leader) = (
+            Gauge::default(),
             Gauge::default(),
             Gauge::default(),
             Gauge::default(),
@@ -149,6 +172,18 @@ impl Default for Metrics {
             "Unfinished Executions not started yet (queue depth)",
             queued.clone(),
         );
+        // The age of the oldest queued Execution, rather than "queue depth > 0 while nothing
+        // finishes": it also shows one executor's queue stuck while others move (an executor
+        // that never becomes Ready, say), and it points at what to look at, the oldest
+        // unfinished Execution. A queue is legitimately this old only behind a long backlog
+        // (up to maxQueuedExecutions × executionTimeoutSeconds) or while its executor does not
+        // exist yet (up to --executor-wait-seconds).
+        registry.register(
+            "executions_oldest_queued_seconds",
+            "Age of the oldest unfinished Execution not started yet, in seconds since its \
+             creation (0 when none waits)",
+            oldest_queued.clone(),
+        );
         registry.register(
             "executions_running",
             "Executions running now",
@@ -170,7 +205,11 @@ impl Default for Metrics {
             leader.clone(),
         );
         // Every series exists from the start (at 0): the set never changes while running.
-        for controller in [ControllerKind::Executor, ControllerKind::Execution] {
+        for controller in [
+            ControllerKind::Executor,
+            ControllerKind::Execution,
+            ControllerKind::Pool,
+        ] {
             let labels = ControllerLabels {
                 controller: controller.label(),
             };
@@ -183,6 +222,11 @@ impl Default for Metrics {
                 reason: reason.as_str(),
             });
         }
+        for reason in EXECUTOR_ENDINGS {
+            let _ = executors_ended.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
         Metrics {
             registry,
             reconciles,
@@ -192,7 +236,9 @@ impl Default for Metrics {
             execution_duration,
             executions,
             orphans_destroyed,
+            executors_ended,
             queued,
+            oldest_queued,
             running,
             sandboxes,
             bookkeeping,
@@ -227,6 +273,18 @@ impl Metrics {
     /// The orphan sweeper destroyed a sandbox whose executor is gone.
     pub fn orphan_destroyed(&self) {
         self.orphans_destroyed.inc();
+    }
+
+    /// An executor reached a final state in which it runs no more code (`reason` is one of
+    /// [`EXECUTOR_ENDINGS`]; any other is ignored, so the label set stays fixed).
+    pub fn executor_ended(&self, reason: ExecutorReason) {
+        if EXECUTOR_ENDINGS.contains(&reason) {
+            self.executors_ended
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .inc();
+        }
     }
 
     /// An executor became ready for the first time; `created` is its creationTimestamp.
@@ -275,6 +333,7 @@ impl Metrics {
             .map(|source| source())
             .unwrap_or_default();
         self.queued.set(live.queued);
+        self.oldest_queued.set(live.oldest_queued_seconds);
         self.running.set(live.running);
         self.sandboxes.set(live.sandboxes);
         self.bookkeeping.set(live.bookkeeping);
@@ -314,5 +373,48 @@ mod tests {
         assert!(
             text.contains("briq_operator_reconcile_errors_total{controller=\"execution\"} 500")
         );
+    }
+
+    #[test]
+    fn ended_executors_are_counted_by_their_final_reason_only() {
+        let metrics = Metrics::default();
+        let text = metrics.render();
+        for reason in EXECUTOR_ENDINGS {
+            let series = format!("briq_operator_executors_ended_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series} missing at start:\n{text}");
+        }
+        for controller in ["executor", "execution", "pool"] {
+            let series = format!("briq_operator_reconciles_total{{controller=\"{controller}\"}} 0");
+            assert!(text.contains(&series), "{series} missing at start");
+        }
+        metrics.executor_ended(ExecutorReason::Unusable);
+        metrics.executor_ended(ExecutorReason::Unusable);
+        metrics.executor_ended(ExecutorReason::SetupFailed);
+        // Not a final reason: no new series.
+        metrics.executor_ended(ExecutorReason::Provisioning);
+        let text = metrics.render();
+        let ended = text
+            .lines()
+            .filter(|line| line.starts_with("briq_operator_executors_ended_total{"))
+            .collect::<Vec<_>>();
+        assert_eq!(ended.len(), EXECUTOR_ENDINGS.len(), "{ended:#?}");
+        assert!(ended.contains(&"briq_operator_executors_ended_total{reason=\"Unusable\"} 2"));
+        assert!(ended.contains(&"briq_operator_executors_ended_total{reason=\"SetupFailed\"} 1"));
+    }
+
+    #[test]
+    fn the_oldest_queued_age_comes_from_the_live_source_and_falls_back_to_0() {
+        let metrics = Metrics::default();
+        metrics.set_live(Some(Box::new(|| Live {
+            queued: 3,
+            oldest_queued_seconds: 1200,
+            ..Live::default()
+        })));
+        let text = metrics.render();
+        assert!(text.contains("\nbriq_operator_executions_oldest_queued_seconds 1200\n"));
+        assert!(text.contains("\nbriq_operator_executions_queued 3\n"));
+        metrics.set_live(None);
+        let text = metrics.render();
+        assert!(text.contains("\nbriq_operator_executions_oldest_queued_seconds 0\n"));
     }
 }

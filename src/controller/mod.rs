@@ -51,7 +51,7 @@ use crate::{
     briq::{ApiKey, SandboxApi},
     crd::{
         API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
-        DEFAULT_API_KEY_SECRET_KEY, Execution, POOL_MEMBER_ANNOTATION,
+        DEFAULT_API_KEY_SECRET_KEY, Execution, POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
     },
     http::Health,
     metrics::{ControllerKind, Live, Metrics},
@@ -390,6 +390,7 @@ async fn mark_unusable<S>(shared: &Shared<S>, executor: &BriqExecutor, reason: &
     );
     let status = json!({ "unusable": true, "unusableReason": conditions::clip(reason.to_owned()) });
     apply_status(&api, executor, UNUSABLE_MANAGER, status).await?;
+    shared.metrics.executor_ended(ExecutorReason::Unusable);
     let note = format!("{reason}; it never runs code again");
     let warning = kube::runtime::events::EventType::Warning;
     publish(shared, executor, warning, "Unusable", "Run", note).await;
@@ -468,6 +469,7 @@ fn live(
         bookkeeping: bookkeeping as i64,
         ..Live::default()
     };
+    let now = k8s_openapi::jiff::Timestamp::now();
     for execution in executions.state() {
         let status = execution.status.clone().unwrap_or_default();
         if execution::finished(&execution) || execution.metadata.deletion_timestamp.is_some() {
@@ -477,6 +479,10 @@ fn live(
             live.running += 1;
         } else {
             live.queued += 1;
+            if let Some(created) = &execution.metadata.creation_timestamp {
+                let age = now.duration_since(created.0).as_secs().max(0);
+                live.oldest_queued_seconds = live.oldest_queued_seconds.max(age);
+            }
         }
     }
     // A handed-over member records its claimer's sandbox too: counted once, with the claimer.
@@ -824,5 +830,44 @@ mod tests {
         }
         let (executions, _) = reflector::store::<Execution>();
         assert_eq!(live(&executors, &executions, 0).sandboxes, 3);
+    }
+
+    #[test]
+    fn the_oldest_queued_age_is_that_of_the_oldest_unstarted_unfinished_execution() {
+        let ago = |minutes: i64| {
+            let at = k8s_openapi::jiff::Timestamp::now()
+                - k8s_openapi::jiff::SignedDuration::from_mins(minutes);
+            at.to_string()
+        };
+        let execution = |name: &str, created: String, status: serde_json::Value| -> Execution {
+            serde_json::from_value(json!({
+                "apiVersion": "briq.cloud/v1alpha1", "kind": "Execution",
+                "metadata": { "name": name, "namespace": "team", "creationTimestamp": created },
+                "spec": { "executorRef": { "name": "py" }, "code": "1" },
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let (executions, mut writer) = reflector::store::<Execution>();
+        let (executors, _) = reflector::store::<BriqExecutor>();
+        assert_eq!(live(&executors, &executions, 0).oldest_queued_seconds, 0);
+        let done = json!({ "conditions": [{
+            "type": "Succeeded", "status": "True", "reason": "Completed", "message": "",
+            "lastTransitionTime": ago(1),
+        }]});
+        for object in [
+            execution("finished", ago(120), done),
+            execution("running", ago(60), json!({ "attemptId": "a1" })),
+            execution("queued-long", ago(20), json!({})),
+            execution("queued-new", ago(1), json!({})),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        let now = live(&executors, &executions, 0);
+        assert_eq!((now.queued, now.running), (2, 1));
+        assert!(
+            (20 * 60..20 * 60 + 30).contains(&now.oldest_queued_seconds),
+            "{now:?}"
+        );
     }
 }

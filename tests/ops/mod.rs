@@ -22,7 +22,7 @@ pub use {
     briq_dev::stack::OperatorProcess as Instance,
 };
 
-/// The directory holding `bin/` (helm, kstatus, crane, registry, krew) and `debs/`:
+/// The directory holding `bin/` (helm, kstatus, crane, registry, krew, promcheck) and `debs/`:
 /// `BRIQ_TOOLS_DIR`, else what
 /// `tests/tools/build.sh --cached` prints (it never builds; `make test` and `.ci/run` do).
 pub fn tools_dir() -> &'static Path {

@@ -2,7 +2,8 @@
 # Builds the tools of the chart, GitOps and release tests from the Go module proxy, once per
 # version, into a cache outside the repo: helm (lint, template, OCI push), tests/kstatus
 # (cli-utils' kstatus, the status library Flux uses), go-containerregistry's crane and registry
-# (the operator image's push, pull and a local registry) and krew (installs the plugin manifest);
+# (the operator image's push, pull and a local registry), krew (installs the plugin manifest) and
+# tests/promcheck (Prometheus' own rule-file and PromQL parsers, for the dashboard and alerts);
 # and downloads the Debian packages of the operator image (debs/, `apt-get download`). Prints the
 # directory holding bin/ and debs/ (last line on stdout); progress goes to stderr. The tests never build anything: they read BRIQ_TOOLS_DIR, or run
 # this script with --cached, which only prints the directory when it is already built.
@@ -15,10 +16,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE_ROOT="${BRIQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/briq-operator}"
 kstatus_src="$root/tests/kstatus"
 kstatus_hash="$(cat "$kstatus_src/go.mod" "$kstatus_src/go.sum" "$kstatus_src/main.go" | sha256sum | cut -c1-12)"
+promcheck_src="$root/tests/promcheck"
+promcheck_hash="$(cat "$promcheck_src/go.mod" "$promcheck_src/go.sum" "$promcheck_src/main.go" | sha256sum | cut -c1-8)"
 # The operator image's packages: images/operator/packages (one name per line).
 debs_hash="$(sha256sum < "$root/images/operator/packages" | cut -c1-8)"
-OUT="$CACHE_ROOT/tools-helm-$HELM_VERSION-kstatus-$kstatus_hash-ggcr-$GGCR_VERSION-krew-$KREW_VERSION-debs-$debs_hash"
-tools=(helm kstatus crane registry krew)
+OUT="$CACHE_ROOT/tools-helm-$HELM_VERSION-kstatus-$kstatus_hash-ggcr-$GGCR_VERSION-krew-$KREW_VERSION-promcheck-$promcheck_hash-debs-$debs_hash"
+tools=(helm kstatus crane registry krew promcheck)
 
 log() { printf '[tools build] %s\n' "$*" >&2; }
 
@@ -56,6 +59,8 @@ GOBIN="$tmp/bin" go install -trimpath \
   "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
 log "building tests/kstatus (sigs.k8s.io/cli-utils kstatus)"
 (cd "$kstatus_src" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/kstatus" . >&2)
+log "building tests/promcheck (prometheus model/rulefmt and promql/parser; about 40 s on a cold cache)"
+(cd "$promcheck_src" && go build -trimpath -ldflags "-s -w" -o "$tmp/bin/promcheck" . >&2)
 log "building crane and registry (go-containerregistry $GGCR_VERSION), krew $KREW_VERSION"
 GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" \
   "github.com/google/go-containerregistry/cmd/crane@$GGCR_VERSION" \

@@ -528,6 +528,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                 emit_trace(Some(&failure));
                 let failed = state("False", true, ExecutorReason::SetupFailed, failure);
                 self.report(executor, failed, sandbox).await?;
+                self.shared
+                    .metrics
+                    .executor_ended(ExecutorReason::SetupFailed);
                 self.give_back(executor, &id, ExecutorReason::SetupFailed)
                     .await?;
                 Ok(Action::await_change())
@@ -886,6 +889,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let stalled = state("False", true, ExecutorReason::PoolMismatch, message);
                 self.report(executor, stalled, SandboxFields::default())
                     .await?;
+                self.shared
+                    .metrics
+                    .executor_ended(ExecutorReason::PoolMismatch);
                 Ok(Action::await_change())
             }
         }
@@ -1021,6 +1027,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         }
         let expired = state("False", true, ExecutorReason::IdleTimeout, message.clone());
         self.report(&fresh, expired, sandbox_fields(&fresh)).await?;
+        self.shared
+            .metrics
+            .executor_ended(ExecutorReason::IdleTimeout);
         self.event(&fresh, EventType::Normal, "Expired", "Reclaim", message)
             .await;
         info!("expired: idle for its idleTimeoutSeconds");
