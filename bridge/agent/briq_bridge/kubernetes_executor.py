@@ -14,15 +14,19 @@ lives in the executor's kernel and survives across actions. Nothing is evaluated
 final answers are decoded with smolagents' own safe deserializer, pickle is never allowed.
 
 How failures surface:
-- code that raises: `CodeExecutionError` (an `InterpreterError`), whose text is the traceback; the
-  logs printed before it are kept where the agent looks for them, so the model sees both and
-  retries, exactly as with smolagents' local executor.
+- code that raises: `CodeExecutionError`, an `AgentExecutionError` (smolagents' `AgentError`
+  family, as `DockerExecutor`, `ModalExecutor` and `E2BExecutor` raise) whose `str()` is the
+  kernel's traceback text, logged as an error when raised; the logs printed before it are also
+  kept where the agent looks for them (`state["_print_outputs"]`), so the model sees both.
+- a final answer the sandbox refuses (pickle, no `safe:` prefix, an array or an image, too
+  large): `FinalAnswerRejectedError`, both a `CodeExecutionError` and smolagents'
+  `SerializationError` (what theirs raise for a pickled or unprefixed answer).
 - an executor that can never run code again (a timeout, a transport failure, a malformed answer,
   a lost kernel, an interrupted action, a deleted executor): `ExecutorUnusableError`. It derives
   from `BaseException` on purpose: smolagents turns every `Exception` of an action into a message
   for the model and keeps going, which here would only replay code against a dead executor. It
   stops `agent.run()` instead; create a new executor.
-- anything else the cluster refuses (RBAC, a missing CRD, an invalid object):
+- anything else the cluster refuses (RBAC, a missing CRD, an invalid object, a full queue):
   `KubernetesExecutorError`.
 """
 
@@ -37,9 +41,11 @@ from typing import Any
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
-from smolagents.local_python_executor import CodeOutput, InterpreterError
+from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
+from smolagents.serialization import SerializationError
+from smolagents.utils import AgentExecutionError
 
 # spec.code's and spec.timeoutSeconds' limits in the CRD, BriqExecutor
 # spec.executionTimeoutSeconds' default, and the reasons after which the executor is unusable.
@@ -55,6 +61,7 @@ __all__ = [
     "ExecutorNotFoundError",
     "ExecutorNotReadyError",
     "ExecutorUnusableError",
+    "FinalAnswerRejectedError",
     "KubernetesExecutor",
     "KubernetesExecutorError",
 ]
@@ -119,21 +126,47 @@ class ExecutorUnusableError(BaseException):
         )
 
 
-class CodeExecutionError(InterpreterError):
+class CodeExecutionError(AgentExecutionError):
     """The action's code raised (or returned a final answer that was rejected).
 
-    `str()` is the traceback text, which is what the model sees after "Error:".
+    An `AgentExecutionError`, like the `AgentError` smolagents' remote executors raise for a code
+    error: `str()` is the kernel's traceback text (what the model sees after "Error:"), and the
+    error is logged through the executor's logger when raised. The logs printed before it are in
+    `logs` (and in the executor's `state["_print_outputs"]`, where CodeAgent looks for them).
     """
 
     def __init__(
-        self, text: str, *, name: str, message: str, traceback: str, logs: str, execution: str
+        self,
+        text: str,
+        logger: AgentLogger,
+        *,
+        name: str,
+        message: str,
+        traceback: str,
+        logs: str,
+        execution: str,
     ):
-        super().__init__(text)
+        super().__init__(text, logger)
         self.name = name
-        self.message = message
         self.traceback = traceback
         self.logs = logs
         self.execution = execution
+        # AgentError keeps its text in `message`; the exception's own message is `error_message`.
+        self.error_message = message
+
+
+class FinalAnswerRejectedError(CodeExecutionError, SerializationError):
+    """The final answer was refused: pickled, without the `safe:` prefix, too large, or holding
+    an array or an image (never reconstructed on the host). Also a smolagents
+    `SerializationError`, which is what their executors raise for a pickled answer."""
+
+
+# Failed Executions whose code ran and raised: the model's business. Every other failure that
+# does not make the executor unusable (a full queue, ...) means the code did not run.
+CODE_ERROR_REASONS = {
+    "CodeError": CodeExecutionError,
+    "FinalAnswerRejected": FinalAnswerRejectedError,
+}
 
 
 def _condition(obj: dict | None, type_: str) -> dict | None:
@@ -539,8 +572,9 @@ class KubernetesExecutor(RemotePythonExecutor):
                         encoded, allow_pickle=False
                     )
                 except Exception as error:
-                    raise CodeExecutionError(
-                        f"The final answer could not be decoded: {error}",
+                    raise FinalAnswerRejectedError(
+                        f"FinalAnswerRejected: the final answer could not be decoded: {error}",
+                        self.logger,
                         name="FinalAnswerRejected",
                         message=str(error),
                         traceback="",
@@ -551,13 +585,20 @@ class KubernetesExecutor(RemotePythonExecutor):
             return CodeOutput(output=status.get("output"), logs=logs, is_final_answer=False)
         if reason in UNUSABLE_REASONS:
             raise self._poison(reason, succeeded.get("message", ""), name, logs)
+        error_class = CODE_ERROR_REASONS.get(reason)
+        if error_class is None:
+            raise KubernetesExecutorError(
+                f"Execution {self.namespace}/{name} did not run: {reason}: "
+                f"{succeeded.get('message', '')}"
+            )
         error = status.get("error") or {}
-        error_name = error.get("name") or reason or "Error"
+        error_name = error.get("name") or reason
         error_message = error.get("message") or succeeded.get("message", "")
         traceback = error.get("traceback") or ""
         text = traceback.strip() or f"{error_name}: {error_message}"
-        raise CodeExecutionError(
+        raise error_class(
             text,
+            self.logger,
             name=error_name,
             message=error_message,
             traceback=traceback,

@@ -1,0 +1,75 @@
+"""KubernetesExecutor keeps the contracts of smolagents 1.26's remote executors (DockerExecutor,
+ModalExecutor, E2BExecutor, the RemotePythonExecutor base), against the real kube-apiserver,
+operator and local sandbox server. Each test names the contract and whose it is."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.serialization import SerializationError
+from smolagents.utils import AgentError, AgentExecutionError
+
+from briq_bridge import (
+    CodeExecutionError,
+    FinalAnswerRejectedError,
+    KubernetesExecutor,
+)
+
+
+def recording_logger(level: LogLevel = LogLevel.INFO) -> tuple[AgentLogger, io.StringIO]:
+    text = io.StringIO()
+    return AgentLogger(level, Console(file=text, force_terminal=False, width=200)), text
+
+
+@pytest.fixture
+def logged(shared_executor, kubeconfig):
+    """A KubernetesExecutor on the shared BriqExecutor whose logger writes to a buffer."""
+    logger, text = recording_logger()
+    with KubernetesExecutor(
+        [], logger, executor_name=shared_executor.executor_name, kubeconfig=kubeconfig
+    ) as executor:
+        yield executor, text
+
+
+def test_a_code_error_raises_agent_execution_error_with_the_traceback_as_docker_executor_does(
+    logged,
+):
+    executor, logs = logged
+    with pytest.raises(AgentError) as raised:
+        executor("print('be' + 'fore')\n1 / 0")
+    error = raised.value
+    assert isinstance(error, AgentExecutionError) and isinstance(error, CodeExecutionError)
+    text = str(error)
+    # The kernel's traceback, as DockerExecutor joins it (without ANSI colours).
+    assert "Traceback (most recent call last)" in text, text
+    assert text.rstrip().endswith("ZeroDivisionError: division by zero"), text
+    assert "\x1b[" not in text
+    assert error.message == text  # AgentError's own field
+    assert error.name == "ZeroDivisionError" and error.error_message == "division by zero"
+    # Not in str() (as theirs), but kept for the agent: CodeAgent shows state["_print_outputs"].
+    assert "before" not in text  # (the traceback quotes the source: 'be' + 'fore')
+    assert error.logs == "before\n" == executor.state["_print_outputs"]
+    # AgentError logs itself when raised.
+    assert "ZeroDivisionError: division by zero" in logs.getvalue()
+    # A code error leaves the executor usable, its state intact.
+    assert executor("1 + 1").output == "2"
+
+
+def test_a_syntax_error_raises_agent_error_naming_it_as_docker_executor_does(executor):
+    with pytest.raises(AgentError, match="SyntaxError"):
+        executor('print("Missing Parenthesis')
+
+
+def test_a_pickled_final_answer_raises_serialization_error_as_their_executors_do(executor):
+    forged = (
+        "class FinalAnswerException(BaseException):\n    pass\n"
+        "raise FinalAnswerException('pickle:gASVAAAAAAAAAAA=')"
+    )
+    with pytest.raises(SerializationError) as raised:
+        executor(forged)
+    assert isinstance(raised.value, FinalAnswerRejectedError)
+    assert isinstance(raised.value, AgentExecutionError)
+    assert "pickle" in str(raised.value)
