@@ -82,8 +82,10 @@ PIP_ACTION_TIMEOUT_SECONDS = MAX_TIMEOUT_SECONDS
 PIP_SUBPROCESS_TIMEOUT_SECONDS = 34
 
 
-class KubernetesExecutorError(Exception):
-    """The cluster refused or failed a request; the executor itself may still be fine."""
+class KubernetesExecutorError(RuntimeError):
+    """The cluster refused or failed a request; the executor itself may still be fine.
+
+    A `RuntimeError`, as DockerExecutor's and BlaxelExecutor's failures to start are."""
 
 
 class ExecutorNotFoundError(KubernetesExecutorError):
@@ -253,6 +255,8 @@ class KubernetesExecutor(RemotePythonExecutor):
             Prefer the BriqExecutor's `spec.packages` for anything slow to install: an action
             has at most 40 s.
         logger: a smolagents `AgentLogger` (default: one at INFO level).
+        allow_pickle: only `False`, smolagents' default: the operator refuses pickled final
+            answers and variables are never pickled (`True` raises `ValueError`).
         executor_name: the BriqExecutor to use. With `create_executor=True`, the name to create
             (default: a generated `agent-xxxxx`).
         namespace: namespace of the BriqExecutor and of the Executions.
@@ -277,6 +281,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         self,
         additional_imports: list[str] | None = None,
         logger: AgentLogger | None = None,
+        allow_pickle: bool = False,
         *,
         executor_name: str | None = None,
         namespace: str = "default",
@@ -288,6 +293,10 @@ class KubernetesExecutor(RemotePythonExecutor):
         ready_timeout: float = 300.0,
         api_client: client.ApiClient | None = None,
     ):
+        if allow_pickle:
+            raise ValueError(
+                "allow_pickle=True is not supported: briq-operator refuses pickled final answers"
+            )
         if pool is not None:
             create_executor = True
             executor_spec = {**(executor_spec or {}), "poolRef": {"name": pool}}

@@ -73,3 +73,24 @@ def test_a_pickled_final_answer_raises_serialization_error_as_their_executors_do
     assert isinstance(raised.value, FinalAnswerRejectedError)
     assert isinstance(raised.value, AgentExecutionError)
     assert "pickle" in str(raised.value)
+
+
+def test_the_constructor_takes_remote_python_executors_arguments_in_their_order(
+    shared_executor, kubeconfig
+):
+    logger, _ = recording_logger(LogLevel.OFF)
+    # RemotePythonExecutor(additional_imports, logger, allow_pickle=False): the same positions.
+    with KubernetesExecutor(
+        [], logger, False, executor_name=shared_executor.executor_name, kubeconfig=kubeconfig
+    ) as executor:
+        assert executor.additional_imports == [] and executor.logger is logger
+        assert executor.allow_pickle is False
+        assert executor.installed_packages == []
+    with pytest.raises(ValueError, match="allow_pickle=True is not supported"):
+        KubernetesExecutor([], logger, True, executor_name="any", kubeconfig=kubeconfig)
+
+
+def test_a_failed_start_raises_runtime_error_as_docker_executor_does(stack, kubeconfig):
+    logger, _ = recording_logger(LogLevel.OFF)
+    with pytest.raises(RuntimeError, match="no-such-executor not found"):
+        KubernetesExecutor([], logger, executor_name="no-such-executor", kubeconfig=kubeconfig)
