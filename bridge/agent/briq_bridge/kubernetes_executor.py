@@ -58,6 +58,7 @@ from .vocabulary import (
 
 __all__ = [
     "CodeExecutionError",
+    "ExecutorClosedError",
     "ExecutorNotFoundError",
     "ExecutorNotReadyError",
     "ExecutorUnusableError",
@@ -95,6 +96,12 @@ class ExecutorNotFoundError(KubernetesExecutorError):
 class ExecutorNotReadyError(KubernetesExecutorError):
     """The BriqExecutor cannot become Ready (setup failed, unusable, being deleted, no API
     key) or did not within the wait: create a new one or fix its spec."""
+
+
+class ExecutorClosedError(KubernetesExecutorError):
+    """`cleanup()` (or `delete()`, or leaving the `with` block) closed this KubernetesExecutor:
+    it runs nothing more, like smolagents' executors after theirs. A BriqExecutor it was given
+    by name is still there for a new KubernetesExecutor."""
 
 
 class ExecutorUnusableError(BaseException):
@@ -317,6 +324,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         self._api = client.CustomObjectsApi(api_client or _api_client(kubeconfig))
         self._lock = threading.RLock()
         self._unusable: ExecutorUnusableError | None = None
+        self._closed = False
         self._deleted = False
         self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
         self._executor_uid: str | None = None
@@ -351,11 +359,7 @@ class KubernetesExecutor(RemotePythonExecutor):
             if self.additional_imports:
                 self.installed_packages = self.install_packages(self.additional_imports)
         except BaseException:
-            if create_executor:
-                try:
-                    self.cleanup()
-                except Exception as error:  # the original failure matters more
-                    self.logger.log_error(f"Could not delete {executor_name}: {error}")
+            self.cleanup()  # deletes what it created; logs, never raises
             raise
 
     # --- context manager -------------------------------------------------------------------
@@ -371,8 +375,7 @@ class KubernetesExecutor(RemotePythonExecutor):
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         """Runs `code` as one Execution and maps its status to a `CodeOutput`."""
         with self._lock:
-            if self._unusable is not None:
-                raise self._unusable
+            self._check_usable()
             if len(code) > MAX_CODE_CHARS:
                 raise KubernetesExecutorError(
                     f"the action is {len(code)} characters; an Execution takes at most "
@@ -387,8 +390,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         requirements = _requirements(additional_imports)
         if requirements:
             with self._lock:
-                if self._unusable is not None:
-                    raise self._unusable
+                self._check_usable()
                 names = ", ".join(requirement for _, requirement in requirements)
                 self.logger.log(f"Installing {names} (when missing)", level=LogLevel.INFO)
                 code = PIP_CODE % {
@@ -413,15 +415,18 @@ class KubernetesExecutor(RemotePythonExecutor):
         type(final_answer_tool)._briq_final_answer_patched = True
 
     def cleanup(self) -> None:
-        """Deletes the BriqExecutor when this executor created it (its finalizer destroys the
-        sandbox) and waits until it is gone. Failures propagate; calling again retries. An
-        executor that was given by name is left alone."""
+        """Closes this executor: later calls raise `ExecutorClosedError`. When it created its
+        BriqExecutor, deletes it (its finalizer destroys the sandbox) and waits until it is gone;
+        an executor given by name is left alone. Like smolagents' executors, a failure is logged,
+        never raised; calling again retries the deletion."""
+        self._closed = True
         if not self.owns_executor or self._deleted:
             return
         with self._lock:
             name = getattr(self, "executor_name", None)
-            if name is None:
+            if name is None or self._deleted:
                 return
+            what = f"deleting BriqExecutor {self.namespace}/{name}"
             self.logger.log(f"Deleting BriqExecutor {self.namespace}/{name}", level=LogLevel.INFO)
             try:
                 self._api.delete_namespaced_custom_object(
@@ -429,11 +434,11 @@ class KubernetesExecutor(RemotePythonExecutor):
                 )
             except ApiException as error:
                 if error.status != 404:
-                    what = f"deleting BriqExecutor {self.namespace}/{name}"
-                    raise KubernetesExecutorError(f"{what}: {error}") from error
+                    self.logger.log_error(f"Error during cleanup: {what}: {error}")
+                    return
             except urllib3.exceptions.HTTPError as error:
-                what = f"deleting BriqExecutor {self.namespace}/{name}"
-                raise KubernetesExecutorError(f"{what}: {error}") from error
+                self.logger.log_error(f"Error during cleanup: {what}: {error}")
+                return
             try:
                 self._wait(
                     EXECUTORS,
@@ -443,17 +448,27 @@ class KubernetesExecutor(RemotePythonExecutor):
                     lambda obj: True if obj is None else None,
                     "deletion",
                 )
-            except _DeadlinePassed:
-                raise KubernetesExecutorError(
-                    f"BriqExecutor {self.namespace}/{name} was not gone within 120 s (its "
-                    "finalizer destroys the sandbox first); call cleanup() again to keep waiting"
-                ) from None
+            except (_DeadlinePassed, KubernetesExecutorError) as error:
+                late = isinstance(error, _DeadlinePassed)
+                detail = "it was not gone within 120 s" if late else str(error)
+                self.logger.log_error(
+                    f"Error during cleanup: {what}: {detail} (its finalizer destroys the sandbox "
+                    "first); call cleanup() again to keep waiting"
+                )
+                return
             self._deleted = True
-            self._unusable = ExecutorUnusableError(
-                name, self.namespace, "ExecutorDeleted", "cleanup() deleted it"
-            )
+            self.logger.log(f"Deleted BriqExecutor {self.namespace}/{name}", level=LogLevel.INFO)
 
     delete = cleanup
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ExecutorClosedError(
+                f"this KubernetesExecutor (BriqExecutor {self.namespace}/{self.executor_name}) "
+                "was closed by cleanup(); create a new one"
+            )
+        if self._unusable is not None:
+            raise self._unusable
 
     # --- readiness --------------------------------------------------------------------------
 

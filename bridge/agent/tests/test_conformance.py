@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from kubernetes.client.rest import ApiException
 from rich.console import Console
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.serialization import SerializationError
@@ -14,9 +15,12 @@ from smolagents.utils import AgentError, AgentExecutionError
 
 from briq_bridge import (
     CodeExecutionError,
+    ExecutorClosedError,
     FinalAnswerRejectedError,
     KubernetesExecutor,
 )
+
+from .conftest import new_executor
 
 
 def recording_logger(level: LogLevel = LogLevel.INFO) -> tuple[AgentLogger, io.StringIO]:
@@ -94,3 +98,51 @@ def test_a_failed_start_raises_runtime_error_as_docker_executor_does(stack, kube
     logger, _ = recording_logger(LogLevel.OFF)
     with pytest.raises(RuntimeError, match="no-such-executor not found"):
         KubernetesExecutor([], logger, executor_name="no-such-executor", kubeconfig=kubeconfig)
+
+
+def test_after_cleanup_every_call_raises_and_cleanup_stays_idempotent_as_docker_executor(
+    shared_executor, kubeconfig, custom_objects
+):
+    logger, _ = recording_logger(LogLevel.OFF)
+    executor = KubernetesExecutor(
+        [], logger, executor_name=shared_executor.executor_name, kubeconfig=kubeconfig
+    )
+    assert executor("1 + 1").output == "2"
+    executor.cleanup()
+    executor.delete()  # DockerExecutor.delete() is cleanup(); both may be called again
+    for call in (
+        lambda: executor("1 + 1"),
+        lambda: executor.send_variables({"x": 1}),
+        lambda: executor.send_tools({}),
+        lambda: executor.install_packages(["numpy"]),
+    ):
+        # An Exception (theirs fail with the closed connection's), not ExecutorUnusableError.
+        with pytest.raises(ExecutorClosedError, match="closed by cleanup"):
+            call()
+    # The BriqExecutor it was given by name is still there, for a new KubernetesExecutor.
+    custom_objects.get_namespaced_custom_object(
+        "briq.cloud", "v1alpha1", "default", "briqexecutors", shared_executor.executor_name
+    )
+
+
+def test_a_failed_cleanup_is_logged_not_raised_as_docker_executor_does(kubeconfig, custom_objects):
+    logger, logs = recording_logger(LogLevel.ERROR)
+    executor = new_executor(kubeconfig)
+    real = executor._api.delete_namespaced_custom_object
+
+    def refused(*args, **kwargs):
+        raise ApiException(status=403, reason="Forbidden")
+
+    executor._api.delete_namespaced_custom_object = refused
+    executor.logger = logger
+    executor.cleanup()  # does not raise
+    assert "Error during cleanup" in logs.getvalue() and "403" in logs.getvalue()
+    with pytest.raises(ExecutorClosedError):
+        executor("1")
+    executor._api.delete_namespaced_custom_object = real
+    executor.cleanup()  # retries the deletion, and waits until it is gone
+    with pytest.raises(ApiException) as gone:
+        custom_objects.get_namespaced_custom_object(
+            "briq.cloud", "v1alpha1", "default", "briqexecutors", executor.executor_name
+        )
+    assert gone.value.status == 404

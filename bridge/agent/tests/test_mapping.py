@@ -27,6 +27,7 @@ def offline_executor() -> KubernetesExecutor:
     executor.logger = AgentLogger(level=LogLevel.OFF)
     executor.state = {"_print_outputs": ""}
     executor._unusable = None
+    executor._closed = False
     executor._lock = threading.RLock()
     return executor
 
