@@ -386,7 +386,11 @@ class KubernetesExecutor(RemotePythonExecutor):
             return self._run(code, self.timeout_seconds, timeout + RESULT_SLACK_SECONDS)
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
-        """pip-installs packages in the sandbox, through an Execution."""
+        """pip-installs packages in the sandbox, through an Execution, and returns
+        `additional_imports`. As RemotePythonExecutor's `!pip install`, a failed install raises
+        nothing: pip's output is logged (and the error), and an import of the package fails
+        later in the kernel, where the model sees it. Only an unusable or closed executor
+        raises."""
         requirements = _requirements(additional_imports)
         if requirements:
             with self._lock:
@@ -397,12 +401,16 @@ class KubernetesExecutor(RemotePythonExecutor):
                     "timeout": PIP_SUBPROCESS_TIMEOUT_SECONDS,
                     "requirements": requirements,
                 }
-                output = self._run(
-                    code,
-                    PIP_ACTION_TIMEOUT_SECONDS,
-                    PIP_ACTION_TIMEOUT_SECONDS + RESULT_SLACK_SECONDS,
-                )
-                self.logger.log(output.logs, level=LogLevel.DEBUG)
+                try:
+                    output = self._run(
+                        code,
+                        PIP_ACTION_TIMEOUT_SECONDS,
+                        PIP_ACTION_TIMEOUT_SECONDS + RESULT_SLACK_SECONDS,
+                    )
+                except CodeExecutionError as error:  # logged as an error already
+                    self.logger.log(error.logs)
+                else:
+                    self.logger.log(output.logs)
         return list(additional_imports)
 
     def _patch_final_answer_with_exception(self, final_answer_tool) -> None:

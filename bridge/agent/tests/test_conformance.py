@@ -146,3 +146,30 @@ def test_a_failed_cleanup_is_logged_not_raised_as_docker_executor_does(kubeconfi
             "briq.cloud", "v1alpha1", "default", "briqexecutors", executor.executor_name
         )
     assert gone.value.status == 404
+
+
+def test_a_failed_install_is_logged_and_returns_the_packages_as_remote_python_executor_does(
+    logged,
+):
+    executor, logs = logged
+    # The shared executor's pip has no index (PIP_NO_INDEX=1): this cannot be installed.
+    assert executor.install_packages(["briq-no-such-package"]) == ["briq-no-such-package"]
+    text = logs.getvalue()
+    assert "No matching distribution found for briq-no-such-package" in text, text  # pip's
+    assert "pip install briq-no-such-package failed" in text, text  # the error
+    assert executor("1 + 1").output == "2"
+
+
+def test_a_failed_install_at_start_does_not_fail_the_constructor_as_docker_executor(
+    shared_executor, kubeconfig
+):
+    logger, _ = recording_logger(LogLevel.OFF)
+    with KubernetesExecutor(
+        ["briq_no_such_module"],
+        logger,
+        executor_name=shared_executor.executor_name,
+        kubeconfig=kubeconfig,
+    ) as executor:
+        assert executor.installed_packages == ["briq_no_such_module"]
+        with pytest.raises(AgentError, match="No module named 'briq_no_such_module'"):
+            executor("import briq_no_such_module")
