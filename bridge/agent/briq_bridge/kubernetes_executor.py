@@ -376,6 +376,10 @@ class KubernetesExecutor(RemotePythonExecutor):
         """Runs `code` as one Execution and maps its status to a `CodeOutput`."""
         with self._lock:
             self._check_usable()
+            if not code:
+                # What a kernel answers for empty code; an Execution needs at least a character.
+                self.state["_print_outputs"] = ""
+                return CodeOutput(output=None, logs="", is_final_answer=False)
             if len(code) > MAX_CODE_CHARS:
                 raise KubernetesExecutorError(
                     f"the action is {len(code)} characters; an Execution takes at most "

@@ -9,6 +9,7 @@ import io
 import pytest
 from kubernetes.client.rest import ApiException
 from rich.console import Console
+from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.serialization import SerializationError
 from smolagents.utils import AgentError, AgentExecutionError
@@ -146,6 +147,12 @@ def test_a_failed_cleanup_is_logged_not_raised_as_docker_executor_does(kubeconfi
             "briq.cloud", "v1alpha1", "default", "briqexecutors", executor.executor_name
         )
     assert gone.value.status == 404
+
+
+def test_empty_code_returns_an_empty_code_output_as_a_jupyter_kernel_does(executor):
+    before = executor.last_execution
+    assert executor("") == CodeOutput(output=None, logs="", is_final_answer=False)
+    assert executor.last_execution == before  # no Execution: spec.code needs a character
 
 
 def test_a_failed_install_is_logged_and_returns_the_packages_as_remote_python_executor_does(
