@@ -9,6 +9,7 @@ import io
 import pytest
 from kubernetes.client.rest import ApiException
 from rich.console import Console
+from smolagents.default_tools import FinalAnswerTool
 from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.serialization import SerializationError
@@ -180,3 +181,93 @@ def test_a_failed_install_at_start_does_not_fail_the_constructor_as_docker_execu
         assert executor.installed_packages == ["briq_no_such_module"]
         with pytest.raises(AgentError, match="No module named 'briq_no_such_module'"):
             executor("import briq_no_such_module")
+
+
+# --- what is already the same: the scenarios of smolagents' remote-executor integration tests,
+# written for this executor ---------------------------------------------------------------------
+
+
+def test_state_imports_and_variables_persist_between_actions_as_in_docker_executor(executor):
+    executor("import math as m; side = 2")
+    output = executor("print(m.sqrt(side))")
+    assert "1.41421" in output.logs and output.output is None
+
+
+def test_code_output_fields_are_the_kernels_text_plain_and_streams_as_docker_executor(executor):
+    output = executor("import sys\nprint('out')\nprint('err', file=sys.stderr)\n'x' * 3")
+    # Docker joins every stream message (stdout and stderr) and takes text/plain.
+    assert output == CodeOutput(output="'xxx'", logs="out\nerr\n", is_final_answer=False)
+    assert executor("y = 1").output is None
+
+
+@pytest.mark.parametrize(
+    "code, answer",
+    [
+        ('final_answer("""one\ntwo""")', "one\ntwo"),
+        ("text = '''has\nfinal_answer(5)\n'''\nfinal_answer(text)", "has\nfinal_answer(5)\n"),
+        ("n = 2\nif n == 1:\n    final_answer('1')\nelif n == 2:\n    final_answer('2')", "2"),
+        ("print('shown')\nfinal_answer({'t': (1, 2), 's': {3}, 'b': b'\\x00'})", None),
+    ],
+)
+def test_final_answers_are_returned_decoded_as_their_executors_do(executor, code, answer):
+    executor.send_tools({"final_answer": FinalAnswerTool()})
+    output = executor(code)
+    assert output.is_final_answer is True
+    if answer is None:
+        assert output.output == {"t": (1, 2), "s": {3}, "b": b"\x00"}
+        assert output.logs == "shown\n"
+    else:
+        assert output.output == answer
+
+
+def test_a_custom_final_answer_tool_with_its_own_inputs_as_their_executors(executor):
+    class Joined(FinalAnswerTool):
+        inputs = {
+            "left": {"type": "string", "description": "Left part."},
+            "right": {"type": "string", "description": "Right part."},
+        }
+
+        def forward(self, left: str, right: str) -> str:
+            return left + "|" + right
+
+    executor.send_tools({"final_answer": Joined()})
+    output = executor("final_answer(left='a', right='b')")
+    assert (output.output, output.is_final_answer) == ("a|b", True)
+
+
+def test_send_variables_uses_smolagents_safe_serialization_and_ignores_an_empty_dict(executor):
+    before = executor.last_execution
+    executor.send_variables({})
+    assert executor.last_execution == before  # no action, as RemotePythonExecutor
+    executor.send_variables({"counter": 1, "tags": ("a", "b"), "blob": b"binary"})
+    assert executor.last_execution != before
+    assert executor("(counter, tags, blob)").output == "(1, ('a', 'b'), b'binary')"
+    with pytest.raises(SerializationError):  # raised on the host: nothing is ever pickled
+        executor.send_variables({"error": ValueError("boom")})
+
+
+def test_send_tools_defines_the_tools_in_the_kernel_with_no_tools_one_action(executor):
+    before = executor.last_execution
+    executor.send_tools({})
+    assert executor.last_execution != before  # RemotePythonExecutor runs the definitions code
+
+
+# --- the deliberate difference --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "code, tag",
+    [
+        ("import numpy as np\nfinal_answer(np.arange(3))", "ndarray"),
+        ("from PIL import Image\nfinal_answer(Image.new('RGB', (10, 10)))", "PIL.Image"),
+    ],
+)
+def test_an_array_or_image_final_answer_is_rejected_never_reconstructed_on_the_host(
+    executor, code, tag
+):
+    executor.send_tools({"final_answer": FinalAnswerTool()})
+    with pytest.raises(FinalAnswerRejectedError) as raised:
+        executor(code)
+    assert f"'{tag}'" in str(raised.value)
+    assert "return arrays as lists and images as bytes" in str(raised.value)
+    assert executor("1 + 1").output == "2"  # the executor stays usable
