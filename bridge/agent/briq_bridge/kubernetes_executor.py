@@ -14,15 +14,19 @@ lives in the executor's kernel and survives across actions. Nothing is evaluated
 final answers are decoded with smolagents' own safe deserializer, pickle is never allowed.
 
 How failures surface:
-- code that raises: `CodeExecutionError` (an `InterpreterError`), whose text is the traceback; the
-  logs printed before it are kept where the agent looks for them, so the model sees both and
-  retries, exactly as with smolagents' local executor.
+- code that raises: `CodeExecutionError`, an `AgentExecutionError` (smolagents' `AgentError`
+  family, as `DockerExecutor`, `ModalExecutor` and `E2BExecutor` raise) whose `str()` is the
+  kernel's traceback text, logged as an error when raised; the logs printed before it are also
+  kept where the agent looks for them (`state["_print_outputs"]`), so the model sees both.
+- a final answer the sandbox refuses (pickle, no `safe:` prefix, an array or an image, too
+  large): `FinalAnswerRejectedError`, both a `CodeExecutionError` and smolagents'
+  `SerializationError` (what theirs raise for a pickled or unprefixed answer).
 - an executor that can never run code again (a timeout, a transport failure, a malformed answer,
   a lost kernel, an interrupted action, a deleted executor): `ExecutorUnusableError`. It derives
   from `BaseException` on purpose: smolagents turns every `Exception` of an action into a message
   for the model and keeps going, which here would only replay code against a dead executor. It
   stops `agent.run()` instead; create a new executor.
-- anything else the cluster refuses (RBAC, a missing CRD, an invalid object):
+- anything else the cluster refuses (RBAC, a missing CRD, an invalid object, a full queue):
   `KubernetesExecutorError`.
 """
 
@@ -37,9 +41,11 @@ from typing import Any
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
-from smolagents.local_python_executor import CodeOutput, InterpreterError
+from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
+from smolagents.serialization import SerializationError
+from smolagents.utils import AgentExecutionError
 
 # spec.code's and spec.timeoutSeconds' limits in the CRD, BriqExecutor
 # spec.executionTimeoutSeconds' default, and the reasons after which the executor is unusable.
@@ -53,9 +59,11 @@ from .vocabulary import (
 
 __all__ = [
     "CodeExecutionError",
+    "ExecutorClosedError",
     "ExecutorNotFoundError",
     "ExecutorNotReadyError",
     "ExecutorUnusableError",
+    "FinalAnswerRejectedError",
     "KubernetesExecutor",
     "KubernetesExecutorError",
 ]
@@ -76,8 +84,10 @@ PIP_ACTION_TIMEOUT_SECONDS = MAX_TIMEOUT_SECONDS
 PIP_SUBPROCESS_TIMEOUT_SECONDS = 34
 
 
-class KubernetesExecutorError(Exception):
-    """The cluster refused or failed a request; the executor itself may still be fine."""
+class KubernetesExecutorError(RuntimeError):
+    """The cluster refused or failed a request; the executor itself may still be fine.
+
+    A `RuntimeError`, as DockerExecutor's and BlaxelExecutor's failures to start are."""
 
 
 class ExecutorNotFoundError(KubernetesExecutorError):
@@ -87,6 +97,12 @@ class ExecutorNotFoundError(KubernetesExecutorError):
 class ExecutorNotReadyError(KubernetesExecutorError):
     """The BriqExecutor cannot become Ready (setup failed, unusable, being deleted, no API
     key) or did not within the wait: create a new one or fix its spec."""
+
+
+class ExecutorClosedError(KubernetesExecutorError):
+    """`cleanup()` (or `delete()`, or leaving the `with` block) closed this KubernetesExecutor:
+    it runs nothing more, like smolagents' executors after theirs. A BriqExecutor it was given
+    by name is still there for a new KubernetesExecutor."""
 
 
 class ExecutorUnusableError(BaseException):
@@ -120,21 +136,47 @@ class ExecutorUnusableError(BaseException):
         )
 
 
-class CodeExecutionError(InterpreterError):
+class CodeExecutionError(AgentExecutionError):
     """The action's code raised (or returned a final answer that was rejected).
 
-    `str()` is the traceback text, which is what the model sees after "Error:".
+    An `AgentExecutionError`, like the `AgentError` smolagents' remote executors raise for a code
+    error: `str()` is the kernel's traceback text (what the model sees after "Error:"), and the
+    error is logged through the executor's logger when raised. The logs printed before it are in
+    `logs` (and in the executor's `state["_print_outputs"]`, where CodeAgent looks for them).
     """
 
     def __init__(
-        self, text: str, *, name: str, message: str, traceback: str, logs: str, execution: str
+        self,
+        text: str,
+        logger: AgentLogger,
+        *,
+        name: str,
+        message: str,
+        traceback: str,
+        logs: str,
+        execution: str,
     ):
-        super().__init__(text)
+        super().__init__(text, logger)
         self.name = name
-        self.message = message
         self.traceback = traceback
         self.logs = logs
         self.execution = execution
+        # AgentError keeps its text in `message`; the exception's own message is `error_message`.
+        self.error_message = message
+
+
+class FinalAnswerRejectedError(CodeExecutionError, SerializationError):
+    """The final answer was refused: pickled, without the `safe:` prefix, too large, or holding
+    an array or an image (never reconstructed on the host). Also a smolagents
+    `SerializationError`, which is what their executors raise for a pickled answer."""
+
+
+# Failed Executions whose code ran and raised: the model's business. Every other failure that
+# does not make the executor unusable (a full queue, ...) means the code did not run.
+CODE_ERROR_REASONS = {
+    "CodeError": CodeExecutionError,
+    "FinalAnswerRejected": FinalAnswerRejectedError,
+}
 
 
 def _condition(obj: dict | None, type_: str) -> dict | None:
@@ -221,6 +263,8 @@ class KubernetesExecutor(RemotePythonExecutor):
             Prefer the BriqExecutor's `spec.packages` for anything slow to install: an action
             has at most 40 s.
         logger: a smolagents `AgentLogger` (default: one at INFO level).
+        allow_pickle: only `False`, smolagents' default: the operator refuses pickled final
+            answers and variables are never pickled (`True` raises `ValueError`).
         executor_name: the BriqExecutor to use. With `create_executor=True`, the name to create
             (default: a generated `agent-xxxxx`).
         namespace: namespace of the BriqExecutor and of the Executions.
@@ -245,6 +289,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         self,
         additional_imports: list[str] | None = None,
         logger: AgentLogger | None = None,
+        allow_pickle: bool = False,
         *,
         executor_name: str | None = None,
         namespace: str = "default",
@@ -256,6 +301,10 @@ class KubernetesExecutor(RemotePythonExecutor):
         ready_timeout: float = 300.0,
         api_client: client.ApiClient | None = None,
     ):
+        if allow_pickle:
+            raise ValueError(
+                "allow_pickle=True is not supported: briq-operator refuses pickled final answers"
+            )
         if pool is not None:
             create_executor = True
             executor_spec = {**(executor_spec or {}), "poolRef": {"name": pool}}
@@ -276,6 +325,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         self._api = client.CustomObjectsApi(api_client or _api_client(kubeconfig))
         self._lock = threading.RLock()
         self._unusable: ExecutorUnusableError | None = None
+        self._closed = False
         self._deleted = False
         self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
         self._executor_uid: str | None = None
@@ -310,11 +360,7 @@ class KubernetesExecutor(RemotePythonExecutor):
             if self.additional_imports:
                 self.installed_packages = self.install_packages(self.additional_imports)
         except BaseException:
-            if create_executor:
-                try:
-                    self.cleanup()
-                except Exception as error:  # the original failure matters more
-                    self.logger.log_error(f"Could not delete {executor_name}: {error}")
+            self.cleanup()  # deletes what it created; logs, never raises
             raise
 
     # --- context manager -------------------------------------------------------------------
@@ -330,8 +376,11 @@ class KubernetesExecutor(RemotePythonExecutor):
     def run_code_raise_errors(self, code: str) -> CodeOutput:
         """Runs `code` as one Execution and maps its status to a `CodeOutput`."""
         with self._lock:
-            if self._unusable is not None:
-                raise self._unusable
+            self._check_usable()
+            if not code:
+                # What a kernel answers for empty code; an Execution needs at least a character.
+                self.state["_print_outputs"] = ""
+                return CodeOutput(output=None, logs="", is_final_answer=False)
             if len(code) > MAX_CODE_CHARS:
                 raise KubernetesExecutorError(
                     f"the action is {len(code)} characters; an Execution takes at most "
@@ -342,24 +391,31 @@ class KubernetesExecutor(RemotePythonExecutor):
             return self._run(code, self.timeout_seconds, timeout + RESULT_SLACK_SECONDS)
 
     def install_packages(self, additional_imports: list[str]) -> list[str]:
-        """pip-installs packages in the sandbox, through an Execution."""
+        """pip-installs packages in the sandbox, through an Execution, and returns
+        `additional_imports`. As RemotePythonExecutor's `!pip install`, a failed install raises
+        nothing: pip's output is logged (and the error), and an import of the package fails
+        later in the kernel, where the model sees it. Only an unusable or closed executor
+        raises."""
         requirements = _requirements(additional_imports)
         if requirements:
             with self._lock:
-                if self._unusable is not None:
-                    raise self._unusable
+                self._check_usable()
                 names = ", ".join(requirement for _, requirement in requirements)
                 self.logger.log(f"Installing {names} (when missing)", level=LogLevel.INFO)
                 code = PIP_CODE % {
                     "timeout": PIP_SUBPROCESS_TIMEOUT_SECONDS,
                     "requirements": requirements,
                 }
-                output = self._run(
-                    code,
-                    PIP_ACTION_TIMEOUT_SECONDS,
-                    PIP_ACTION_TIMEOUT_SECONDS + RESULT_SLACK_SECONDS,
-                )
-                self.logger.log(output.logs, level=LogLevel.DEBUG)
+                try:
+                    output = self._run(
+                        code,
+                        PIP_ACTION_TIMEOUT_SECONDS,
+                        PIP_ACTION_TIMEOUT_SECONDS + RESULT_SLACK_SECONDS,
+                    )
+                except CodeExecutionError as error:  # logged as an error already
+                    self.logger.log(error.logs)
+                else:
+                    self.logger.log(output.logs)
         return list(additional_imports)
 
     def _patch_final_answer_with_exception(self, final_answer_tool) -> None:
@@ -372,15 +428,18 @@ class KubernetesExecutor(RemotePythonExecutor):
         type(final_answer_tool)._briq_final_answer_patched = True
 
     def cleanup(self) -> None:
-        """Deletes the BriqExecutor when this executor created it (its finalizer destroys the
-        sandbox) and waits until it is gone. Failures propagate; calling again retries. An
-        executor that was given by name is left alone."""
+        """Closes this executor: later calls raise `ExecutorClosedError`. When it created its
+        BriqExecutor, deletes it (its finalizer destroys the sandbox) and waits until it is gone;
+        an executor given by name is left alone. Like smolagents' executors, a failure is logged,
+        never raised; calling again retries the deletion."""
+        self._closed = True
         if not self.owns_executor or self._deleted:
             return
         with self._lock:
             name = getattr(self, "executor_name", None)
-            if name is None:
+            if name is None or self._deleted:
                 return
+            what = f"deleting BriqExecutor {self.namespace}/{name}"
             self.logger.log(f"Deleting BriqExecutor {self.namespace}/{name}", level=LogLevel.INFO)
             try:
                 self._api.delete_namespaced_custom_object(
@@ -388,11 +447,11 @@ class KubernetesExecutor(RemotePythonExecutor):
                 )
             except ApiException as error:
                 if error.status != 404:
-                    what = f"deleting BriqExecutor {self.namespace}/{name}"
-                    raise KubernetesExecutorError(f"{what}: {error}") from error
+                    self.logger.log_error(f"Error during cleanup: {what}: {error}")
+                    return
             except urllib3.exceptions.HTTPError as error:
-                what = f"deleting BriqExecutor {self.namespace}/{name}"
-                raise KubernetesExecutorError(f"{what}: {error}") from error
+                self.logger.log_error(f"Error during cleanup: {what}: {error}")
+                return
             try:
                 self._wait(
                     EXECUTORS,
@@ -402,17 +461,27 @@ class KubernetesExecutor(RemotePythonExecutor):
                     lambda obj: True if obj is None else None,
                     "deletion",
                 )
-            except _DeadlinePassed:
-                raise KubernetesExecutorError(
-                    f"BriqExecutor {self.namespace}/{name} was not gone within 120 s (its "
-                    "finalizer destroys the sandbox first); call cleanup() again to keep waiting"
-                ) from None
+            except (_DeadlinePassed, KubernetesExecutorError) as error:
+                late = isinstance(error, _DeadlinePassed)
+                detail = "it was not gone within 120 s" if late else str(error)
+                self.logger.log_error(
+                    f"Error during cleanup: {what}: {detail} (its finalizer destroys the sandbox "
+                    "first); call cleanup() again to keep waiting"
+                )
+                return
             self._deleted = True
-            self._unusable = ExecutorUnusableError(
-                name, self.namespace, "ExecutorDeleted", "cleanup() deleted it"
-            )
+            self.logger.log(f"Deleted BriqExecutor {self.namespace}/{name}", level=LogLevel.INFO)
 
     delete = cleanup
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ExecutorClosedError(
+                f"this KubernetesExecutor (BriqExecutor {self.namespace}/{self.executor_name}) "
+                "was closed by cleanup(); create a new one"
+            )
+        if self._unusable is not None:
+            raise self._unusable
 
     # --- readiness --------------------------------------------------------------------------
 
@@ -556,8 +625,9 @@ class KubernetesExecutor(RemotePythonExecutor):
                         encoded, allow_pickle=False
                     )
                 except Exception as error:
-                    raise CodeExecutionError(
-                        f"The final answer could not be decoded: {error}",
+                    raise FinalAnswerRejectedError(
+                        f"FinalAnswerRejected: the final answer could not be decoded: {error}",
+                        self.logger,
                         name="FinalAnswerRejected",
                         message=str(error),
                         traceback="",
@@ -568,13 +638,20 @@ class KubernetesExecutor(RemotePythonExecutor):
             return CodeOutput(output=status.get("output"), logs=logs, is_final_answer=False)
         if reason in UNUSABLE_REASONS:
             raise self._poison(reason, succeeded.get("message", ""), name, logs)
+        error_class = CODE_ERROR_REASONS.get(reason)
+        if error_class is None:
+            raise KubernetesExecutorError(
+                f"Execution {self.namespace}/{name} did not run: {reason}: "
+                f"{succeeded.get('message', '')}"
+            )
         error = status.get("error") or {}
-        error_name = error.get("name") or reason or "Error"
+        error_name = error.get("name") or reason
         error_message = error.get("message") or succeeded.get("message", "")
         traceback = error.get("traceback") or ""
         text = traceback.strip() or f"{error_name}: {error_message}"
-        raise CodeExecutionError(
+        raise error_class(
             text,
+            self.logger,
             name=error_name,
             message=error_message,
             traceback=traceback,

@@ -16,6 +16,7 @@ from smolagents import CodeAgent, tool
 from smolagents.monitoring import LogLevel
 
 from briq_bridge import (
+    ExecutorClosedError,
     ExecutorNotFoundError,
     ExecutorUnusableError,
     KubernetesExecutor,
@@ -250,7 +251,7 @@ def test_create_executor_context_manager_deletes_it(kubeconfig, custom_objects):
             GROUP, VERSION, "default", "briqexecutors", name
         )
     assert gone.value.status == 404
-    with pytest.raises(ExecutorUnusableError):
+    with pytest.raises(ExecutorClosedError):
         executor.run_code_raise_errors("1")
     executor.cleanup()  # idempotent
 

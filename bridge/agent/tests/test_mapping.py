@@ -6,13 +6,16 @@ from __future__ import annotations
 import threading
 
 import pytest
-from smolagents.local_python_executor import InterpreterError
 from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.serialization import SerializationError
+from smolagents.utils import AgentError, AgentExecutionError
 
 from briq_bridge.kubernetes_executor import (
     CodeExecutionError,
     ExecutorUnusableError,
+    FinalAnswerRejectedError,
     KubernetesExecutor,
+    KubernetesExecutorError,
     _requirements,
 )
 
@@ -24,6 +27,7 @@ def offline_executor() -> KubernetesExecutor:
     executor.logger = AgentLogger(level=LogLevel.OFF)
     executor.state = {"_print_outputs": ""}
     executor._unusable = None
+    executor._closed = False
     executor._lock = threading.RLock()
     return executor
 
@@ -52,7 +56,7 @@ def test_final_answer_is_decoded_safely():
         ),
     )
     assert answer.is_final_answer and answer.output == (1, 2)
-    with pytest.raises(CodeExecutionError, match="Pickle data rejected"):
+    with pytest.raises(FinalAnswerRejectedError, match="Pickle data rejected"):
         executor._outcome(
             "py-2", finished("True", "FinalAnswer", isFinalAnswer=True, finalAnswer="pickle:gA==")
         )
@@ -63,11 +67,30 @@ def test_a_code_error_carries_the_traceback_and_keeps_the_logs():
     error = {"name": "KeyError", "message": "'x'", "traceback": "Traceback…\nKeyError: 'x'"}
     with pytest.raises(CodeExecutionError) as raised:
         executor._outcome("py-1", finished("False", "CodeError", logs="before\n", error=error))
-    assert isinstance(raised.value, InterpreterError)
+    assert isinstance(raised.value, AgentExecutionError)
     assert str(raised.value) == "Traceback…\nKeyError: 'x'"
     assert raised.value.logs == "before\n"
     assert executor.state["_print_outputs"] == "before\n"  # where CodeAgent looks for logs
     assert executor._unusable is None  # a code error leaves the executor usable
+
+
+def test_a_rejected_final_answer_is_a_code_error_and_a_serialization_error():
+    refused = "pickle-serialized final answers are refused"
+    error = {"name": "FinalAnswerRejected", "message": refused}
+    with pytest.raises(FinalAnswerRejectedError) as raised:
+        offline_executor()._outcome("py-1", finished("False", "FinalAnswerRejected", error=error))
+    assert isinstance(raised.value, SerializationError)
+    assert isinstance(raised.value, AgentExecutionError)
+    assert str(raised.value) == f"FinalAnswerRejected: {refused}"
+
+
+@pytest.mark.parametrize("reason", ["QueueFull", "SandboxNotOwned", "ExecutorNeverAppeared"])
+def test_an_execution_that_did_not_run_is_a_cluster_error_not_a_code_error(reason):
+    executor = offline_executor()
+    with pytest.raises(KubernetesExecutorError, match=f"did not run: {reason}: full") as raised:
+        executor._outcome("py-1", finished("False", reason, "full"))
+    assert not isinstance(raised.value, AgentError)
+    assert executor._unusable is None
 
 
 @pytest.mark.parametrize(
