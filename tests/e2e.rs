@@ -278,6 +278,42 @@ async fn a_timeout_makes_the_executor_unusable_for_good() {
         execs_before, execs_after,
         "an unusable executor never runs code again"
     );
+
+    // Its Events tell the story, each transition once (the second unusable Execution repeats
+    // none), and none carries the API key.
+    env.api::<BriqExecutor>()
+        .delete("py", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&env.api::<BriqExecutor>(), "py", 60).await;
+    let story = ["SandboxCreated", "Ready", "Unusable", "SandboxDestroyed"];
+    // The finalizer publishes SandboxDestroyed before it lets the executor go.
+    let mut told: Vec<Event> = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("py"))
+        .collect();
+    told.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    let reasons: Vec<&str> = told.iter().filter_map(|e| e.reason.as_deref()).collect();
+    assert_eq!(reasons, story, "{told:#?}");
+    let key = operator.server.api_key().expose();
+    for event in &told {
+        let note = event.note.as_deref().unwrap_or_default();
+        assert!(!note.contains(key), "{note}");
+    }
+    assert!(
+        told[2]
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("deadline"),
+        "{:?}",
+        told[2].note
+    );
 }
 
 #[tokio::test]
