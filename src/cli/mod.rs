@@ -11,6 +11,7 @@ mod error;
 mod exec;
 mod get;
 mod logs;
+mod progress;
 mod table;
 
 pub use error::Error;
@@ -40,8 +41,9 @@ pub enum Command {
     ///
     /// Creates an Execution (kept as the record unless --rm), waits on a watch until it has
     /// finished, prints its logs, output and final answer (as JSON) on stdout and its error on
-    /// stderr. Exit status: 0 when it succeeded, 1 when it failed, 2 when nothing could run
-    /// (usage, cluster or executor problem).
+    /// stderr. While it waits and runs, progress goes to stderr when stderr is a terminal (or
+    /// with --progress). Exit status: 0 when it succeeded, 1 when it failed, 2 when nothing
+    /// could run (usage, cluster or executor problem).
     Exec(exec::Args),
     /// Print an existing Execution's result.
     ///
