@@ -1,4 +1,4 @@
-//! The command line (`exec`, `logs`, `get`, and `kubectl briq`) as a user runs it: the built
+//! The command line (`exec`, `logs`, `get`, `describe`, and `kubectl briq`) as a user runs it: the built
 //! binary against a real kube-apiserver, with the operator and the local sandbox server running
 //! in this test process.
 
@@ -6,13 +6,13 @@ mod support;
 
 use std::{path::Path, process::Stdio, time::Duration};
 
-use briq_operator::crd::{BriqExecutor, Execution};
+use briq_operator::crd::{BriqExecutor, Execution, run_order};
 use kube::{
     ResourceExt,
     api::{ListParams, PostParams},
 };
 use support::{Operator, TestEnv, wait_for};
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_briq-operator");
 
@@ -113,6 +113,49 @@ async fn execution_names(env: &TestEnv) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// The reason of an Execution's `Succeeded` condition.
+fn reason(execution: &Execution) -> Option<&str> {
+    let conditions = &execution.status.as_ref()?.conditions;
+    let succeeded = conditions.iter().find(|c| c.type_ == "Succeeded")?;
+    Some(succeeded.reason.as_str())
+}
+
+/// An Execution (created directly, not by `exec`) that runs until `gate` exists: it keeps the
+/// executor busy, so that others queue behind it, for as long as the test needs.
+async fn create_gated_execution(env: &TestEnv, name: &str, gate: &Path) -> Execution {
+    let code = format!(
+        "import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.05)\n",
+        gate.to_str().unwrap()
+    );
+    create_execution(env, name, &code).await;
+    wait_for(&env.api::<Execution>(), name, 60, |e| {
+        reason(e) == Some("Running")
+    })
+    .await
+}
+
+async fn create_execution(env: &TestEnv, name: &str, code: &str) {
+    let execution: Execution = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": { "executorRef": { "name": "py" }, "code": code, "timeoutSeconds": 40 },
+    }))
+    .unwrap();
+    env.api::<Execution>()
+        .create(&PostParams::default(), &execution)
+        .await
+        .unwrap();
+}
+
+/// The lines of `describe`'s section `title` (`Queue:`), up to the next unindented line.
+fn section<'a>(described: &'a str, title: &str) -> Vec<&'a str> {
+    described
+        .lines()
+        .skip_while(|line| !line.starts_with(title))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .collect()
 }
 
 /// The table's rows, each split into its cells.
@@ -414,4 +457,217 @@ async fn without_a_cluster_commands_exit_2_with_a_readable_error() {
         "{down:?}"
     );
     assert!(down.stderr.contains("onnection refused"), "{down:?}");
+}
+
+#[tokio::test]
+async fn describe_shows_the_sandbox_conditions_queue_depth_recent_executions_and_events() {
+    let env = TestEnv::new("cli-describe").await;
+    let _operator =
+        Operator::start_with(&env, |s| s.count_write_interval = Duration::from_secs(1)).await;
+    create_executor(&env, "py").await;
+    let completed = briq(&env, &["exec", "py", "-c", "1 + 1"]).await;
+    assert_eq!(completed.code, 0, "{completed:?}");
+    let failed = briq(&env, &["exec", "py", "-c", "1 / 0"]).await;
+    assert_eq!(failed.code, 1, "{failed:?}");
+    wait_for(&env.api::<BriqExecutor>(), "py", 10, |e| {
+        e.status.as_ref().and_then(|s| s.executions_total) == Some(2)
+    })
+    .await;
+    // One runs until the gate opens, one waits behind it. `zz-` sorts after exec's `py-`
+    // names, so within one creation second too these two are the newest.
+    let gates = tempfile::tempdir().unwrap();
+    let gate = gates.path().join("open");
+    create_gated_execution(&env, "zz-gate", &gate).await;
+    create_execution(&env, "zz-queued", "3").await;
+    wait_for(&env.api::<Execution>(), "zz-queued", 30, |e| {
+        reason(e) == Some("Queued")
+    })
+    .await;
+
+    let described = briq(&env, &["describe", "py"]).await;
+    assert_eq!(
+        (described.code, described.stderr.as_str()),
+        (0, ""),
+        "{described:?}"
+    );
+    let out = described.stdout.as_str();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[..2],
+        ["Name:       py", &format!("Namespace:  {}", env.namespace)]
+    );
+    let status = section(out, "Status:");
+    assert!(status[0].starts_with("  Sandbox:          bq_"), "{out}");
+    assert!(status.contains(&"  Unusable:         no"), "{out}");
+    assert!(status.contains(&"  Executions Run:   2"), "{out}");
+    let conditions: Vec<Vec<&str>> = section(out, "Conditions:")
+        .iter()
+        .map(|row| row.split_whitespace().take(3).collect())
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ["TYPE", "STATUS", "REASON"],
+            ["Ready", "True", "KernelReady"],
+            ["Stalled", "False", "KernelReady"],
+        ],
+        "{out}"
+    );
+    let queue = section(out, "Queue:");
+    assert_eq!(queue.len(), 2, "{out}");
+    assert!(queue[0].starts_with("  Running:  zz-gate (for "), "{out}");
+    assert_eq!(queue[1], "  Waiting:  1 (next: zz-queued)", "{out}");
+
+    // Newest first, in the operator's run order: the two exec made, then the gated two.
+    let mut made = Vec::new();
+    for ran in [&completed, &failed] {
+        made.push(env.api::<Execution>().get(&ran.created()).await.unwrap());
+    }
+    made.sort_by_key(|e| std::cmp::Reverse(run_order(&e.metadata)));
+    let outcome = |e: &Execution| match reason(e) {
+        Some("Completed") => "True",
+        _ => "False",
+    };
+    let mut expected = vec![
+        vec!["zz-queued".to_owned(), "Unknown".into(), "Queued".into()],
+        vec!["zz-gate".to_owned(), "Unknown".into(), "Running".into()],
+    ];
+    for e in &made {
+        let reason = reason(e).unwrap().to_owned();
+        expected.push(vec![e.name_any(), outcome(e).into(), reason]);
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("Executions ("))
+            .count(),
+        1
+    );
+    assert!(lines.contains(&"Executions (4 most recent of 4):"), "{out}");
+    let executions = section(out, "Executions (");
+    let rows: Vec<Vec<String>> = executions[1..]
+        .iter()
+        .map(|row| row.split_whitespace().take(3).map(str::to_owned).collect())
+        .collect();
+    assert_eq!(rows, expected, "{out}");
+    assert_eq!(
+        cells(executions[0]).concat(),
+        ["NAME", "SUCCEEDED", "REASON", "DURATION", "AGE"]
+    );
+    let events = section(out, "Events:");
+    assert!(
+        events
+            .iter()
+            .any(|row| cells(row)[0][..2] == ["Normal", "Ready"]),
+        "the operator's Ready event: {out}"
+    );
+
+    let two = briq(&env, &["describe", "py", "--executions", "2"]).await;
+    let recent = section(&two.stdout, "Executions (2 most recent of 4):");
+    assert_eq!(recent.len(), 3, "{two:?}");
+    assert!(recent[1].starts_with("  zz-queued "), "{two:?}");
+
+    std::fs::write(&gate, "").unwrap();
+    wait_for(&env.api::<Execution>(), "zz-queued", 60, |e| {
+        reason(e) == Some("Completed")
+    })
+    .await;
+
+    let missing = briq(&env, &["describe", "nope"]).await;
+    assert_eq!(
+        (missing.code, missing.stdout.as_str()),
+        (2, ""),
+        "{missing:?}"
+    );
+    assert_eq!(
+        missing.stderr,
+        format!(
+            "error: BriqExecutor nope not found in namespace {}\n",
+            env.namespace
+        )
+    );
+}
+
+#[tokio::test]
+async fn exec_progress_shows_queued_then_running_on_stderr_and_stdout_keeps_only_the_result() {
+    let env = TestEnv::new("cli-progress").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py").await;
+    let warm = briq(&env, &["exec", "py", "-c", "1"]).await;
+    assert_eq!(warm.code, 0, "{warm:?}");
+    let gates = tempfile::tempdir().unwrap();
+    let gate = gates.path().join("open");
+    create_gated_execution(&env, "zz-gate", &gate).await;
+
+    let mut queued = command(BINARY, &env.kubeconfig, &["exec", "py", "--progress"]);
+    queued
+        .args(["-c", "6 * 7", "-n", &env.namespace])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = queued.spawn().unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut progress = Vec::new();
+    let deadline = Duration::from_secs(COMMAND_SECONDS);
+    // The gate opens once the Execution has said it is queued.
+    while !progress
+        .last()
+        .is_some_and(|l: &String| l.starts_with("queued"))
+    {
+        let line = tokio::time::timeout(deadline, stderr.next_line()).await;
+        let line = line.expect("exec said nothing in time").unwrap();
+        progress.push(line.unwrap_or_else(|| panic!("exec ended before it queued: {progress:?}")));
+    }
+    std::fs::write(&gate, "").unwrap();
+    while let Some(line) = stderr.next_line().await.unwrap() {
+        progress.push(line);
+    }
+    let output = tokio::time::timeout(deadline, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let name = env
+        .api::<Execution>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| e.name_any())
+        .find(|n| n != "zz-gate" && n != &warm.created())
+        .unwrap();
+    let created = format!("execution.briq.cloud/{name} created");
+    // Between the gate finishing and the operator starting this one, it may be seen next.
+    let seen_next = [
+        created.as_str(),
+        "queued (1 ahead)",
+        "queued (next)",
+        "running",
+    ];
+    assert!(
+        progress == seen_next || progress == [created.as_str(), "queued (1 ahead)", "running"],
+        "{progress:?}"
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "42\n");
+    assert_eq!(output.status.code(), Some(0));
+
+    // Without a terminal on stderr (scripts), no progress unless asked; --quiet leaves the
+    // result alone on stdout.
+    let piped = briq(&env, &["exec", "py", "-c", "6 * 7"]).await;
+    assert_eq!(
+        (piped.code, piped.stdout.as_str()),
+        (0, "42\n"),
+        "{piped:?}"
+    );
+    assert_eq!(
+        piped.stderr,
+        format!("execution.briq.cloud/{} created\n", piped.created())
+    );
+    let quiet = briq(&env, &["exec", "py", "--quiet", "-c", "6 * 7"]).await;
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str(), quiet.stderr.as_str()),
+        (0, "42\n", ""),
+        "{quiet:?}"
+    );
 }

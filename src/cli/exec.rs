@@ -1,6 +1,10 @@
 //! `exec EXECUTOR (-f FILE | -c CODE)`: one Execution, created, waited for and printed.
 
-use std::{io::Read as _, path::PathBuf, time::Duration};
+use std::{
+    io::{IsTerminal as _, Read as _},
+    path::PathBuf,
+    time::Duration,
+};
 
 use kube::{
     Api, ResourceExt,
@@ -11,7 +15,7 @@ use kube::{
 use super::{
     Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    condition, logs,
+    condition, logs, printable, progress,
 };
 use crate::crd::{
     BriqExecutor, Execution, ExecutionSpec, ExecutorRef, MAX_EXECUTION_TIMEOUT_SECONDS,
@@ -42,6 +46,16 @@ pub struct Args {
     /// Delete the Execution after printing its result (by default it is kept as the record).
     #[arg(long)]
     rm: bool,
+
+    /// Report on stderr while the Execution waits in the executor's queue and runs: `queued (2
+    /// ahead)`, `running` [default: when stderr is a terminal]. stdout has the result only.
+    #[arg(long, visible_alias = "follow")]
+    progress: bool,
+
+    /// Print nothing on stderr but the Execution's error and failures: no progress, no notes
+    /// (the created Execution's name, waiting for the executor).
+    #[arg(short, long, conflicts_with = "progress")]
+    quiet: bool,
 }
 
 #[derive(clap::Args)]
@@ -75,7 +89,8 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
     let code = args.code.read()?;
     let cluster = Cluster::connect(args.namespace).await?;
     let ready_timeout = Duration::from_secs(args.ready_timeout);
-    let executor = await_ready(&cluster, &args.executor, ready_timeout).await?;
+    let executor = await_ready(&cluster, &args.executor, ready_timeout, args.quiet).await?;
+    let progress = !args.quiet && (args.progress || std::io::stderr().is_terminal());
 
     let executions = cluster.api::<Execution>();
     let execution = Execution {
@@ -86,7 +101,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         },
         spec: ExecutionSpec {
             executor_ref: ExecutorRef {
-                name: args.executor,
+                name: args.executor.clone(),
             },
             code,
             timeout_seconds: args.timeout,
@@ -98,10 +113,16 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         .create(&PostParams::default(), &execution)
         .await?
         .name_any();
-    eprintln!("execution.briq.cloud/{name} created");
+    if !args.quiet {
+        eprintln!("execution.briq.cloud/{name} created");
+    }
 
     let shown = async {
-        let finished = logs::await_finished(&executions, &name, &cluster.namespace).await?;
+        let namespace = &cluster.namespace;
+        let finished = match progress {
+            true => progress::follow(&executions, &args.executor, &name, namespace).await?,
+            false => logs::await_finished(&executions, &name, namespace).await?,
+        };
         Ok(logs::print(&finished))
     }
     .await;
@@ -154,13 +175,13 @@ fn readiness(executor: &BriqExecutor) -> Readiness {
     }
 }
 
-/// Returns once the executor is ready; waits (on a watch, at most `timeout`) while it is
-/// getting ready, and fails when it is missing or unusable.
-/// The executor once it is Ready.
+/// The executor once it is Ready; waits (on a watch, at most `timeout`) while it is getting
+/// ready, saying so unless `quiet`, and fails when it is missing or unusable.
 async fn await_ready(
     cluster: &Cluster,
     name: &str,
     timeout: Duration,
+    quiet: bool,
 ) -> Result<BriqExecutor, Error> {
     let executors = cluster.api::<BriqExecutor>();
     let not_found = || Error::ExecutorNotFound {
@@ -169,7 +190,10 @@ async fn await_ready(
     };
     let mut executor = executors.get_opt(name).await?.ok_or_else(not_found)?;
     if let Readiness::Pending(why) = readiness(&executor) {
-        eprintln!("waiting for BriqExecutor {name} to become ready ({why})");
+        if !quiet {
+            let why = printable(&why);
+            eprintln!("waiting for BriqExecutor {name} to become ready ({why})");
+        }
         let settled = |executor: Option<&BriqExecutor>| {
             executor.is_none_or(|executor| !matches!(readiness(executor), Readiness::Pending(_)))
         };

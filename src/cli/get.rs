@@ -1,16 +1,13 @@
 //! `get [executors|executions] [-n NAMESPACE | -A]`: tables with the columns worth reading.
 
-use std::time::Duration;
-
-use k8s_openapi::{
-    NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp,
-};
+use k8s_openapi::{NamespaceResourceScope, jiff::Timestamp};
 use kube::{Api, Resource, ResourceExt, api::ListParams};
 
 use super::{
     Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    condition, emit, succeeded, table,
+    condition, emit, succeeded,
+    table::{self, age, duration, or_dash},
 };
 use crate::crd::{BriqExecutor, Execution};
 
@@ -36,7 +33,7 @@ enum Kind {
 }
 
 /// A kind listed as a table.
-trait Listed: Resource<Scope = NamespaceResourceScope, DynamicType = ()> {
+pub(super) trait Listed: Resource<Scope = NamespaceResourceScope, DynamicType = ()> {
     /// Plural, as in "No BriqExecutors found".
     const PLURAL: &str;
     const HEADERS: &[&str];
@@ -141,38 +138,4 @@ where
         headers.insert(0, "NAMESPACE");
     }
     Ok(Listing::Table(table::render(&headers, &rows)))
-}
-
-fn or_dash(value: Option<String>) -> String {
-    value
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "-".into())
-}
-
-fn elapsed(since: &Time, until: Timestamp) -> Duration {
-    Duration::try_from(until.duration_since(since.0)).unwrap_or_default()
-}
-
-fn age(object: &impl Resource, now: Timestamp) -> String {
-    object
-        .meta()
-        .creation_timestamp
-        .as_ref()
-        .map_or_else(|| "-".into(), |created| table::human(elapsed(created, now)))
-}
-
-/// The kernel's time when the code ran; else the time since it was sent (timestamps have
-/// whole seconds only); `-` before that.
-fn duration(execution: &Execution, now: Timestamp) -> String {
-    let Some(status) = &execution.status else {
-        return "-".into();
-    };
-    if let Some(millis) = status.duration_millis {
-        return table::run_time(Duration::from_millis(millis));
-    }
-    let Some(start) = &status.start_time else {
-        return "-".into();
-    };
-    let end = status.completion_time.as_ref().map_or(now, |end| end.0);
-    table::human(elapsed(start, end))
 }

@@ -51,18 +51,28 @@ pub async fn await_finished(
     name: &str,
     namespace: &str,
 ) -> Result<Execution, Error> {
-    let ended = |execution: Option<&Execution>| {
-        execution.is_none_or(|execution| {
-            succeeded(execution)
-                .is_some_and(|c| c.status != "Unknown" || c.reason == EXECUTOR_NOT_FOUND)
-        })
-    };
-    let execution = await_condition(executions.clone(), name, ended)
-        .await?
-        .ok_or_else(|| Error::ExecutionNotFound {
-            name: name.to_owned(),
-            namespace: namespace.to_owned(),
-        })?;
+    let ended = |execution: Option<&Execution>| execution.is_none_or(ended);
+    let execution = await_condition(executions.clone(), name, ended).await?;
+    settled(execution, name, namespace)
+}
+
+/// Whether waiting for the Execution is over: it has finished, or waits for an executor that
+/// does not exist.
+pub fn ended(execution: &Execution) -> bool {
+    succeeded(execution).is_some_and(|c| c.status != "Unknown" || c.reason == EXECUTOR_NOT_FOUND)
+}
+
+/// The Execution once waiting for it has [`ended`]; an error when it is gone or its executor
+/// does not exist.
+pub fn settled(
+    execution: Option<Execution>,
+    name: &str,
+    namespace: &str,
+) -> Result<Execution, Error> {
+    let execution = execution.ok_or_else(|| Error::ExecutionNotFound {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+    })?;
     match succeeded(&execution) {
         Some(c) if c.reason == EXECUTOR_NOT_FOUND => Err(Error::ExecutorNotFound {
             name: execution.spec.executor_ref.name.clone(),

@@ -2,8 +2,23 @@
 
 use std::time::Duration;
 
-/// Left-aligned columns, three spaces apart, headers first.
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::Resource;
+
+use super::printable;
+use crate::crd::Execution;
+
+/// Left-aligned columns, three spaces apart, headers first. Cells are made [`printable`].
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| printable(cell).into_owned())
+                .collect()
+        })
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -49,6 +64,40 @@ pub fn run_time(duration: Duration) -> String {
         1_000..60_000 => format!("{:.1}s", duration.as_secs_f64()),
         _ => human(duration),
     }
+}
+
+pub fn or_dash(value: Option<String>) -> String {
+    value
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "-".into())
+}
+
+pub fn elapsed(since: &Time, until: Timestamp) -> Duration {
+    Duration::try_from(until.duration_since(since.0)).unwrap_or_default()
+}
+
+pub fn age(object: &impl Resource, now: Timestamp) -> String {
+    object
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(|| "-".into(), |created| human(elapsed(created, now)))
+}
+
+/// The kernel's time when the code ran; else the time since it was sent (timestamps have
+/// whole seconds only); `-` before that.
+pub fn duration(execution: &Execution, now: Timestamp) -> String {
+    let Some(status) = &execution.status else {
+        return "-".into();
+    };
+    if let Some(millis) = status.duration_millis {
+        return run_time(Duration::from_millis(millis));
+    }
+    let Some(start) = &status.start_time else {
+        return "-".into();
+    };
+    let end = status.completion_time.as_ref().map_or(now, |end| end.0);
+    human(elapsed(start, end))
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! `Execution`: one action, Python code run once in a referenced `BriqExecutor`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time},
+    jiff::Timestamp,
+};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +167,18 @@ fn list_execution_reasons(schema: &mut schemars::Schema) {
         schema,
         &describe(ExecutionReason::ALL, ExecutionReason::description),
     );
+}
+
+/// An Execution's place in its executor's queue: creationTimestamp (whole seconds), then name.
+/// The operator runs an executor's Executions in this order; clients show queues in it.
+pub type RunOrder = (Option<Timestamp>, String);
+
+/// The place in its executor's queue of the Execution with `metadata`.
+pub fn run_order(metadata: &ObjectMeta) -> RunOrder {
+    (
+        metadata.creation_timestamp.as_ref().map(|t| t.0),
+        metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// The owner reference that makes an Execution part of its executor's history: garbage

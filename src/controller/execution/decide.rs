@@ -307,8 +307,7 @@ pub fn queue_full(executor: &BriqExecutor, ahead: usize) -> Option<Verdict> {
     })
 }
 
-/// An Execution's place in its executor's queue: creationTimestamp (whole seconds), then name.
-pub type RunOrder = (Option<Timestamp>, String);
+pub use crate::crd::RunOrder;
 
 /// Another Execution of the same executor, as the API server lists it.
 #[derive(Debug, Clone)]

@@ -270,21 +270,13 @@ impl<S> Context<S> {
 fn sibling(metadata: &ObjectMeta, finished: bool) -> Sibling {
     Sibling {
         uid: metadata.uid.clone(),
-        order: order_of(metadata),
+        order: crate::crd::run_order(metadata),
         done: metadata.deletion_timestamp.is_some() || finished,
     }
 }
 
 fn run_order(execution: &Execution) -> RunOrder {
-    order_of(&execution.metadata)
-}
-
-/// The place in its queue of the object with `metadata`: creationTimestamp, then name.
-fn order_of(metadata: &ObjectMeta) -> RunOrder {
-    (
-        metadata.creation_timestamp.as_ref().map(|t| t.0),
-        metadata.name.clone().unwrap_or_default(),
-    )
+    crate::crd::run_order(&execution.metadata)
 }
 
 pub(super) fn finished(execution: &Execution) -> bool {
