@@ -42,6 +42,14 @@ const ALL_FEATURES: &[&str] = &[
     "prometheusRule.enabled=true",
     "--set",
     "prometheusRule.labels.release=prometheus",
+    "--set",
+    "tracing.otlpEndpoint=http://otel-collector.observability:4318",
+    "--set",
+    "tracing.sampler=parentbased_traceidratio",
+    "--set",
+    "tracing.samplerArg=0.25",
+    "--set",
+    "tracing.collector.to[0].ipBlock.cidr=10.0.0.9/32",
 ];
 
 #[test]
@@ -117,6 +125,22 @@ fn bad_values_fail_before_anything_is_installed() {
         (
             &["--set", "networkPolicy.briqApi.cidrs={example.com}"],
             "/networkPolicy/briqApi/cidrs",
+        ),
+        (
+            &["--set", "tracing.otlpEndpoint=otel-collector:4318"],
+            "/tracing/otlpEndpoint",
+        ),
+        (&["--set", "tracing.sampler=sometimes"], "/tracing/sampler"),
+        (
+            &[
+                "--set",
+                "networkPolicy.enabled=true",
+                "--set",
+                "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+                "--set",
+                "tracing.otlpEndpoint=http://otel-collector:4318",
+            ],
+            "tracing.collector.to is required",
         ),
         (&["--set", "replica=3"], "additional properties 'replica'"),
         (
@@ -308,6 +332,15 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
         var("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.namespace"
     );
+    assert_eq!(
+        var("OTEL_EXPORTER_OTLP_ENDPOINT")["value"],
+        "http://otel-collector.observability:4318"
+    );
+    assert_eq!(
+        var("OTEL_TRACES_SAMPLER")["value"],
+        "parentbased_traceidratio"
+    );
+    assert_eq!(var("OTEL_TRACES_SAMPLER_ARG")["value"], "0.25");
 
     // The operator binary accepts exactly these arguments.
     let binary = env!("CARGO_BIN_EXE_briq-operator");
@@ -331,13 +364,15 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
 
-    // Egress: API server, DNS, briq API — nothing else.
+    // Egress: API server, DNS, briq API, the trace collector — nothing else.
     let policy = ops::find(&documents, "NetworkPolicy")[0];
     let egress = policy["spec"]["egress"].as_array().unwrap();
-    assert_eq!(egress.len(), 3);
+    assert_eq!(egress.len(), 4);
     assert_eq!(egress[0]["to"][0]["ipBlock"]["cidr"], "10.0.0.1/32");
     assert_eq!(egress[1]["ports"][0]["port"], 53);
     assert_eq!(egress[2]["ports"][0]["port"], 443);
+    assert_eq!(egress[3]["to"][0]["ipBlock"]["cidr"], "10.0.0.9/32");
+    assert_eq!(egress[3]["ports"][0]["port"], 4318);
 
     // Without a default key the variable is absent, so executors must name their own Secret.
     let plain = ops::template("ops", "briq-system", &[]);
@@ -353,6 +388,14 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
     assert!(
         ops::find(&plain, "ServiceMonitor").is_empty()
             && ops::find(&plain, "NetworkPolicy").is_empty()
+    );
+    // Traces are off unless an endpoint is given.
+    assert!(
+        !container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"].as_str().unwrap().starts_with("OTEL_"))
     );
 }
 
