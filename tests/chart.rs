@@ -399,39 +399,29 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
     );
 }
 
-/// A stand-in for prometheus-operator's CRD, so that the ServiceMonitor can be applied.
-const SERVICE_MONITOR_CRD: &str = r#"
+/// A stand-in for one of prometheus-operator's CRDs (any content accepted), so that the chart's
+/// ServiceMonitor and PrometheusRule can be applied.
+fn monitoring_crd(kind: &str) -> String {
+    let plural = format!("{}s", kind.to_lowercase());
+    format!(
+        r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: { name: servicemonitors.monitoring.coreos.com }
+metadata: {{ name: {plural}.monitoring.coreos.com }}
 spec:
   group: monitoring.coreos.com
-  names: { kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor }
+  names: {{ kind: {kind}, plural: {plural}, singular: {singular} }}
   scope: Namespaced
   versions:
     - name: v1
       served: true
       storage: true
       schema:
-        openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true }
-"#;
-
-/// prometheus-operator's PrometheusRule, as loosely as the ServiceMonitor above.
-const PROMETHEUS_RULE_CRD: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: { name: prometheusrules.monitoring.coreos.com }
-spec:
-  group: monitoring.coreos.com
-  names: { kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule }
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true }
-"#;
+        openAPIV3Schema: {{ type: object, x-kubernetes-preserve-unknown-fields: true }}
+"#,
+        singular = kind.to_lowercase(),
+    )
+}
 
 #[tokio::test]
 async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts_it() {
@@ -558,8 +548,8 @@ fn apply(env: &TestEnv, yaml: &str) {
 #[tokio::test]
 async fn rendered_manifests_apply_to_the_api_server() {
     let env = TestEnv::new("chart-apply").await;
-    apply(&env, SERVICE_MONITOR_CRD);
-    apply(&env, PROMETHEUS_RULE_CRD);
+    apply(&env, &monitoring_crd("ServiceMonitor"));
+    apply(&env, &monitoring_crd("PrometheusRule"));
     let (ok, _, stderr) = env.kubectl(&[
         "wait",
         "--for=condition=Established",

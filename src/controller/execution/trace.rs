@@ -151,6 +151,22 @@ mod tests {
         }
     }
 
+    /// The spans of [`full_run`] from the sandbox check on, the kernel starting at `kernel`.
+    fn from_sandbox_check(kernel: u64) -> [Span; 4] {
+        [
+            Span::new("check sandbox", at(104), at(110)).child(call(GET, 105, 109, "r-get").span()),
+            Span::new("record attempt", at(110), at(115)),
+            Span::new("run code", at(115), at(160)).child(
+                call(EXEC, 116, 158, "r-exec").span().child(Span::new(
+                    "kernel",
+                    at(kernel),
+                    at(158),
+                )),
+            ),
+            Span::new("write result", at(160), at(166)),
+        ]
+    }
+
     #[test]
     fn a_run_is_one_tree_from_creation_to_the_written_result_with_the_kernel_inside_the_exec() {
         let got = spans(
@@ -160,23 +176,10 @@ mod tests {
             "",
             at(999),
         );
-        let expected =
-            root(166, "Completed")
-                .child(Span::new("queued", at(0), at(100)))
-                .child(Span::new("read queue", at(100), at(104)))
-                .child(
-                    Span::new("check sandbox", at(104), at(110))
-                        .child(call(GET, 105, 109, "r-get").span()),
-                )
-                .child(Span::new("record attempt", at(110), at(115)))
-                .child(Span::new("run code", at(115), at(160)).child(
-                    call(EXEC, 116, 158, "r-exec").span().child(Span::new(
-                        "kernel",
-                        at(128),
-                        at(158),
-                    )),
-                ))
-                .child(Span::new("write result", at(160), at(166)));
+        let expected = root(166, "Completed")
+            .child(Span::new("queued", at(0), at(100)))
+            .child(Span::new("read queue", at(100), at(104)))
+            .children(from_sandbox_check(128));
         assert_eq!(got, expected);
     }
 
@@ -194,24 +197,11 @@ mod tests {
             "ZeroDivisionError",
             at(999),
         );
-        let expected =
-            root(166, "CodeError")
-                .failed(Some("CodeError: ZeroDivisionError".to_owned()))
-                // No fresh read of the queue: the wait ends at the sandbox check.
-                .child(Span::new("queued", at(0), at(104)))
-                .child(
-                    Span::new("check sandbox", at(104), at(110))
-                        .child(call(GET, 105, 109, "r-get").span()),
-                )
-                .child(Span::new("record attempt", at(110), at(115)))
-                .child(Span::new("run code", at(115), at(160)).child(
-                    call(EXEC, 116, 158, "r-exec").span().child(Span::new(
-                        "kernel",
-                        at(116),
-                        at(158),
-                    )),
-                ))
-                .child(Span::new("write result", at(160), at(166)));
+        let expected = root(166, "CodeError")
+            .failed(Some("CodeError: ZeroDivisionError".to_owned()))
+            // No fresh read of the queue: the wait ends at the sandbox check.
+            .child(Span::new("queued", at(0), at(104)))
+            .children(from_sandbox_check(116));
         assert_eq!(got, expected);
     }
 
