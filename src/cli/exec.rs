@@ -85,6 +85,16 @@ impl CodeSource {
     }
 }
 
+/// The Execution's trace annotation from the `TRACEPARENT` variable (OpenTelemetry's carrier
+/// for a command run inside a traced step), so that the operator's spans join that trace. The
+/// operator checks its form; here only an empty value is dropped.
+fn traceparent_annotation(
+    traceparent: Option<String>,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let value = traceparent?.trim().to_owned();
+    (!value.is_empty()).then(|| [(crate::traces::TRACEPARENT_ANNOTATION.to_owned(), value)].into())
+}
+
 pub async fn run(args: Args) -> Result<Exit, Error> {
     let code = args.code.read()?;
     let cluster = Cluster::connect(args.namespace).await?;
@@ -97,6 +107,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", args.executor)),
             owner_references: history_owner(&executor).map(|owner| vec![owner]),
+            annotations: traceparent_annotation(std::env::var("TRACEPARENT").ok()),
             ..ObjectMeta::default()
         },
         spec: ExecutionSpec {
@@ -220,6 +231,17 @@ async fn await_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_traceparent_in_the_environment_goes_on_the_execution() {
+        let value = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        assert_eq!(
+            traceparent_annotation(Some(format!(" {value}\n"))),
+            Some([("briq.cloud/traceparent".to_owned(), value.to_owned())].into())
+        );
+        assert_eq!(traceparent_annotation(Some("  ".to_owned())), None);
+        assert_eq!(traceparent_annotation(None), None);
+    }
 
     fn executor(status: serde_json::Value) -> BriqExecutor {
         serde_json::from_value(serde_json::json!({
