@@ -11,7 +11,8 @@ control-plane:
 python-env:
 	bash .ci/python-env.sh >/dev/null
 
-# helm, the kstatus checker, crane, registry and krew for the chart, GitOps and release tests
+# helm, the kstatus checker, promcheck (Prometheus' rule and PromQL parsers), crane, registry and
+# krew for the chart, GitOps and release tests
 # (built once from the Go module proxy, cached outside the repo) and the operator image's Debian
 # packages.
 tools:
