@@ -135,15 +135,22 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
 
     // Labels come from fixed sets only: never a name, namespace, UID or error text.
     let allowed_reasons: BTreeSet<&str> = ExecutionReason::terminal().map(|r| r.as_str()).collect();
+    let executor_endings: BTreeSet<&str> = briq_operator::metrics::EXECUTOR_ENDINGS
+        .iter()
+        .map(|r| r.as_str())
+        .collect();
     for series in samples.keys() {
         let (name, labels) = parse(series);
         assert!(name.starts_with("briq_operator_"), "{series}");
         for (key, value) in &labels {
             match key.as_str() {
                 "controller" => assert!(
-                    ["executor", "execution"].contains(&value.as_str()),
+                    ["executor", "execution", "pool"].contains(&value.as_str()),
                     "{series}"
                 ),
+                "reason" if name.starts_with("briq_operator_executors_ended") => {
+                    assert!(executor_endings.contains(value.as_str()), "{series}")
+                }
                 "reason" => assert!(allowed_reasons.contains(value.as_str()), "{series}"),
                 "le" => assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "{series}"),
                 other => panic!("unexpected label {other} in {series}"),
