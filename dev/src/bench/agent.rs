@@ -40,7 +40,7 @@ struct ScriptOutput {
 
 pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Result<AgentStep> {
     progress.step(format!(
-        "2/8: {steps} agent steps through the Python KubernetesExecutor, then {steps} direct"
+        "2/9: {steps} agent steps through the Python KubernetesExecutor, then {steps} direct"
     ));
     stack.namespace(NAMESPACE).await?;
     let operator = super::controllers(stack, NAMESPACE, stack.server())?;

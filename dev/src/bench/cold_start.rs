@@ -35,7 +35,7 @@ pub struct ColdStart {
 
 pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Result<ColdStart> {
     progress.step(format!(
-        "6/8: cold start x{runs}, dependencies present (default venv)"
+        "6/9: cold start x{runs}, dependencies present (default venv)"
     ));
     stack.namespace(PREINSTALLED_NAMESPACE).await?;
     let operator = super::controllers(stack, PREINSTALLED_NAMESPACE, stack.server())?;

@@ -112,7 +112,7 @@ pub async fn run(
         .context("the ready executor has no sandbox id")?;
     sequential(&executions, &executor, "warmup", WARM_UP).await?;
     progress.step(format!(
-        "1/8: executor ready; {actions} Executions of `{CODE}`, one after another"
+        "1/9: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
 
     let audit_log = stack
@@ -280,10 +280,22 @@ async fn sequential(
     prefix: &str,
     count: usize,
 ) -> anyhow::Result<Vec<Duration>> {
+    sequential_of(api, executor, prefix, count, CODE, "2").await
+}
+
+/// [`sequential`] with `code`, whose output must be `expected`.
+pub(super) async fn sequential_of(
+    api: &Api<Execution>,
+    executor: &BriqExecutor,
+    prefix: &str,
+    count: usize,
+    code: &str,
+    expected: &str,
+) -> anyhow::Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("{prefix}-{i:04}");
-        let execution = objects::execution_of(&name, executor, CODE)?;
+        let execution = objects::execution_of(&name, executor, code)?;
         let started = Instant::now();
         // Watching before the create costs nothing extra: the watch starts from a list.
         let done = tokio::spawn({
@@ -299,7 +311,7 @@ async fn sequential(
             .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
             .with_context(|| format!("Execution {name} disappeared"))?;
         times.push(started.elapsed());
-        objects::check_output(&finished, "2")?;
+        objects::check_output(&finished, expected)?;
     }
     Ok(times)
 }

@@ -77,7 +77,7 @@ pub async fn run(
     first.settle().await?;
     let idle = first.memory()?;
     progress.step(format!(
-        "5/8: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
+        "5/9: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
         idle.peak
     ));
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
@@ -200,7 +200,7 @@ async fn create_finished(stack: &Stack, count: usize) -> anyhow::Result<()> {
 
 /// `briq-operator` next to this executable (the workspace's target directory, where `make bench`
 /// builds it); built when missing.
-fn operator_binary() -> anyhow::Result<PathBuf> {
+pub(super) fn operator_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
@@ -228,7 +228,7 @@ struct Usage {
     rss: u64,
 }
 
-struct Operator {
+pub(super) struct Operator {
     child: tokio::process::Child,
     pid: u32,
     log: PathBuf,
@@ -237,6 +237,17 @@ struct Operator {
 impl Operator {
     /// On [`NAMESPACE`], with the simulated sandbox server as its briq API.
     fn start(stack: &Stack, binary: &Path, log: &Path) -> anyhow::Result<Self> {
+        Self::start_in(stack, binary, log, NAMESPACE, &[])
+    }
+
+    /// On `namespace`, with the simulated sandbox server as its briq API and `env` added.
+    pub(super) fn start_in(
+        stack: &Stack,
+        binary: &Path,
+        log: &Path,
+        namespace: &str,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let sandboxes = stack.simulated_server();
         let out = std::fs::File::create(log)?;
         // Its HTTP endpoints on a free port, so that nothing else on the machine is in the way.
@@ -244,7 +255,11 @@ impl Operator {
             .local_addr()?
             .port();
         let child = tokio::process::Command::new(binary)
-            .args(["run", "--namespace", NAMESPACE])
+            .args(["run", "--namespace", namespace])
+            // Traces only where `env` asks for them.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", stack.user_kubeconfig(super::OPERATOR_USER))
             .env("BRIQ_API_URL", sandboxes.url().as_str())
             .env("BRIQ_API_KEY", sandboxes.api_key().expose())
@@ -266,7 +281,7 @@ impl Operator {
         })
     }
 
-    fn alive(&self) -> anyhow::Result<()> {
+    pub(super) fn alive(&self) -> anyhow::Result<()> {
         if std::fs::metadata(format!("/proc/{}/status", self.pid)).is_err()
             || proc_field(self.pid, "State:").is_some_and(|s| s.starts_with('Z'))
         {
@@ -312,7 +327,7 @@ impl Operator {
         })
     }
 
-    async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         // SAFETY: kill(2) on our own child's pid; it has not been reaped yet.
         unsafe {
             libc::kill(self.pid as libc::pid_t, libc::SIGTERM);

@@ -22,6 +22,7 @@ mod report;
 mod scaling;
 mod simulated;
 mod stats;
+mod traces;
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -82,7 +83,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-8, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-9, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -98,6 +99,8 @@ pub struct Counts {
     pub memory_executors: usize,
     pub memory_executions: usize,
     pub cold_start_runs: usize,
+    /// Executions per round of scenario 9 (three rounds with traces off, three exported).
+    pub traces_per_round: usize,
     pub simulated_executors: Vec<usize>,
     pub simulated_actions: usize,
     /// Scenario 7's bound of each phase of a point (executors getting Ready, Executions
@@ -130,6 +133,7 @@ impl Counts {
                 memory_executors: 100,
                 memory_executions: 1_000,
                 cold_start_runs: 1,
+                traces_per_round: 5,
                 simulated_executors: vec![10, 50, 100],
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
@@ -150,6 +154,7 @@ impl Counts {
                 memory_executors: 1_000,
                 memory_executions: 10_000,
                 cold_start_runs: 5,
+                traces_per_round: 50,
                 simulated_executors: vec![10, 100, 1_000],
                 simulated_actions: 10,
                 simulated_bound_seconds: 60,
@@ -204,6 +209,7 @@ pub struct Report {
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,
+    pub traces: Option<traces::Traces>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -224,11 +230,12 @@ enum Outcome {
     ),
     /// Scenario 8's phases, and the labelled errors of those that failed.
     Pools(Box<pools::Pools>, Vec<(String, String)>),
+    Traces(traces::Traces),
 }
 
 /// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
 /// scaling can leave the API server saturated: they come last. Warm pools delete what they made.
-const ORDER: [u8; 7] = [1, 2, 6, 8, 7, 5, 3];
+const ORDER: [u8; 8] = [1, 2, 6, 8, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -297,6 +304,7 @@ async fn scenario(
             let (pools, failures) = pools::run(stack, progress, counts.pools()).await;
             Outcome::Pools(Box::new(pools), failures)
         }
+        9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
         other => anyhow::bail!("no scenario {other}"),
     })
 }
@@ -341,6 +349,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         simulated: None,
         api_ceiling: None,
         pools: None,
+        traces: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -377,6 +386,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.errors.extend(failures);
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
+            Ok(Outcome::Traces(traces)) => report.traces = Some(traces),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
             Ok(Outcome::Simulated(points, failures, ceiling)) => {
                 report.simulated = Some(points);

@@ -165,7 +165,7 @@ pub async fn run(
     };
 
     progress.step(format!(
-        "8/8: a warm pool of {} on simulated sandboxes: {} claims one at a time, {} cold \
+        "8/9: a warm pool of {} on simulated sandboxes: {} claims one at a time, {} cold \
          creates beside",
         sizes.pool, sizes.claims, sizes.claims
     ));

@@ -473,6 +473,31 @@ pub fn table(report: &Report) -> String {
             None => rows.push(timing("6", figure, c.pip_ms.as_ref(), String::new())),
         }
     }
+    if let Some(t) = &report.traces {
+        rows.push(timing(
+            "9",
+            "Execution create → Succeeded, traces off (simulated sandbox, release operator)",
+            t.off_ms.as_ref(),
+            String::new(),
+        ));
+        let ratio = super::stats::ratio(
+            t.on_ms.as_ref().map(|s| s.median),
+            t.off_ms.as_ref().map(|s| s.median),
+        );
+        rows.push(timing(
+            "9",
+            "the same, every span exported over OTLP/HTTP",
+            t.on_ms.as_ref(),
+            format!(
+                "**{}** the median with traces off; {} exports, {:.1} KiB for {} Executions and \
+                 the executor's provisioning",
+                times(ratio),
+                t.exports,
+                t.export_bytes as f64 / 1024.0,
+                t.executions_traced
+            ),
+        ));
+    }
     for p in report.simulated.iter().flatten() {
         let mut notes = format!("all Ready in **{:.1} s**", p.ready_seconds);
         if p.ready < p.executors {

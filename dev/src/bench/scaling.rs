@@ -129,7 +129,7 @@ impl PointNamespace {
 pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::Result<Point> {
     let (count, actions) = (scale.executors, scale.actions);
     progress.step(format!(
-        "3/8: {count} executors x {actions} Executions, all created at once"
+        "3/9: {count} executors x {actions} Executions, all created at once"
     ));
     let name = format!("bench-scale-{count}");
     let namespace = PointNamespace::create(stack, &name, stack.server(), count).await?;

@@ -43,7 +43,7 @@ pub struct Point {
 pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::Result<Point> {
     let (count, bound) = (scale.executors, scale.bound);
     progress.step(format!(
-        "7/8: {count} executors on simulated sandboxes, then {} Executions each, all created \
+        "7/9: {count} executors on simulated sandboxes, then {} Executions each, all created \
          at once",
         scale.actions
     ));
