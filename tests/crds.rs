@@ -292,8 +292,9 @@ async fn a_resource_quota_caps_how_many_executors_a_namespace_may_hold() {
     let quotas = env.api::<ResourceQuota>();
     quotas.create(&PostParams::default(), &quota).await.unwrap();
     // kube-controller-manager's resourcequota controller counts usage first; until then the
-    // quota's admission refuses every create it covers.
-    support::wait_for(&quotas, "executors", 30, |quota| {
+    // quota's admission refuses every create it covers. It finds a new resource (the CRD) by
+    // discovery every 30 s, then counts: the bound leaves room for a busy machine.
+    support::wait_for(&quotas, "executors", 120, |quota| {
         quota
             .status
             .as_ref()
