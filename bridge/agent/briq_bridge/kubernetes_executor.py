@@ -530,10 +530,13 @@ class KubernetesExecutor(RemotePythonExecutor):
     def _run(self, code: str, timeout_seconds: int | None, wait_seconds: float) -> CodeOutput:
         # The action's client span; the operator's spans continue its trace.
         with execution_span(self.namespace, self.executor_name) as (span, annotations):
-            output = self._run_as_execution(code, timeout_seconds, wait_seconds, annotations)
-            if span is not None:
-                span.set_attribute("briq.execution", self.last_execution or "")
-            return output
+            before = self.last_execution
+            try:
+                return self._run_as_execution(code, timeout_seconds, wait_seconds, annotations)
+            finally:
+                # Named also when the action failed: those are the spans people look for.
+                if span is not None and self.last_execution != before:
+                    span.set_attribute("briq.execution", self.last_execution or "")
 
     def _run_as_execution(
         self,

@@ -16,6 +16,7 @@ from smolagents import CodeAgent, tool
 from smolagents.monitoring import LogLevel
 
 from briq_bridge import (
+    CodeExecutionError,
     ExecutorClosedError,
     ExecutorNotFoundError,
     ExecutorUnusableError,
@@ -392,3 +393,31 @@ def test_an_executors_provisioning_is_a_trace_of_its_own(shared_executor, otlp):
         s.name for s in spans if s.parent_span_id == children["set up bridge and kernel"].span_id
     ]
     assert "briq POST /v1/sandboxes/{id}/exec" in calls, calls
+
+
+def test_a_failed_action_is_marked_failed_in_its_trace_by_the_client_and_the_operator(
+    executor, otlp
+):
+    """A platform engineer looks for the failed steps: the client span names its Execution and
+    is an error, and the operator's span below it says why."""
+    with pytest.raises(CodeExecutionError):
+        executor.run_code_raise_errors("1 / 0")
+    name = executor.last_execution
+
+    def found(spans):
+        client = [
+            s
+            for s in spans
+            if s.name == "briq execution" and s.attributes.get("briq.execution") == name
+        ]
+        operator = [
+            s
+            for s in spans
+            if s.name == "execution" and client and s.parent_span_id == client[0].span_id
+        ]
+        return (client[0], operator[0]) if operator else None
+
+    otlp.wait_for(lambda spans: found(spans) is not None, timeout=60, what="the failed step")
+    client, operator = found(otlp.spans)
+    assert client.error and operator.error
+    assert operator.attributes["briq.reason"] == "CodeError"
