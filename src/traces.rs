@@ -5,7 +5,7 @@
 //! not opened and closed around code: the controllers note what happened when (plain data,
 //! [`Span`]), and [`emit`] turns the finished tree into OpenTelemetry spans with their recorded
 //! times, continuing the trace of the W3C `traceparent` the client put on the object.
-//! Calls to briq made inside [`recording`] are noted with their request id, so each becomes a
+//! Calls to briq made inside [`noted`] are noted with their request id, so each becomes a
 //! span of its own.
 
 use std::{cell::RefCell, collections::HashMap, sync::OnceLock, time::SystemTime};
@@ -278,8 +278,19 @@ tokio::task_local! {
     static CALLS: RefCell<Vec<BriqCall>>;
 }
 
+/// Runs `future` as one step of a trace: its start and end, and the briq calls made in it (in
+/// this task).
+pub async fn noted<F: Future>(future: F) -> (F::Output, Noted) {
+    let start = SystemTime::now();
+    let (output, calls) = recording(future).await;
+    (
+        output,
+        Noted::between(start, SystemTime::now()).with_calls(calls),
+    )
+}
+
 /// Runs `future`, noting the briq calls made in it (in this task).
-pub async fn recording<F: Future>(future: F) -> (F::Output, Vec<BriqCall>) {
+async fn recording<F: Future>(future: F) -> (F::Output, Vec<BriqCall>) {
     CALLS
         .scope(RefCell::new(Vec::new()), async {
             let output = future.await;
@@ -288,7 +299,7 @@ pub async fn recording<F: Future>(future: F) -> (F::Output, Vec<BriqCall>) {
         .await
 }
 
-/// Notes a briq call, when inside [`recording`] (else nothing: tracing is off or the caller
+/// Notes a briq call, when inside [`noted`] (else nothing: tracing is off or the caller
 /// does not trace).
 pub(crate) fn note(call: BriqCall) {
     let _ = CALLS.try_with(|calls| calls.borrow_mut().push(call));

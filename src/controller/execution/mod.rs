@@ -528,9 +528,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             // Each event on the head of a settling burst would otherwise cost a LIST.
             return self.queued(left).await;
         }
-        let read = SystemTime::now();
-        let turn = self.ctx.turn(&self.api, self.execution).await?;
-        self.note(|t| t.turn_read = trace::Noted::between(read, SystemTime::now()));
+        let (turn, read) = traces::noted(self.ctx.turn(&self.api, self.execution)).await;
+        self.note(|t| t.turn_read = read);
+        let turn = turn?;
         match turn {
             Turn::Mine => {}
             Turn::Behind => return self.queued(QUEUED_RECHECK).await,
@@ -553,11 +553,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// resourceVersion this run was decided on: the attempt is recorded only if the Execution
     /// is still at that version, so of two operators that decided at once only one sends it.
     async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        let checked = SystemTime::now();
-        let (access, calls) = traces::recording(self.sandbox(executor)).await;
-        self.note(|t| {
-            t.sandbox_check = trace::Noted::between(checked, SystemTime::now()).with_calls(calls);
-        });
+        let (access, checked) = traces::noted(self.sandbox(executor)).await;
+        self.note(|t| t.sandbox_check = checked);
         let (key, sandbox_id) = match access? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
@@ -571,16 +568,15 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             conditions::now(),
         );
         let running_status = serde_json::to_value(&running).expect("status serializes");
-        let recording = SystemTime::now();
-        let recorded = apply_status_at(
+        let (recorded, recording) = traces::noted(apply_status_at(
             &self.api,
             self.execution,
             EXECUTOR_MANAGER,
             running_status,
             Some(version),
-        )
+        ))
         .await;
-        self.note(|t| t.attempt_recorded = trace::Noted::between(recording, SystemTime::now()));
+        self.note(|t| t.attempt_recorded = recording);
         // The cache holds no code: the recorded Execution (the whole object, at the version
         // decided on plus this status; the spec is immutable) brings it.
         let recorded = match recorded {
@@ -600,15 +596,14 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         };
         let timeout = self.timeout_seconds(executor);
         let session = self.session(&key, &sandbox_id);
-        let sent = SystemTime::now();
-        let (outcome, calls) = traces::recording(session.run(
+        let (outcome, sent) = traces::noted(session.run(
             &attempt,
             &recorded.spec.code,
             Duration::from_secs(timeout.into()),
         ))
         .await;
         self.note(|t| {
-            t.code = trace::Noted::between(sent, SystemTime::now()).with_calls(calls);
+            t.code = sent;
             t.kernel = outcome
                 .as_ref()
                 .ok()
@@ -866,9 +861,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             result,
             conditions::now(),
         );
-        let writing = SystemTime::now();
-        let written = self.write(&status).await;
-        self.note(|t| t.result_written = trace::Noted::between(writing, SystemTime::now()));
+        let (written, writing) = traces::noted(self.write(&status)).await;
+        self.note(|t| t.result_written = writing);
         if let Err(error) = written {
             // Keep the result: the retry writes it rather than calling the Execution interrupted.
             if let Some(uid) = self.execution.uid() {

@@ -202,13 +202,11 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(Action::requeue(API_KEY_RECHECK));
                 };
-                let creating = SystemTime::now();
-                let (created, calls) =
-                    traces::recording(self.create_sandbox(executor, &key, pending)).await;
+                let (created, create) =
+                    traces::noted(self.create_sandbox(executor, &key, pending)).await;
                 let Some(id) = created? else {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
-                let create = traces::Noted::between(creating, SystemTime::now()).with_calls(calls);
                 let sandbox = SandboxFields {
                     id: Some(id.clone()),
                     created: Some(conditions::now()),
@@ -463,9 +461,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         let deadline = Duration::from_secs(executor.spec.setup_timeout_seconds.into());
         let packages = executor.spec.packages.clone().unwrap_or_default();
-        let setting_up = SystemTime::now();
-        let (outcome, calls) = traces::recording(session.provision(deadline, &packages)).await;
-        let setup = traces::Noted::between(setting_up, SystemTime::now()).with_calls(calls);
+        let (outcome, setup) = traces::noted(session.provision(deadline, &packages)).await;
         let emit_trace = |failure: Option<&str>| {
             if traces::enabled() {
                 let (namespace, name) = (
@@ -480,7 +476,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                         .metadata
                         .creation_timestamp
                         .as_ref()
-                        .map_or(setting_up, |t| t.0.into()),
+                        .map_or_else(SystemTime::now, |t| t.0.into()),
                 };
                 let spans = trace::spans(
                     &subject,
