@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -519,6 +520,12 @@ class KernelState:
         for path in (self.pid_file, self.connection_file):
             path.unlink(missing_ok=True)
 
+    def log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
     def log_tail(self, limit: int = 2_000) -> str:
         try:
             with open(self.log_file, "rb") as log:
@@ -643,8 +650,15 @@ def receive(channel: Any, timeout: float) -> dict | None:
         return None  # bad signature or garbled frames: not a message from our kernel
 
 
-def kernel_answers(state: KernelState, pid: int, until: float, channel_name: str) -> bool:
-    """Ask kernel_info on `channel_name` until the kernel replies, its pid dies, or `until`.
+def kernel_answers(
+    state: KernelState,
+    pid: int,
+    until: float,
+    channel_name: str,
+    failed: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Ask kernel_info on `channel_name` until the kernel replies, its pid dies, `failed()`
+    says it never will, or `until`.
 
     The control channel is served by its own thread in ipykernel >= 6, so it answers even while
     user code runs; the shell channel proves that a fresh kernel is ready to execute.
@@ -655,7 +669,7 @@ def kernel_answers(state: KernelState, pid: int, until: float, channel_name: str
     next_send = 0.0
     try:
         while (now := time.monotonic()) < until:
-            if not process_is_kernel(pid):
+            if not process_is_kernel(pid) or failed():
                 return False
             if now >= next_send:
                 # Re-ask now and then: a request sent before the kernel bound may be lost.
@@ -949,15 +963,77 @@ def cmd_setup(args: argparse.Namespace) -> tuple[dict, int]:
     return setup_envelope(True, True, message, tail), 0
 
 
+# The kernel's five ports are chosen among these unless the system's ephemeral range says
+# otherwise (see `kernel_ports`).
+KERNEL_PORT_RANGE = (20000, 32767)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the system takes the local ports of outgoing connections from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def kernel_ports(count: int = 5) -> list[int]:
+    """Free loopback ports for the kernel, outside the ephemeral range.
+
+    The kernel binds its ports a moment after they are chosen. A port from the ephemeral range
+    (what binding port 0 gives) can meanwhile become the local end of any process's outgoing
+    connection, and the kernel then fails to bind it and hangs instead of exiting. Ports below
+    the range are never taken that way.
+    """
+    import random
+
+    low, high = KERNEL_PORT_RANGE
+    ephemeral_low, ephemeral_high = ephemeral_ports()
+    if ephemeral_low <= high and low <= ephemeral_high:
+        # A system whose ephemeral range overlaps ours: keep below it where there is room.
+        high = ephemeral_low - 1
+        low = min(low, max(1024, high - 10_000))
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(low, high)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def bind_failed(state: KernelState, offset: int) -> bool:
+    """Whether the kernel launched when its log was `offset` bytes long could not bind a port."""
+    try:
+        with open(state.log_file, "rb") as log:
+            log.seek(offset)
+            return b"Address already in use" in log.read()
+    except OSError:
+        return False
+
+
 def launch_kernel(state: KernelState) -> int:
     import secrets
 
     from jupyter_client.connect import write_connection_file
 
     state.connection_file.unlink(missing_ok=True)
+    shell, iopub, stdin, control, hb = kernel_ports()
     # Loopback only: nothing outside the sandbox may reach the kernel. Messages are signed.
     write_connection_file(
-        str(state.connection_file), ip="127.0.0.1", key=secrets.token_hex(32).encode("ascii")
+        str(state.connection_file),
+        ip="127.0.0.1",
+        key=secrets.token_hex(32).encode("ascii"),
+        shell_port=shell,
+        iopub_port=iopub,
+        stdin_port=stdin,
+        control_port=control,
+        hb_port=hb,
     )
     connection_file = state.connection_file
     as_user: dict[str, Any] = {}
@@ -1026,14 +1102,19 @@ def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
         stop_runner(state)  # it served the old kernel
         state.forget()
 
-        # Two attempts: a randomly chosen port can be taken before the kernel binds it, and
-        # then the kernel exits at once.
-        for _attempt in range(2):
+        # Three attempts: a chosen port can still be taken before the kernel binds it; the
+        # kernel then logs the bind failure and may hang rather than exit.
+        for _attempt in range(3):
+            offset = state.log_size()
             pid = launch_kernel(state)
-            if kernel_answers(state, pid, deadline, "shell"):
+            failed = functools.partial(bind_failed, state, offset)
+            if kernel_answers(state, pid, deadline, "shell", failed):
                 runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
                 message = "kernel started" + note + ensure_runner(state, pid, runner_until)
                 return kernel_envelope(True, True, pid, message), 0
+            if bind_failed(state, offset) and time.monotonic() < deadline:
+                kill_kernel_group(pid)
+                continue
             if process_is_kernel(pid) or time.monotonic() >= deadline:
                 break
         kill_kernel_group(pid)

@@ -94,3 +94,50 @@ def test_start_kernel_replaces_a_kernel_that_does_not_answer(fresh_sandbox):
     assert "not answering" in replaced["message"]
     assert fresh_sandbox.run("1 + 1")["output"] == "2"
     assert process_gone(frozen), "the frozen kernel was not killed"
+
+
+def test_a_kernel_port_taken_between_its_choice_and_the_bind_is_chosen_again(
+    bridge_module, tmp_path, monkeypatch
+):
+    """A chosen port can become the local end of another process's connection before the kernel
+    binds it; the kernel then logs the bind failure and may hang instead of exiting. Start-kernel
+    sees the failure in the log and launches it again on other ports, well within its deadline."""
+    import argparse
+    import socket
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    choose = bridge_module.kernel_ports
+    chosen: list[list[int]] = []
+
+    def first_choice_collides(count: int = 5) -> list[int]:
+        ports = choose(count)
+        if not chosen:
+            ports[1] = taken.getsockname()[1]  # the iopub port, as in the failure seen
+        chosen.append(ports)
+        return ports
+
+    monkeypatch.setattr(bridge_module, "kernel_ports", first_choice_collides)
+    monkeypatch.setattr(bridge_module, "split_users", lambda: False)
+    args = argparse.Namespace(state_dir=str(tmp_path / "state"), deadline=60.0)
+    state = bridge_module.KernelState(args.state_dir)
+    try:
+        envelope, code = bridge_module.cmd_start_kernel(args)
+        assert (code, envelope["alive"], envelope["started"]) == (0, True, True), envelope
+        assert len(chosen) == 2
+        assert "Address already in use" in state.log_tail(100_000)
+    finally:
+        taken.close()
+        bridge_module.stop_runner(state)
+        pid = state.read_pid()
+        if pid is not None:
+            bridge_module.kill_kernel_group(pid)
+
+
+def test_kernel_ports_are_never_taken_from_the_ephemeral_range(bridge_module):
+    low, high = bridge_module.ephemeral_ports()
+    for _ in range(20):
+        ports = bridge_module.kernel_ports()
+        assert len(set(ports)) == 5
+        assert all(1024 <= port < low for port in ports), (ports, low, high)
