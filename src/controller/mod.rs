@@ -16,6 +16,7 @@ mod executor;
 mod orphans;
 mod ownership;
 mod pool;
+mod wake;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 pub use orphans::{KEY_IN_USE_FINALIZER, orphans};
@@ -51,7 +52,7 @@ use crate::{
     briq::{ApiKey, SandboxApi},
     crd::{
         API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
-        DEFAULT_API_KEY_SECRET_KEY, Execution, POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
+        DEFAULT_API_KEY_SECRET_KEY, Execution, reasons::ExecutorReason,
     },
     http::Health,
     metrics::{ControllerKind, Live, Metrics},
@@ -206,6 +207,22 @@ fn settle<K: Resource<DynamicType = ()>>(
         backoff.forget(&object_key(object));
     }
     result
+}
+
+/// How long ago `object` was created; a creation time ahead of this clock (skew) counts as just
+/// created.
+fn waited<K: Resource>(object: &K) -> Duration {
+    object
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map(|created| {
+            let waited = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+            waited
+                .max(k8s_openapi::jiff::SignedDuration::ZERO)
+                .unsigned_abs()
+        })
+        .unwrap_or_default()
 }
 
 /// When to retry a failed reconcile of `object`: its backoff, never sooner than briq asked.
@@ -628,7 +645,7 @@ pub async fn run_observed<S>(
         shared.clone(),
         execution_store.clone(),
         executor_store.clone(),
-        wake_tx,
+        wake_tx.clone(),
     ));
     let executor_ctx = Arc::new(executor::Context::new(
         shared.clone(),
@@ -648,21 +665,10 @@ pub async fn run_observed<S>(
             }
         })
         .applied_objects();
-    // Executions wait on their executor; an executor's deletion ends what was kept of it.
-    let on_executor_event = execution_ctx.clone();
-    let executor_changes = watcher(executors.clone(), watcher::Config::default().any_semantic())
-        .inspect_ok(move |event| {
-            if let watcher::Event::Delete(gone) = event {
-                on_executor_event.executor_deleted(gone);
-            }
-        })
-        .touched_objects();
-    let waiting_on = execution_store.clone();
+    // Executions are woken by executor changes through the one watch of executors below, once
+    // the executor cache shows them (see wake.rs).
     let execution_loop = Controller::for_stream(execution_events, execution_store.clone())
         .with_config(controller::Config::default().concurrency(execution_concurrency))
-        .watches_stream(executor_changes, move |executor| {
-            execution::waiting_on(&waiting_on, &executor)
-        })
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
@@ -683,23 +689,32 @@ pub async fn run_observed<S>(
         shared.clone(),
         executor_store.clone(),
     ));
-    let on_executor_deleted = executor_ctx.clone();
-    let wake_sweeper = orphan_sweep.clone();
-    let executors_for_pools = executors.clone();
-    let executor_events = watcher(executors, watcher::Config::default().any_semantic())
-        .modify(cache::compact)
-        .reflect(executor_writer)
-        .inspect_ok(move |event| {
-            if let watcher::Event::Delete(gone) = event {
-                on_executor_deleted.deleted(gone);
-                wake_sweeper.deleted(gone);
-            }
-        })
-        .applied_objects();
+    // One watch of executors for all three controllers: what waits on an executor is woken only
+    // once the executor cache shows the change that woke it, or the woken reconcile could read
+    // the old state and wait for a change that has already come.
+    let (pool_wake_tx, pool_wake_rx) = mpsc::unbounded_channel::<ObjectRef<BriqExecutorPool>>();
+    let triggers = wake::ExecutorTriggers {
+        executors: executor_store.clone(),
+        executions: execution_store.clone(),
+        wake_execution: wake::sender(wake_tx.clone()),
+        wake_pool: wake::sender(pool_wake_tx),
+    };
+    let (on_executor_deleted, wake_sweeper) = (executor_ctx.clone(), orphan_sweep.clone());
+    let forget_executor = execution_ctx.clone();
+    let executor_events = wake::executor_events(
+        watcher(executors, watcher::Config::default().any_semantic()),
+        executor_writer,
+        triggers,
+        move |gone| {
+            on_executor_deleted.deleted(gone);
+            wake_sweeper.deleted(gone);
+            forget_executor.executor_deleted(gone);
+        },
+    );
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone())
         .with_config(controller::Config::default().concurrency(executor_concurrency));
     // Pools: woken by their own changes and by any change of a member (claimed ones too, which
-    // the pool no longer owns: a claim is what makes it refill).
+    // the pool no longer owns: a claim is what makes it refill), through the executor triggers.
     let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
     let pool_ctx = Arc::new(pool::Context::new(
         shared.clone(),
@@ -710,16 +725,10 @@ pub async fn run_observed<S>(
         .modify(cache::compact)
         .reflect(pool_writer)
         .applied_objects();
-    let member_changes = watcher(
-        executors_for_pools,
-        watcher::Config::default().any_semantic(),
-    )
-    .touched_objects();
     let pool_loop = Controller::for_stream(pool_events, pool_store)
-        .watches_stream(member_changes, |member| {
-            let pool = member.annotations().get(POOL_MEMBER_ANNOTATION)?;
-            Some(ObjectRef::new(pool).within(&member.namespace()?))
-        })
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            pool_wake_rx,
+        ))
         .graceful_shutdown_on(pool_stop)
         .run(
             |pool, ctx| async move {
@@ -795,6 +804,8 @@ pub async fn run_observed<S>(
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    use crate::crd::POOL_MEMBER_ANNOTATION;
 
     use super::*;
 

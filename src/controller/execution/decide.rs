@@ -16,6 +16,7 @@ use crate::{
         conditions::{self, READY, STALLED, SUCCEEDED, desired},
         execution::budget,
         ownership::{Ownership, not_owned_message},
+        wake::{self, Wait},
     },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
@@ -62,11 +63,11 @@ pub enum Refusal {
     /// Never: the Execution fails.
     Fail(Verdict),
     /// Not yet: the Execution waits, with this reason and message, until something it waits on
-    /// changes, or at the latest `recheck` from now.
+    /// changes (see [`wake`]), or at the latest `recheck` from now.
     Wait {
         reason: ExecutionReason,
         message: String,
-        recheck: Option<SignedDuration>,
+        recheck: Duration,
     },
 }
 
@@ -216,7 +217,9 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
         return Err(Refusal::Wait {
             reason: ExecutionReason::ExecutorNotFound,
             message,
-            recheck: Some(observed.executor_wait - waited),
+            recheck: wake::recheck(Wait::ExecutorMissing {
+                left: (observed.executor_wait - waited).unsigned_abs(),
+            }),
         });
     };
     if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
@@ -238,7 +241,7 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
         return Err(Refusal::Wait {
             reason: ExecutionReason::ExecutorNotReady,
             message,
-            recheck: None,
+            recheck: wake::recheck(Wait::ExecutorNotReady),
         });
     }
     Ok(())

@@ -48,7 +48,8 @@ use super::{
     ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
     prune_backoff, retry,
     session::Session,
-    settle,
+    settle, waited,
+    wake::{self, Wait},
 };
 use crate::{
     briq::SandboxApi,
@@ -59,16 +60,11 @@ use crate::{
     traces,
 };
 
-/// Fallback re-check of a queued Execution, should the wake-up after its predecessor be missed
-/// (it reads only the caches).
-const QUEUED_RECHECK: Duration = Duration::from_secs(5);
-
 /// Whether an Execution may use its executor's sandbox now.
 enum Access {
     Granted(crate::briq::ApiKey, String),
     Denied(Action),
 }
-const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 /// After a conditional write lost to another writer: the watch brings the change; look again
 /// soon in any case.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
@@ -506,7 +502,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Step::Refuse(refusal) => self.refuse(refusal).await,
             Step::Queue => {
                 self.adopt(executor).await?;
-                self.queued(QUEUED_RECHECK).await
+                self.queued(wake::recheck(Wait::Turn)).await
             }
             Step::ConfirmTurn => {
                 let executor = executor.expect("a turn is confirmed on an admitted executor");
@@ -533,7 +529,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let turn = turn?;
         match turn {
             Turn::Mine => {}
-            Turn::Behind => return self.queued(QUEUED_RECHECK).await,
+            Turn::Behind => return self.queued(wake::recheck(Wait::Turn)).await,
             Turn::Settling(left) => return self.queued(left).await,
         }
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
@@ -683,7 +679,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Err(Error::ApiKey(message)) => {
                 self.wait(ExecutionReason::ExecutorNotReady, message)
                     .await?;
-                return Ok(Access::Denied(Action::requeue(API_KEY_RECHECK)));
+                let waited = waited(self.execution);
+                let recheck = wake::recheck(Wait::KeySecret { waited });
+                return Ok(Access::Denied(Action::requeue(recheck)));
             }
             Err(error) => return Err(error),
         };
@@ -840,9 +838,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 recheck,
             } => {
                 self.wait(reason, message).await?;
-                Ok(recheck.map_or_else(Action::await_change, |left| {
-                    Action::requeue(left.unsigned_abs())
-                }))
+                Ok(Action::requeue(recheck))
             }
         }
     }

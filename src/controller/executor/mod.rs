@@ -38,7 +38,8 @@ use super::{
     conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, prune_backoff,
     publish, retry,
     session::{Provisioned, Session, SetupError},
-    settle,
+    settle, waited,
+    wake::{self, Wait},
 };
 use crate::{
     briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
@@ -56,13 +57,10 @@ use crate::{
 
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
 /// How often an executor without a usable API key looks again.
-const API_KEY_RECHECK: Duration = Duration::from_secs(30);
 /// After a conditional write lost to another writer: look again soon.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
 const RECORD_ATTEMPTS: usize = 3;
-/// How often a deleted executor looks whether its Executions have concluded.
-const DRAIN_RECHECK: Duration = Duration::from_millis(500);
 
 /// The executor controller's context: what it shares with the other controller, and its own
 /// bookkeeping.
@@ -189,7 +187,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     if super::execution::running(self.executions, &namespace, &executor.name_any())
                         > 0
                     {
-                        return Ok(Action::requeue(DRAIN_RECHECK));
+                        return Ok(Action::requeue(wake::DRAIN));
                     }
                     self.give_back(executor, &id, reason).await?;
                 }
@@ -200,7 +198,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             Step::CreateSandbox { pending } => {
                 let Some(key) = self.credentials(executor).await? else {
-                    return Ok(Action::requeue(API_KEY_RECHECK));
+                    return Ok(key_recheck(executor));
                 };
                 let (created, create) =
                     traces::noted(self.create_sandbox(executor, &key, pending)).await;
@@ -216,7 +214,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             Step::Provision { sandbox } => {
                 let Some(key) = self.credentials(executor).await? else {
-                    return Ok(Action::requeue(API_KEY_RECHECK));
+                    return Ok(key_recheck(executor));
                 };
                 match self.ownership(executor, &key, &sandbox).await? {
                     Ownership::Owned => {}
@@ -261,7 +259,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     Idleness::InUse => self.shared.settings.probe_interval,
                 };
                 let Some(key) = self.credentials(executor).await? else {
-                    return Ok(Action::requeue(API_KEY_RECHECK));
+                    return Ok(key_recheck(executor));
                 };
                 let fields = SandboxFields {
                     id: Some(sandbox.clone()),
@@ -668,9 +666,8 @@ impl<S: SandboxApi> Actor<'_, S> {
         self.report(executor, waiting, sandbox_fields(executor))
             .await?;
         // Nothing wakes an executor when its Executions change: look again soon, within the limit.
-        Ok(Some(Action::requeue(
-            DRAIN_RECHECK.min(left.unsigned_abs()),
-        )))
+        let left = left.unsigned_abs();
+        Ok(Some(Action::requeue(wake::recheck(Wait::Drain { left }))))
     }
 
     /// Destroys every sandbox this executor may own. The finalizer is removed only when all are
@@ -818,16 +815,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             .as_ref()
             .map(|pool| pool::ready_members(self.executors, pool))
             .unwrap_or_default();
-        // A creation time ahead of this clock (skew) counts as just created.
-        let waited = executor
-            .creation_timestamp()
-            .map(|created| {
-                let waited = Timestamp::now().duration_since(created.0);
-                waited
-                    .max(k8s_openapi::jiff::SignedDuration::ZERO)
-                    .unsigned_abs()
-            })
-            .unwrap_or_default();
+        let waited = waited(executor);
         let plan = decide::claim_plan(
             &executor.spec,
             &pool_ref,
@@ -1142,6 +1130,13 @@ impl<S: SandboxApi> Actor<'_, S> {
 }
 
 /// The error of a setup attempt that is retried: always a failed bridge call.
+/// When an executor waiting for its key Secret looks for it again.
+fn key_recheck(executor: &BriqExecutor) -> Action {
+    Action::requeue(wake::recheck(Wait::KeySecret {
+        waited: waited(executor),
+    }))
+}
+
 fn retry_error(outcome: Result<Provisioned, SetupError>) -> Error {
     match outcome {
         Err(SetupError::Call(error)) => error.into(),

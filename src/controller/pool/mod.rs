@@ -24,17 +24,12 @@ use tracing::{info, instrument};
 use self::decide::Member;
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, apply_status, backoff::Backoff, conditions,
-    object_key, prune_backoff, retry, settle,
+    object_key, prune_backoff, retry, settle, wake,
 };
 use crate::crd::{
     BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, CLAIMED_BY_ANNOTATION, POOL_LABEL,
     POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
 };
-
-/// While members are being made or provisioned: look again this often. Members' own changes
-/// wake the pool too, but through a watch of its own: the executor cache it reads may not show
-/// the change yet when it wakes, and then only this recheck sees it.
-const FILLING_RECHECK: Duration = Duration::from_secs(1);
 
 pub struct Context<S> {
     pub shared: Arc<Shared<S>>,
@@ -259,7 +254,8 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         apply_status(&pools, pool, EXECUTOR_MANAGER, status).await?;
     }
     Ok(if filling || plan.create > 0 {
-        Action::requeue(FILLING_RECHECK)
+        // Members' changes wake the pool; this is the safety net.
+        Action::requeue(wake::recheck(wake::Wait::PoolFilling))
     } else {
         Action::await_change()
     })

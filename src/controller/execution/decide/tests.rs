@@ -158,7 +158,7 @@ fn decide_table() {
             Step::Refuse(Refusal::Wait {
                 reason: ExecutorNotFound,
                 message: "BriqExecutor py does not exist in namespace ns".into(),
-                recheck: Some(SignedDuration::from_secs(570)),
+                recheck: Duration::from_secs(10),
             }),
         ),
         (
@@ -182,7 +182,7 @@ fn decide_table() {
             Step::Refuse(Refusal::Wait {
                 reason: ExecutorNotFound,
                 message: "BriqExecutor py does not exist in namespace ns".into(),
-                recheck: Some(SignedDuration::from_secs(30)),
+                recheck: Duration::from_secs(10),
             }),
         ),
         (
@@ -231,7 +231,7 @@ fn decide_table() {
             Step::Refuse(Refusal::Wait {
                 reason: ExecutorNotReady,
                 message: "BriqExecutor py is not ready: creating the sandbox".into(),
-                recheck: None,
+                recheck: Duration::from_secs(10),
             }),
         ),
         (
@@ -310,7 +310,7 @@ fn decide_table() {
             Step::Refuse(Refusal::Wait {
                 reason: ExecutorNotFound,
                 message: "BriqExecutor py does not exist in namespace ns".into(),
-                recheck: Some(SignedDuration::from_secs(570)),
+                recheck: Duration::from_secs(10),
             }),
         ),
         (

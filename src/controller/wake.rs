@@ -1,0 +1,188 @@
+//! What wakes each wait of the operator: a trigger from a watch that cannot be lost, or a bounded
+//! recheck, decided here.
+//!
+//! A wake-up is lost when it is spent before the state it should reveal is in the cache the
+//! woken reconcile reads: a reconcile that reads the old state waits again, and nothing comes
+//! after. So every trigger derived from a change of executors is sent only once the executor
+//! cache shows that change ([`ExecutorTriggers`]): one watch of executors feeds the cache, and
+//! each of its events is turned into wake-ups after it was applied. (The controllers used to
+//! hear of executor changes through watches of their own, which could deliver a change before
+//! the shared cache had it: an Execution woken by its executor's Ready read "not ready" and
+//! waited for a change that had already come.)
+//!
+//! The waits, and what wakes them:
+//!
+//! | wait | trigger | recheck ([`recheck`]) |
+//! |---|---|---|
+//! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`], until `executorWait` runs out |
+//! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`] |
+//! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`] |
+//! | Execution, a burst still settling | — | until the burst's second has settled |
+//! | Execution, an attempt another process may still report | — | until the attempt's deadline |
+//! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
+//! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
+//! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
+//! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |
+//! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
+//! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
+//! | a failed reconcile | — | its backoff (`Settings::backoff_max`) |
+
+use std::time::Duration;
+
+use futures::{Stream, TryStreamExt};
+use kube::{
+    ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        reflector::{ObjectRef, Store, store::Writer},
+        watcher,
+    },
+};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::crd::{BriqExecutor, BriqExecutorPool, Execution, POOL_MEMBER_ANNOTATION};
+
+/// The recheck of a wait that has a trigger: should the trigger ever be missed, the wait ends
+/// this long after. It reads the caches only.
+pub const SAFETY_NET: Duration = Duration::from_secs(10);
+/// The recheck of an Execution queued behind others (woken by the one before it ending).
+pub const TURN: Duration = Duration::from_secs(5);
+/// The recheck of a pool whose members are being made or provisioned.
+pub const POOL_FILLING: Duration = Duration::from_secs(1);
+/// How often a deleted executor looks whether its Executions have concluded.
+pub const DRAIN: Duration = Duration::from_millis(500);
+/// The longest recheck of a missing key Secret.
+pub const KEY_RECHECK_MAX: Duration = Duration::from_secs(30);
+
+/// A wait, as [`recheck`] tells how long it may last without a trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// An Execution whose executor does not exist; `left` until it gives up.
+    ExecutorMissing { left: Duration },
+    /// An Execution whose executor exists but is not Ready.
+    ExecutorNotReady,
+    /// An Execution behind others in its executor's queue.
+    Turn,
+    /// An executor or Execution whose key Secret is missing, `waited` since it was created.
+    KeySecret { waited: Duration },
+    /// A pool whose members are being made or provisioned.
+    PoolFilling,
+    /// A deleted executor whose Executions have not concluded, `left` of its drain limit.
+    Drain { left: Duration },
+}
+
+/// When to look again at what waits, should nothing wake it first.
+pub fn recheck(wait: Wait) -> Duration {
+    match wait {
+        Wait::ExecutorMissing { left } => SAFETY_NET.min(left),
+        Wait::ExecutorNotReady => SAFETY_NET,
+        Wait::Turn => TURN,
+        Wait::KeySecret { waited } => key_recheck(waited),
+        Wait::PoolFilling => POOL_FILLING,
+        Wait::Drain { left } => DRAIN.min(left),
+    }
+}
+
+/// A Secret is not watched (the operator reads keys one by one, never lists them): a missing
+/// one is read again soon at first, since it is often created right after its executor, then
+/// less often, a quarter of the time waited, up to [`KEY_RECHECK_MAX`].
+pub fn key_recheck(waited: Duration) -> Duration {
+    (waited / 4).clamp(Duration::from_secs(1), KEY_RECHECK_MAX)
+}
+
+/// A wake-up of one object.
+pub type Wake<K> = Box<dyn Fn(ObjectRef<K>) + Send + Sync>;
+
+/// Sends wake-ups to a controller's `reconcile_on` stream.
+pub fn sender<K>(to: UnboundedSender<ObjectRef<K>>) -> Wake<K>
+where
+    K: kube::Resource + 'static,
+    K::DynamicType: std::fmt::Debug + Clone + Eq + std::hash::Hash + Send + Sync,
+{
+    Box::new(move |object| {
+        // A closed channel: that controller has stopped, and wakes nothing any more.
+        let _ = to.send(object);
+    })
+}
+
+/// Turns the events of the one watch of executors into wake-ups of what waits on executors,
+/// each sent only once the executor cache shows the event's change: [`executor_events`] hands
+/// it every event after the reflector has applied it.
+pub struct ExecutorTriggers {
+    pub executors: Store<BriqExecutor>,
+    pub executions: Store<Execution>,
+    pub wake_execution: Wake<Execution>,
+    pub wake_pool: Wake<BriqExecutorPool>,
+}
+
+impl ExecutorTriggers {
+    pub fn heard(&self, event: &watcher::Event<BriqExecutor>) {
+        match event {
+            watcher::Event::Apply(executor) | watcher::Event::Delete(executor) => {
+                self.changed(executor)
+            }
+            // A (re)list is buffered and swapped into the cache at its end: only then does the
+            // cache show what it listed.
+            watcher::Event::InitDone => {
+                for executor in self.executors.state() {
+                    self.changed(&executor);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    fn changed(&self, executor: &BriqExecutor) {
+        let (executions, pool) = woken_by(&self.executions, executor);
+        for execution in executions {
+            (self.wake_execution)(execution);
+        }
+        if let Some(pool) = pool {
+            (self.wake_pool)(pool);
+        }
+    }
+}
+
+/// The one watch of executors (`watch`): each event is compacted into the executor cache
+/// (`writer`), then, with the cache showing it, handed to `deleted` (a deletion) and to
+/// `triggers`. Yields the executors applied, for the executor controller.
+pub fn executor_events<St>(
+    watch: St,
+    writer: Writer<BriqExecutor>,
+    triggers: ExecutorTriggers,
+    deleted: impl Fn(&BriqExecutor) + Send + 'static,
+) -> impl Stream<Item = Result<BriqExecutor, watcher::Error>> + Send
+where
+    St: Stream<Item = watcher::Result<watcher::Event<BriqExecutor>>> + Send + 'static,
+{
+    watch
+        .modify(super::cache::compact)
+        .reflect(writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(gone) = event {
+                deleted(gone);
+            }
+            triggers.heard(event);
+        })
+        .applied_objects()
+}
+
+/// What a change of `executor` wakes: the Executions that wait on it (or whose time to live is
+/// its), and the pool it is a member of.
+pub fn woken_by(
+    executions: &Store<Execution>,
+    executor: &BriqExecutor,
+) -> (
+    Vec<ObjectRef<Execution>>,
+    Option<ObjectRef<BriqExecutorPool>>,
+) {
+    let pool = executor
+        .annotations()
+        .get(POOL_MEMBER_ANNOTATION)
+        .zip(executor.namespace())
+        .map(|(pool, namespace)| ObjectRef::new(pool).within(&namespace));
+    (super::execution::waiting_on(executions, executor), pool)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, stream};
+use kube::runtime::reflector;
+use serde_json::json;
+
+use super::*;
+
+fn executor(name: &str, ready: &str, annotations: serde_json::Value) -> BriqExecutor {
+    serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+        "metadata": { "name": name, "namespace": "team", "uid": format!("uid-{name}"),
+                      "annotations": annotations },
+        "spec": {},
+        "status": { "conditions": [{
+            "type": "Ready", "status": ready, "reason": "R", "message": "",
+            "lastTransitionTime": "2026-12-03T10:00:00Z",
+        }]},
+    }))
+    .unwrap()
+}
+
+fn waiting_execution(name: &str, executor: &str) -> Execution {
+    serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "Execution",
+        "metadata": { "name": name, "namespace": "team", "uid": format!("uid-{name}") },
+        "spec": { "executorRef": { "name": executor }, "code": "1" },
+    }))
+    .unwrap()
+}
+
+/// What was woken, and the Ready condition the executor cache showed for `py` at that moment.
+type Heard = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+/// Runs `events` through [`executor_events`] as the operator does, with one Execution waiting
+/// on executor `py`; returns each wake-up with what the executor cache showed when it was sent,
+/// and the deletions heard.
+async fn wake_ups(
+    events: Vec<watcher::Event<BriqExecutor>>,
+) -> (Vec<(String, Option<String>)>, Vec<String>) {
+    let (executions, mut execution_writer) = reflector::store::<Execution>();
+    execution_writer.apply_watcher_event(&watcher::Event::Apply(waiting_execution("step", "py")));
+    let (executors, executor_writer) = reflector::store::<BriqExecutor>();
+    let heard: Heard = Arc::default();
+    let shown = |cache: &Store<BriqExecutor>| {
+        cache.get(&ObjectRef::new("py").within("team")).map(|py| {
+            serde_json::to_value(py.as_ref()).unwrap()["status"]["conditions"][0]["status"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+    };
+    let (on_execution, cache) = (heard.clone(), executors.clone());
+    let (on_pool, pool_cache) = (heard.clone(), executors.clone());
+    let triggers = ExecutorTriggers {
+        executors: executors.clone(),
+        executions,
+        wake_execution: Box::new(move |woken| {
+            on_execution
+                .lock()
+                .unwrap()
+                .push((format!("execution {woken}"), shown(&cache)));
+        }),
+        wake_pool: Box::new(move |woken| {
+            on_pool
+                .lock()
+                .unwrap()
+                .push((format!("pool {woken}"), shown(&pool_cache)));
+        }),
+    };
+    let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
+    let on_delete = deleted.clone();
+    let applied: Vec<_> = executor_events(
+        stream::iter(events.into_iter().map(Ok)),
+        executor_writer,
+        triggers,
+        move |gone| on_delete.lock().unwrap().push(gone.name_any()),
+    )
+    .collect()
+    .await;
+    assert!(applied.iter().all(Result::is_ok));
+    let heard = heard.lock().unwrap().clone();
+    let deleted = deleted.lock().unwrap().clone();
+    (heard, deleted)
+}
+
+fn woke(what: &str, cache_showed: Option<&str>) -> (String, Option<String>) {
+    (what.to_owned(), cache_showed.map(str::to_owned))
+}
+
+const STEP: &str = "execution Execution.v1alpha1.briq.cloud/step.team";
+
+#[tokio::test]
+async fn an_executor_change_wakes_its_waiting_executions_only_once_the_cache_shows_it() {
+    let (heard, deleted) = wake_ups(vec![
+        watcher::Event::Apply(executor("py", "Unknown", json!({}))),
+        watcher::Event::Apply(executor("py", "True", json!({}))),
+        watcher::Event::Delete(executor("py", "True", json!({}))),
+    ])
+    .await;
+    assert_eq!(
+        heard,
+        [
+            woke(STEP, Some("Unknown")),
+            woke(STEP, Some("True")),
+            woke(STEP, None),
+        ]
+    );
+    assert_eq!(deleted, ["py"]);
+}
+
+#[tokio::test]
+async fn a_relisted_executor_wakes_its_executions_when_the_relist_is_in_the_cache() {
+    let (heard, _) = wake_ups(vec![
+        watcher::Event::Init,
+        watcher::Event::InitApply(executor("py", "True", json!({}))),
+        watcher::Event::InitApply(executor("other", "True", json!({}))),
+        watcher::Event::InitDone,
+    ])
+    .await;
+    assert_eq!(heard, [woke(STEP, Some("True"))]);
+}
+
+#[tokio::test]
+async fn a_pool_member_change_wakes_its_pool_once_the_cache_shows_it() {
+    let member = |ready| executor("py", ready, json!({ POOL_MEMBER_ANNOTATION: "warm" }));
+    let (heard, _) = wake_ups(vec![
+        watcher::Event::Apply(member("Unknown")),
+        watcher::Event::Apply(member("True")),
+    ])
+    .await;
+    const POOL: &str = "pool BriqExecutorPool.v1alpha1.briq.cloud/warm.team";
+    assert_eq!(
+        heard,
+        [
+            woke(STEP, Some("Unknown")),
+            woke(POOL, Some("Unknown")),
+            woke(STEP, Some("True")),
+            woke(POOL, Some("True")),
+        ]
+    );
+}
+
+#[test]
+fn every_wait_has_a_recheck_of_seconds() {
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    let table = [
+        (Wait::ExecutorMissing { left: s(590) }, s(10)),
+        (Wait::ExecutorMissing { left: s(3) }, s(3)),
+        (Wait::ExecutorNotReady, s(10)),
+        (Wait::Turn, s(5)),
+        (Wait::KeySecret { waited: s(0) }, s(1)),
+        (Wait::KeySecret { waited: s(2) }, s(1)),
+        (Wait::KeySecret { waited: s(6) }, ms(1500)),
+        (Wait::KeySecret { waited: s(20) }, s(5)),
+        (Wait::KeySecret { waited: s(3600) }, s(30)),
+        (Wait::PoolFilling, s(1)),
+        (Wait::Drain { left: s(60) }, ms(500)),
+        (Wait::Drain { left: ms(120) }, ms(120)),
+    ];
+    for (wait, expected) in table {
+        assert_eq!(recheck(wait), expected, "{wait:?}");
+    }
+}
