@@ -56,7 +56,6 @@ use crate::{
 };
 
 pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
-/// How often an executor without a usable API key looks again.
 /// After a conditional write lost to another writer: look again soon.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
@@ -1129,7 +1128,6 @@ impl<S: SandboxApi> Actor<'_, S> {
     }
 }
 
-/// The error of a setup attempt that is retried: always a failed bridge call.
 /// When an executor waiting for its key Secret looks for it again.
 fn key_recheck(executor: &BriqExecutor) -> Action {
     Action::requeue(wake::recheck(Wait::KeySecret {
@@ -1137,6 +1135,7 @@ fn key_recheck(executor: &BriqExecutor) -> Action {
     }))
 }
 
+/// The error of a setup attempt that is retried: always a failed bridge call.
 fn retry_error(outcome: Result<Provisioned, SetupError>) -> Error {
     match outcome {
         Err(SetupError::Call(error)) => error.into(),
