@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     pub executor_wait_seconds: u64,
 
+    /// How long beyond its own deadline an Execution whose outcome briq left unknown (a 5xx, a
+    /// timeout, an outage) waits for briq to say, from the sandbox's attempt journal, whether
+    /// its code ran, in seconds. Past it the outcome stays unknown and the executor unusable.
+    #[arg(long, default_value_t = 600)]
+    pub outage_patience_seconds: u64,
+
     /// How many BriqExecutors are reconciled at once (provisioning one holds its slot until
     /// its kernel is ready).
     #[arg(long, default_value_t = 32)]
@@ -114,6 +120,7 @@ impl Args {
                 .then(|| Duration::from_secs(self.orphan_sweep_interval_seconds)),
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
             executor_wait: Duration::from_secs(self.executor_wait_seconds),
+            outage_patience: Duration::from_secs(self.outage_patience_seconds),
             executor_concurrency: self.max_concurrent_executors,
             execution_concurrency: self.max_concurrent_executions,
             ..Settings::default()

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use briq_dev::local_server::{Fault, FaultRule, Operation};
+use briq_dev::local_server::{Fault, FaultRule, Operation, Outage};
 use briq_operator::{
     briq::{self, BriqClient, ClientOptions, SandboxApi as _},
     controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
@@ -1051,8 +1051,19 @@ async fn assert_unusable_for_good(env: &TestEnv, operator: &Operator, why: &str)
     );
 }
 
+/// The executor `py` still runs code, keeps its Python state and is Ready.
+async fn assert_still_usable(env: &TestEnv, name: &str) {
+    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
+    assert!(!executor.status.clone().unwrap().unusable);
+    assert_eq!(condition(&executor, "Ready").0, "True");
+    let next = run(env, name, "py", "1 + 1").await;
+    assert_eq!(reason(&next), "Completed", "{:?}", next.status);
+    assert_eq!(support::output(&next), "2");
+}
+
 #[tokio::test]
-async fn exec_performed_then_answered_502_leaves_the_outcome_unknown_and_the_executor_unusable() {
+async fn exec_performed_then_answered_502_is_learnt_from_the_journal_and_the_executor_stays_usable()
+{
     let env = TestEnv::new("e2e-502-after").await;
     let operator = Operator::start(&env).await;
     // A gateway answers 502 after the sandbox ran the code.
@@ -1061,24 +1072,50 @@ async fn exec_performed_then_answered_502_leaves_the_outcome_unknown_and_the_exe
     })
     .await;
 
-    let ran = run(&env, "ran", "py", MARK).await;
-    assert_eq!(reason(&ran), "TransportError", "{:?}", ran.status);
+    let ran = run(&env, "ran", "py", &format!("{MARK}print('it ran')")).await;
+    assert_eq!(reason(&ran), "Completed", "{:?}", ran.status);
+    assert_eq!(
+        ran.status.as_ref().unwrap().logs.as_deref(),
+        Some("it ran\n")
+    );
     assert_eq!(
         marker(&operator, &sandbox).await,
         "ran\n",
         "the code ran once"
     );
-    let (_, _, message) = condition(&ran, "Succeeded");
-    assert!(!message.contains("did not run"), "{message}");
-    assert!(
-        message.contains("may have run") && message.contains("502"),
-        "{message}"
-    );
+    assert_still_usable(&env, "next").await;
+}
+
+/// briq stays down past the outage patience: the outcome is called unknown, not guessed, and the
+/// executor never runs code again.
+#[tokio::test]
+async fn an_outage_outlasting_the_patience_leaves_the_outcome_unknown_and_the_executor_unusable() {
+    let env = TestEnv::new("e2e-patience").await;
+    let operator = Operator::start_with(&env, |s| s.outage_patience = Duration::from_secs(3)).await;
+    ready_executor(&env, "py").await;
+    // The operator has confirmed with briq that the sandbox is the executor's own: the next
+    // Execution's code is sent without asking briq anything else first.
+    let first = run(&env, "first", "py", "1").await;
+    assert_eq!(reason(&first), "Completed", "{:?}", first.status);
+    operator
+        .admin()
+        .begin_outage(&Outage::new(503, Duration::from_secs(300)))
+        .await
+        .unwrap();
+    let spec = json!({ "executorRef": { "name": "py" }, "code": "1 + 1", "timeoutSeconds": 1 });
+    create_execution_from(&env, "lost", spec).await;
+
+    let lost = finished(&env, "lost", RUN_SECONDS).await;
+    assert_eq!(reason(&lost), "TransportError", "{:?}", lost.status);
+    let (_, _, message) = condition(&lost, "Succeeded");
+    assert!(message.contains("outcome stayed unknown"), "{message}");
+    assert!(message.contains("may have run"), "{message}");
+    operator.admin().clear_faults().await.unwrap();
     assert_unusable_for_good(&env, &operator, "outcome unknown").await;
 }
 
 #[tokio::test]
-async fn exec_answered_429_without_performing_did_not_run_and_the_executor_stays_usable() {
+async fn exec_answered_429_without_performing_is_sent_again_once_and_the_executor_stays_usable() {
     let env = TestEnv::new("e2e-429").await;
     let operator = Operator::start(&env).await;
     let sandbox = executor_with_fault(&env, &operator, |id| {
@@ -1086,31 +1123,22 @@ async fn exec_answered_429_without_performing_did_not_run_and_the_executor_stays
     })
     .await;
 
-    let refused = run(&env, "refused", "py", MARK).await;
-    assert_eq!(reason(&refused), "TransportError", "{:?}", refused.status);
-    let (_, _, message) = condition(&refused, "Succeeded");
-    assert!(
-        message.contains("did not run") && message.contains("429"),
-        "{message}"
+    let refused = run(&env, "refused", "py", &format!("{MARK}print('sent again')")).await;
+    assert_eq!(reason(&refused), "Completed", "{:?}", refused.status);
+    assert_eq!(
+        refused.status.as_ref().unwrap().logs.as_deref(),
+        Some("sent again\n")
     );
-    assert_eq!(marker(&operator, &sandbox).await, "", "nothing ran");
-
-    let executor = env.api::<BriqExecutor>().get("py").await.unwrap();
-    assert!(!executor.status.clone().unwrap().unusable);
-    assert_eq!(condition(&executor, "Ready").0, "True");
-    let next = run(&env, "next", "py", &format!("{MARK}1 + 1")).await;
-    assert_eq!(reason(&next), "Completed", "{:?}", next.status);
-    assert_eq!(support::output(&next), "2");
     assert_eq!(
         marker(&operator, &sandbox).await,
         "ran\n",
-        "only the next Execution ran, and the refused one was not sent again"
+        "the journal said it was never accepted, so it was sent again, and ran once"
     );
+    assert_still_usable(&env, "next").await;
 }
 
 #[tokio::test]
-async fn spilled_result_unreadable_after_the_exec_leaves_the_outcome_unknown_and_the_executor_unusable()
- {
+async fn spilled_result_unreadable_after_the_exec_is_read_again_from_the_journal() {
     let env = TestEnv::new("e2e-spill-lost").await;
     let operator = Operator::start(&env).await;
     // Three 503s: every attempt of the (idempotent, retried) read of the spilled result fails.
@@ -1129,7 +1157,11 @@ async fn spilled_result_unreadable_after_the_exec_leaves_the_outcome_unknown_and
 
     // Over 32 KiB of output: the bridge spills its answer to .briq/results/<nonce>.out.
     let big = run(&env, "big", "py", &format!("{MARK}print('a' * 40_000)")).await;
-    assert_eq!(reason(&big), "TransportError", "{:?}", big.status);
+    assert_eq!(reason(&big), "Completed", "{:?}", big.status);
+    assert_eq!(
+        big.status.as_ref().unwrap().logs.as_deref(),
+        Some(format!("{}\n", "a".repeat(40_000)).as_str())
+    );
     assert_eq!(
         marker(&operator, &sandbox).await,
         "ran\n",
@@ -1137,13 +1169,10 @@ async fn spilled_result_unreadable_after_the_exec_leaves_the_outcome_unknown_and
     );
     let stats = operator.admin().stats().await.unwrap();
     assert!(
-        stats.calls(Operation::ReadFile) >= reads_before + 3,
-        "the spilled result was asked for"
+        stats.calls(Operation::ReadFile) > reads_before + 3,
+        "the spilled result was asked for, then asked of the journal again"
     );
-    let (_, _, message) = condition(&big, "Succeeded");
-    assert!(!message.contains("did not run"), "{message}");
-    assert!(message.contains("spilled answer failed"), "{message}");
-    assert_unusable_for_good(&env, &operator, "result could not be read").await;
+    assert_still_usable(&env, "next").await;
 }
 
 /// The operator is killed at random moments while 50 Executions run on 5 executors, 25 times

@@ -60,12 +60,22 @@ async fn a_gateway_page_echoing_the_key_leaves_no_piece_of_it_in_status_events_o
     // The exec's answer is the page, with the key all over it: the Execution reports it.
     operator
         .admin()
-        .add_fault(&FaultRule::on(Operation::Exec, Fault::echo_page(502)))
+        .add_fault(&FaultRule::on(Operation::Exec, Fault::echo_page(502)).times(5))
         .await
         .unwrap();
     create_execution(&env, "echoed", "py", "1 + 1").await;
+    // Waiting for briq, it says what briq answered: the page, scrubbed.
+    let waiting = wait_for(&env.api::<Execution>(), "echoed", 60, |e| {
+        reason(e) == "WaitingForBriq"
+    })
+    .await;
+    let message = condition(&waiting, "Succeeded").2;
+    assert!(
+        message.contains("Authorization: Bearer <redact"),
+        "the page reached the status, scrubbed: {message}"
+    );
     let echoed = finished(&env, "echoed", 60).await;
-    assert_eq!(reason(&echoed), "TransportError", "{:?}", echoed.status);
+    assert_eq!(reason(&echoed), "Completed", "{:?}", echoed.status);
 
     // A refused create: the page goes into the executor's condition, and into the logs of every
     // retry.
@@ -113,6 +123,10 @@ async fn a_gateway_page_echoing_the_key_leaves_no_piece_of_it_in_status_events_o
         (
             "executions",
             serde_json::to_string(&executions.items).unwrap(),
+        ),
+        (
+            "a waiting execution",
+            serde_json::to_string(&waiting).unwrap(),
         ),
         ("events", serde_json::to_string(&events.items).unwrap()),
         ("logs", logged),

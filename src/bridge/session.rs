@@ -48,6 +48,16 @@ pub enum CallError {
     UnexpectedKind(&'static str),
 }
 
+impl CallError {
+    /// The pause briq asked for before calling again, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Briq(error) | CallError::ResultUnreadable(error) => error.retry_after(),
+            _ => None,
+        }
+    }
+}
+
 /// Why provisioning a sandbox failed for good.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {

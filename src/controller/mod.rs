@@ -84,10 +84,8 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         use kube::runtime::finalizer::Error as Finalizer;
         match self {
-            Error::Briq(error) | Error::Bridge(session::CallError::Briq(error)) => {
-                error.retry_after()
-            }
-            Error::Bridge(session::CallError::ResultUnreadable(error)) => error.retry_after(),
+            Error::Briq(error) => error.retry_after(),
+            Error::Bridge(error) => error.retry_after(),
             Error::Finalizer(error) => match error.as_ref() {
                 Finalizer::ApplyFailed(inner) | Finalizer::CleanupFailed(inner) => {
                     inner.retry_after()
@@ -124,6 +122,10 @@ pub struct Settings {
     /// How long an Execution waits for an executor that does not exist before it fails
     /// (`ExecutorNeverAppeared`): a misspelt name must not keep it waiting forever.
     pub executor_wait: Duration,
+    /// How long beyond a run's own deadline an Execution whose outcome briq left unknown (a
+    /// 5xx, a timeout, an outage) waits for briq to answer its sandbox's journal before the
+    /// outcome is called unknown and the executor unusable.
+    pub outage_patience: Duration,
     /// How many executors are reconciled at once, and how many Executions (a running action
     /// holds its slot until its result is written). Each reconcile in flight may hold a
     /// connection to the API server: unbounded, 1,000 executors left 340 of them open.
@@ -146,6 +148,7 @@ impl Default for Settings {
             orphan_sweep_interval: Some(Duration::from_secs(300)),
             orphan_grace: Duration::from_secs(600),
             executor_wait: Duration::from_secs(600),
+            outage_patience: Duration::from_secs(600),
             executor_concurrency: 32,
             execution_concurrency: 256,
             count_write_interval: Duration::from_secs(30),

@@ -19,6 +19,7 @@
 //! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`] |
 //! | Execution, a burst still settling | — | until the burst's second has settled |
 //! | Execution, an attempt another process may still report | — | until the attempt's deadline |
+//! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`]: 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
@@ -53,6 +54,9 @@ pub const POOL_FILLING: Duration = Duration::from_secs(1);
 pub const DRAIN: Duration = Duration::from_millis(500);
 /// The longest recheck of a missing key Secret.
 pub const KEY_RECHECK_MAX: Duration = Duration::from_secs(30);
+/// The longest pause between two questions to briq about an outcome it left unknown: the
+/// longest an Execution waits once briq answers again.
+pub const BRIQ_RECHECK_MAX: Duration = Duration::from_secs(15);
 
 /// A wait, as [`recheck`] tells how long it may last without a trigger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,13 @@ pub enum Wait {
     PoolFilling,
     /// A deleted executor whose Executions have not concluded, `left` of its drain limit.
     Drain { left: Duration },
+    /// An Execution whose outcome briq left unknown, `waited` since its attempt started and
+    /// `left` of its patience; briq may have asked for a pause (`Retry-After`).
+    Briq {
+        waited: Duration,
+        left: Duration,
+        retry_after: Option<Duration>,
+    },
 }
 
 /// When to look again at what waits, should nothing wake it first.
@@ -80,7 +91,21 @@ pub fn recheck(wait: Wait) -> Duration {
         Wait::KeySecret { waited } => key_recheck(waited),
         Wait::PoolFilling => POOL_FILLING,
         Wait::Drain { left } => DRAIN.min(left),
+        Wait::Briq {
+            waited,
+            left,
+            retry_after,
+        } => briq_recheck(waited, retry_after).min(left),
     }
+}
+
+/// Nothing signals that briq answers again: an outcome it left unknown is asked for soon at
+/// first (most failures are blips), then less often, a quarter of the time waited, up to
+/// [`BRIQ_RECHECK_MAX`], and never before the pause briq asked for.
+pub fn briq_recheck(waited: Duration, retry_after: Option<Duration>) -> Duration {
+    (waited / 4)
+        .clamp(Duration::from_secs(1), BRIQ_RECHECK_MAX)
+        .max(retry_after.unwrap_or_default())
 }
 
 /// A Secret is not watched (the operator reads keys one by one, never lists them): a missing

@@ -55,6 +55,11 @@ reasons! {
         ExecutorNotReady,
         /// The code was sent to the kernel; the result is not recorded yet.
         Running,
+        /// briq failed to answer (a 5xx, a timeout, a lost connection, an outage) after the
+        /// code was sent: whether it ran is asked of the sandbox's attempt journal once briq
+        /// answers again, within the operator's outage patience (`--outage-patience-seconds`,
+        /// 10 minutes by default) beyond the run's own deadline. The code is never sent twice.
+        WaitingForBriq,
         /// The code ran.
         Completed,
         /// The code ran and returned a final answer.
@@ -66,10 +71,10 @@ reasons! {
         /// The code ran past its deadline; the kernel was interrupted and the executor is
         /// unusable.
         Timeout,
-        /// A call to briq failed. The code did not run only when briq was never reached or
-        /// refused the request before acting (HTTP 400, 401, 403, 404, 409, 422, 429); after
-        /// any other failure (a 5xx, a timeout, a lost connection, an unreadable result) it may
-        /// have run and the executor is unusable.
+        /// A call to briq failed for good. Either briq refused the request before acting
+        /// (HTTP 400, 401, 403, 409, 422), so the code did not run and the executor stays
+        /// usable; or briq did not answer whether the code ran within the outage patience
+        /// (`WaitingForBriq`), so the outcome stayed unknown and the executor is unusable.
         TransportError,
         /// The bridge answered with output that breaks the protocol; the executor is unusable.
         MalformedResponse,
@@ -113,7 +118,7 @@ impl ExecutionReason {
         use ExecutionReason::*;
         match self {
             Queued | ExecutorNotFound | ExecutorNotReady => Phase::Waiting,
-            Running => Phase::Running,
+            Running | WaitingForBriq => Phase::Running,
             Completed | FinalAnswer => Phase::Succeeded,
             CodeError
             | FinalAnswerRejected
@@ -266,6 +271,7 @@ mod tests {
             (ExecutorNotFound, Phase::Waiting),
             (ExecutorNotReady, Phase::Waiting),
             (Running, Phase::Running),
+            (WaitingForBriq, Phase::Running),
             (Completed, Phase::Succeeded),
             (FinalAnswer, Phase::Succeeded),
             (CodeError, Phase::Failed),

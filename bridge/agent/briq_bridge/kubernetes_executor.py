@@ -21,11 +21,13 @@ How failures surface:
 - a final answer the sandbox refuses (pickle, no `safe:` prefix, an array or an image, too
   large): `FinalAnswerRejectedError`, both a `CodeExecutionError` and smolagents'
   `SerializationError` (what theirs raise for a pickled or unprefixed answer).
-- an executor that can never run code again (a timeout, a transport failure, a malformed answer,
-  a lost kernel, an interrupted action, a deleted executor): `ExecutorUnusableError`. It derives
-  from `BaseException` on purpose: smolagents turns every `Exception` of an action into a message
-  for the model and keeps going, which here would only replay code against a dead executor. It
-  stops `agent.run()` instead; create a new executor.
+- an executor that can never run code again (a timeout, an outcome briq never told, a malformed
+  answer, a lost kernel, an interrupted action, a deleted executor): `ExecutorUnusableError`. It
+  derives from `BaseException` on purpose: smolagents turns every `Exception` of an action into a
+  message for the model and keeps going, which here would only replay code against a dead
+  executor. It stops `agent.run()` instead; create a new executor. briq failing to answer for a
+  while is not such a case: the operator learns the outcome from the sandbox's journal once briq
+  answers again (`WaitingForBriq`), and this client waits meanwhile.
 - anything else the cluster refuses (RBAC, a missing CRD, an invalid object, a full queue):
   `KubernetesExecutorError`.
 """

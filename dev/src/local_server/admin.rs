@@ -13,13 +13,14 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
-use super::faults::{FaultRule, Operation};
+use super::faults::{FaultRule, Operation, Outage};
 use super::http::{ApiError, RequestId};
 use super::state::Shared;
 use briq_operator::briq::ApiKey;
 use briq_operator::briq::api::{Sandbox, SandboxState};
 
 const FAULTS: &str = "/_admin/faults";
+const OUTAGE: &str = "/_admin/outage";
 const STATS: &str = "/_admin/stats";
 const SLEEP: &str = "/_admin/sandboxes/{id}/sleep";
 const RESTART: &str = "/_admin/sandboxes/{id}/restart";
@@ -50,6 +51,7 @@ pub struct LiveSandbox {
 pub(crate) fn router() -> Router<Arc<Shared>> {
     Router::new()
         .route(FAULTS, post(add_fault).delete(clear_faults))
+        .route(OUTAGE, post(begin_outage))
         .route(STATS, get(stats))
         .route(SLEEP, post(sleep))
         .route(RESTART, post(restart))
@@ -60,12 +62,29 @@ async fn add_fault(
     Extension(rid): Extension<RequestId>,
     body: Result<Json<FaultRule>, JsonRejection>,
 ) -> Response {
+    applied(&rid, body, |rule| shared.faults.add(rule))
+}
+
+async fn begin_outage(
+    State(shared): State<Arc<Shared>>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Json<Outage>, JsonRejection>,
+) -> Response {
+    applied(&rid, body, |outage| shared.faults.begin_outage(outage))
+}
+
+/// Applies a parsed admin request body: 204, or 400 saying why it did not parse.
+fn applied<T>(
+    rid: &RequestId,
+    body: Result<Json<T>, JsonRejection>,
+    apply: impl FnOnce(T),
+) -> Response {
     match body {
-        Ok(Json(rule)) => {
-            shared.faults.add(rule);
+        Ok(Json(body)) => {
+            apply(body);
             StatusCode::NO_CONTENT.into_response()
         }
-        Err(e) => ApiError::invalid(e.body_text()).respond(Some(&rid)),
+        Err(e) => ApiError::invalid(e.body_text()).respond(Some(rid)),
     }
 }
 
@@ -136,14 +155,24 @@ impl AdminClient {
 
     /// The next `rule.count` matching calls get `rule.fault`.
     pub async fn add_fault(&self, rule: &FaultRule) -> reqwest::Result<()> {
-        self.request(reqwest::Method::POST, FAULTS, None)
-            .json(rule)
+        self.post(FAULTS, rule).await
+    }
+
+    /// Every call is answered `outage.status` for its duration (the admin API still answers).
+    pub async fn begin_outage(&self, outage: &Outage) -> reqwest::Result<()> {
+        self.post(OUTAGE, outage).await
+    }
+
+    async fn post(&self, path: &str, body: &impl Serialize) -> reqwest::Result<()> {
+        self.request(reqwest::Method::POST, path, None)
+            .json(body)
             .send()
             .await?
             .error_for_status()
             .map(drop)
     }
 
+    /// Clears pending faults and ends an outage.
     pub async fn clear_faults(&self) -> reqwest::Result<()> {
         self.request(reqwest::Method::DELETE, FAULTS, None)
             .send()

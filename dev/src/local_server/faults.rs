@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -151,6 +151,25 @@ impl FaultRule {
     }
 }
 
+/// Body of `POST /_admin/outage`: briq's gateway is down for `duration_ms`. Every call
+/// arriving meanwhile is answered `status` and not performed; a call in flight when the outage
+/// begins is performed, and answered `status` if it ends during the outage, as a gateway whose
+/// upstream went away answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outage {
+    pub status: u16,
+    pub duration_ms: u64,
+}
+
+impl Outage {
+    pub fn new(status: u16, duration: Duration) -> Self {
+        Self {
+            status,
+            duration_ms: millis(duration),
+        }
+    }
+}
+
 /// Pending faults, first added first used, and how often each operation was called.
 #[derive(Debug, Default)]
 pub(crate) struct Faults {
@@ -161,6 +180,8 @@ pub(crate) struct Faults {
 struct Inner {
     rules: Vec<FaultRule>,
     calls: BTreeMap<Operation, u64>,
+    /// The status every call is answered until the instant, while an outage lasts.
+    outage: Option<(u16, Instant)>,
 }
 
 impl Faults {
@@ -178,11 +199,35 @@ impl Faults {
     }
 
     pub(crate) fn clear(&self) {
-        self.lock().rules.clear();
+        let mut inner = self.lock();
+        inner.rules.clear();
+        inner.outage = None;
+    }
+
+    pub(crate) fn begin_outage(&self, outage: Outage) {
+        let until = Instant::now() + Duration::from_millis(outage.duration_ms);
+        self.lock().outage = Some((outage.status, until));
+    }
+
+    /// The status every call is answered now, while an outage lasts.
+    pub(crate) fn outage(&self) -> Option<u16> {
+        let mut inner = self.lock();
+        match inner.outage {
+            Some((status, until)) if Instant::now() < until => Some(status),
+            Some(_) => {
+                inner.outage = None;
+                None
+            }
+            None => None,
+        }
     }
 
     /// Counts the call and takes the fault to apply to it, if any.
     pub(crate) fn record(&self, operation: Operation, sandbox_id: Option<&str>) -> Option<Fault> {
+        if let Some(status) = self.outage() {
+            *self.lock().calls.entry(operation).or_default() += 1;
+            return Some(Fault::status(status));
+        }
         let mut inner = self.lock();
         *inner.calls.entry(operation).or_default() += 1;
         let index = inner
@@ -273,5 +318,27 @@ mod tests {
         assert!(faults.record(Operation::Get, Some("bq_a")).is_some());
         assert_eq!(faults.record(Operation::Get, Some("bq_a")), None);
         assert_eq!(faults.calls()[&Operation::Get], 4);
+    }
+
+    #[test]
+    fn an_outage_answers_every_call_until_it_ends_and_is_counted() {
+        let faults = Faults::default();
+        faults.add(FaultRule::on(Operation::Get, Fault::MalformedJson));
+        faults.begin_outage(Outage::new(503, Duration::from_secs(3600)));
+        for operation in [Operation::Create, Operation::Exec, Operation::Get] {
+            assert_eq!(faults.record(operation, None), Some(Fault::status(503)));
+        }
+        assert_eq!(faults.outage(), Some(503));
+        faults.begin_outage(Outage::new(503, Duration::ZERO));
+        assert_eq!(faults.outage(), None);
+        // A rule waiting behind the outage fires after it.
+        assert_eq!(
+            faults.record(Operation::Get, None),
+            Some(Fault::MalformedJson)
+        );
+        assert_eq!(faults.calls()[&Operation::Get], 2);
+        faults.begin_outage(Outage::new(502, Duration::from_secs(3600)));
+        faults.clear();
+        assert_eq!(faults.outage(), None);
     }
 }

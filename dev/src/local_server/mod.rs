@@ -29,7 +29,7 @@ mod simulated;
 mod state;
 
 pub use admin::{AdminClient, LiveSandbox, Stats};
-pub use faults::{Fault, FaultRule, Operation, OperationMatch};
+pub use faults::{Fault, FaultRule, Operation, OperationMatch, Outage};
 pub use simulated::Simulation;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -71,6 +71,10 @@ where
     })
     .await
     .unwrap_or_else(|e| Err(ApiError::internal(format!("operation failed: {e}"))));
+    if let Some(status) = shared.faults.outage() {
+        // The gateway went down while the operation ran: performed, answered with the outage.
+        return ApiError::injected(status, None, None).respond(Some(request_id));
+    }
     match (fault, outcome) {
         (Some(Fault::DropAfterEffect), _) => dropped_connection(),
         (

@@ -443,16 +443,45 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
     (verdict, Some(result))
 }
 
-/// What the sandbox's journal said of an attempt this process did not see finish.
+/// A run's answer judged, or the error that left its outcome for the sandbox's journal to tell.
+pub type Judged = (Verdict, Option<RunResult>);
+
+/// Maps what a run answered to its outcome, unless briq's answer leaves whether the code ran
+/// unknown for now (`Err`): a 5xx, a timeout or a lost connection after sending, a request
+/// refused for a while (429) or never sent, a result that could not be read. The sandbox's
+/// journal knows what became of the attempt; it is asked once briq answers again
+/// ([`recovered`]), which beats calling the executor unusable on a guess.
+pub fn ran(outcome: Result<RunResult, CallError>, timeout: u32) -> Result<Judged, CallError> {
+    match outcome {
+        Err(error) if for_the_journal(&error) => Err(error),
+        outcome => Ok(judge(outcome, timeout)),
+    }
+}
+
+/// Whether a failed run leaves its outcome to the journal: every failure of briq to answer,
+/// but not a missing sandbox (the kernel is lost) nor a request briq refused for good (it did
+/// not run, and would be refused again).
+fn for_the_journal(error: &CallError) -> bool {
+    match error {
+        CallError::ResultUnreadable(_) => true,
+        CallError::Briq(error) => !matches!(
+            (error.exec_outcome(), error.class()),
+            (_, ErrorClass::NotFound) | (ExecOutcome::NotRun, ErrorClass::Terminal)
+        ),
+        CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => false,
+    }
+}
+
+/// What the sandbox's journal said of an attempt whose outcome this process does not know.
 #[derive(Debug)]
 pub enum Recovered {
     /// It never reached the sandbox, so its code never ran: send it now, as the same attempt
     /// (the journal runs an attempt once, should the first delivery still arrive).
     Resend,
     /// It ran (or ran and was waited for): judge its result like any run's.
-    Judge(Box<(Verdict, Option<RunResult>)>),
+    Judge(Box<Judged>),
     /// The question did not get through (briq refused or failed, a spilled answer could not
-    /// be read): ask again later; asking runs nothing.
+    /// be read): ask again once briq answers; asking runs nothing.
     AskAgain(CallError),
 }
 
@@ -461,6 +490,10 @@ pub fn recovered(answer: Result<Option<RunResult>, CallError>, timeout: u32) -> 
     match answer {
         Ok(None) => Recovered::Resend,
         Ok(Some(result)) => Recovered::Judge(Box::new(judge(Ok(result), timeout))),
+        // The sandbox is gone, and its kernel with it: judged as a run that found it gone.
+        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
+            Recovered::Judge(Box::new(judge(Err(CallError::Briq(error)), timeout)))
+        }
         Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_))) => {
             Recovered::AskAgain(error)
         }
@@ -477,6 +510,45 @@ pub fn recovered(answer: Result<Option<RunResult>, CallError>, timeout: u32) -> 
             )))
         }
     }
+}
+
+/// How much longer an attempt whose outcome briq left unknown may wait for briq to answer its
+/// journal: its deadline, the grace for its result, then `patience`; `None` once that is over.
+pub fn patience_left(attempt: &Attempt, patience: Duration, now: Timestamp) -> Option<Duration> {
+    let Some(started) = attempt.started else {
+        return Some(patience);
+    };
+    let patience = SignedDuration::try_from(patience).unwrap_or(SignedDuration::MAX);
+    let until = started
+        .checked_add(SignedDuration::from_secs(attempt.timeout_seconds.into()))
+        .and_then(|t| t.checked_add(ATTEMPT_GRACE))
+        .and_then(|t| t.checked_add(patience))
+        .unwrap_or(Timestamp::MAX);
+    let left = now.duration_until(until);
+    left.is_positive().then(|| left.unsigned_abs())
+}
+
+/// What an Execution waiting on briq says (`WaitingForBriq`) while its attempt's outcome is
+/// unknown.
+pub fn waiting_for_briq_message(error: &CallError, give_up: Option<Timestamp>) -> String {
+    let until = give_up.map_or_else(String::new, |at| format!(" until {at:.0}"));
+    format!(
+        "briq did not answer whether the code ran ({error}); the sandbox's attempt journal will be \
+         asked once briq answers again{until}, and the code is never sent twice"
+    )
+}
+
+/// The verdict when briq did not answer whether the code ran within the outage patience.
+pub fn outcome_stayed_unknown(error: &CallError, patience: Duration) -> Verdict {
+    Verdict::new(
+        ExecutionReason::TransportError,
+        format!(
+            "the outcome stayed unknown: briq did not answer whether the code ran within {}s \
+             beyond its deadline (last: {error}); it may have run, and the executor is now unusable",
+            patience.as_secs()
+        ),
+    )
+    .poisons("briq left an Execution's outcome unknown beyond the outage patience")
 }
 
 /// A final answer too large to store whole ([`budget::MAX_FINAL_ANSWER_BYTES`] as the API

@@ -52,6 +52,7 @@ use super::{
     wake::{self, Wait},
 };
 use crate::{
+    bridge::session::CallError,
     briq::SandboxApi,
     crd::{
         BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus, history_owner,
@@ -605,12 +606,76 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .ok()
                 .map(|result| Duration::from_millis(result.duration_ms));
         });
-        let (verdict, result) = decide::judge(outcome, timeout);
+        let (verdict, result) = match decide::ran(outcome, timeout) {
+            Ok(judged) => judged,
+            Err(unknown) => return self.await_briq(executor, running, unknown).await,
+        };
         let action = self.finish_run(executor, running, &verdict, result).await;
         if action.is_ok() {
             self.emit_trace(&attempt, &verdict);
         }
         action
+    }
+
+    /// briq did not answer whether the attempt in `base` ran: the Execution stays running, says
+    /// it waits for briq, and asks the sandbox's journal again later ([`Actor::recover`]);
+    /// once its patience is over, the outcome stayed unknown and the executor is unusable.
+    async fn await_briq(
+        &self,
+        executor: &BriqExecutor,
+        base: ExecutionStatus,
+        error: CallError,
+    ) -> Result<Action> {
+        let attempt = Attempt {
+            started: base.start_time.as_ref().map(|t| t.0),
+            timeout_seconds: self.timeout_seconds(executor),
+        };
+        let patience = self.ctx.shared.settings.outage_patience;
+        let now = Timestamp::now();
+        let Some(left) = decide::patience_left(&attempt, patience, now) else {
+            warn!(%error, "briq did not answer whether the code ran within the outage patience");
+            let verdict = decide::outcome_stayed_unknown(&error, patience);
+            return self.finish_run(executor, base, &verdict, None).await;
+        };
+        warn!(%error, ?left, "briq did not answer whether the code ran; its journal will be asked");
+        let give_up = SignedDuration::try_from(left)
+            .ok()
+            .and_then(|left| now.checked_add(left).ok());
+        let message = decide::waiting_for_briq_message(&error, give_up);
+        self.wait_for_briq(base, message).await?;
+        let waited = attempt
+            .started
+            .map(|started| now.duration_since(started).max(SignedDuration::ZERO))
+            .map_or(Duration::ZERO, SignedDuration::unsigned_abs);
+        Ok(Action::requeue(wake::recheck(Wait::Briq {
+            waited,
+            left,
+            retry_after: error.retry_after(),
+        })))
+    }
+
+    /// Says the Execution waits for briq (`WaitingForBriq`), keeping the attempt of `base`
+    /// recorded, unless it says so already: one write per wait, not one per question.
+    async fn wait_for_briq(&self, base: ExecutionStatus, message: String) -> Result<()> {
+        let uid = self.execution.uid().unwrap_or_default();
+        let current = self
+            .ctx
+            .kept
+            .waiting_written(&uid)
+            .filter(|written| written.attempt_id == base.attempt_id)
+            .unwrap_or(base);
+        let reason = ExecutionReason::WaitingForBriq;
+        let already = conditions::find(&current.conditions, SUCCEEDED)
+            .is_some_and(|c| c.status == "Unknown" && c.reason == reason.as_str());
+        if already {
+            return Ok(());
+        }
+        let generation = self.execution.metadata.generation;
+        if let Some(waiting) = decide::waiting_status(&current, generation, reason, message) {
+            self.write(&waiting).await?;
+            self.ctx.kept.wrote_waiting(&uid, waiting);
+        }
+        Ok(())
     }
 
     /// Notes a step of this run for its trace (when traces are exported).
@@ -714,7 +779,14 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .attempt_id
             .clone()
             .ok_or_else(|| Error::Invariant("recovering an Execution without attempt".into()))?;
-        let (key, sandbox_id) = match self.sandbox(executor).await? {
+        let access = match self.sandbox(executor).await {
+            // Whose the sandbox is could not be asked: nor could the journal be.
+            Err(Error::Briq(error)) => {
+                return self.await_briq(executor, base, error.into()).await;
+            }
+            access => access?,
+        };
+        let (key, sandbox_id) = match access {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };
@@ -729,7 +801,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let answer = session.recall(&attempt, seconds).await;
         let (verdict, result) = match decide::recovered(answer, timeout) {
             decide::Recovered::Judge(judged) => *judged,
-            decide::Recovered::AskAgain(error) => return Err(error.into()),
+            decide::Recovered::AskAgain(error) => {
+                return self.await_briq(executor, base, error).await;
+            }
             decide::Recovered::Resend => {
                 // The cache holds no code; the Execution as it is now does, and must still be
                 // at this attempt with no result (someone else may have recovered it).
@@ -739,10 +813,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 }
                 info!(%attempt, "the attempt never reached the sandbox; sending it now");
-                decide::judge(
-                    session.run(&attempt, &fresh.spec.code, seconds).await,
-                    timeout,
-                )
+                let outcome = session.run(&attempt, &fresh.spec.code, seconds).await;
+                match decide::ran(outcome, timeout) {
+                    Ok(judged) => judged,
+                    Err(unknown) => return self.await_briq(executor, base, unknown).await,
+                }
             }
         };
         info!(%attempt, "recovered an Execution the operator lost track of");

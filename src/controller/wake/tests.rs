@@ -141,6 +141,14 @@ async fn a_pool_member_change_wakes_its_pool_once_the_cache_shows_it() {
     );
 }
 
+fn briq(waited: Duration, left: Duration, retry_after: Option<Duration>) -> Wait {
+    Wait::Briq {
+        waited,
+        left,
+        retry_after,
+    }
+}
+
 #[test]
 fn every_wait_has_a_recheck_of_seconds() {
     let s = Duration::from_secs;
@@ -158,6 +166,13 @@ fn every_wait_has_a_recheck_of_seconds() {
         (Wait::PoolFilling, s(1)),
         (Wait::Drain { left: s(60) }, ms(500)),
         (Wait::Drain { left: ms(120) }, ms(120)),
+        (briq(s(0), s(600), None), s(1)),
+        (briq(s(8), s(600), None), s(2)),
+        (briq(s(40), s(600), None), s(10)),
+        (briq(s(400), s(600), None), s(15)),
+        (briq(s(8), s(600), Some(s(30))), s(30)),
+        (briq(s(400), ms(300), None), ms(300)),
+        (briq(s(8), s(5), Some(s(30))), s(5)),
     ];
     for (wait, expected) in table {
         assert_eq!(recheck(wait), expected, "{wait:?}");

@@ -981,6 +981,11 @@ fn recovered_table() {
             Err(CallError::ResultUnreadable(unavailable(503))),
             Err("ask again"),
         ),
+        // The sandbox is gone, and its kernel with it.
+        (
+            Err(CallError::Briq(not_found())),
+            Ok(Some((KernelLost, true, false))),
+        ),
     ];
     for (answer, expected) in cases {
         let shown = format!("{answer:?}");
@@ -998,4 +1003,100 @@ fn recovered_table() {
         };
         assert_eq!(got, expected, "{shown}");
     }
+}
+
+/// Which failed runs are left to the journal (`true`) rather than judged: every failure of briq
+/// to answer; not a missing sandbox, a refusal for good, or the bridge's own failures.
+#[test]
+fn a_run_briq_did_not_answer_is_left_to_the_journal() {
+    let cases: Vec<(CallError, bool)> = vec![
+        (CallError::Briq(unavailable(500)), true),
+        (CallError::Briq(unavailable(502)), true),
+        (CallError::Briq(unavailable(503)), true),
+        (CallError::Briq(unavailable(504)), true),
+        (CallError::Briq(unavailable(429)), true),
+        (
+            CallError::Briq(briq::Error::Malformed {
+                detail: "not JSON".into(),
+                request_id: None,
+            }),
+            true,
+        ),
+        (
+            CallError::Briq(briq_error(402, ErrorCode::PaymentRequired)),
+            true,
+        ),
+        (CallError::ResultUnreadable(unavailable(503)), true),
+        (CallError::ResultUnreadable(not_found()), true),
+        (CallError::Briq(not_found()), false),
+        (
+            CallError::Briq(briq_error(400, ErrorCode::InvalidRequest)),
+            false,
+        ),
+        (CallError::Briq(briq_error(409, ErrorCode::Other)), false),
+        (CallError::TimedOut(Duration::from_secs(35)), false),
+        (CallError::Malformed(Malformed::Repeated), false),
+        (CallError::UnexpectedKind("setup"), false),
+    ];
+    for (error, to_journal) in cases {
+        let shown = format!("{error:?}");
+        let judged = ran(Err(error), 30);
+        assert_eq!(judged.is_err(), to_journal, "{shown}");
+    }
+    let (verdict, kept) = ran(Ok(result(RunStatus::Ok, None)), 30).unwrap();
+    assert_eq!(verdict.reason, ExecutionReason::Completed);
+    assert!(kept.is_some());
+}
+
+#[test]
+fn patience_runs_from_the_attempts_deadline() {
+    let patience = Duration::from_secs(600);
+    let s = Duration::from_secs;
+    // (started, timeout, now, left)
+    let table = [
+        ("00", 30, "10", Some(s(635))),
+        ("00", 5, "20", Some(s(600))),
+        ("00", 1, "16", Some(s(600))),
+    ];
+    for (started, timeout, now, left) in table {
+        assert_eq!(
+            patience_left(&attempt(started, timeout), patience, at(now)),
+            left,
+            "{started} {timeout} {now}"
+        );
+    }
+    let long_ago: Timestamp = "2026-12-02T23:49:00Z".parse().unwrap();
+    let over = Attempt {
+        started: Some(long_ago),
+        timeout_seconds: 30,
+    };
+    assert_eq!(patience_left(&over, patience, at("00")), None);
+    let unstarted = Attempt {
+        started: None,
+        timeout_seconds: 30,
+    };
+    assert_eq!(
+        patience_left(&unstarted, patience, at("00")),
+        Some(patience)
+    );
+}
+
+#[test]
+fn an_outcome_briq_never_told_poisons_and_says_it_may_have_run() {
+    let verdict =
+        outcome_stayed_unknown(&CallError::Briq(unavailable(503)), Duration::from_secs(600));
+    assert_eq!(verdict.reason, ExecutionReason::TransportError);
+    assert_eq!(
+        verdict.message,
+        "the outcome stayed unknown: briq did not answer whether the code ran within 600s beyond \
+         its deadline (last: briq is unavailable (HTTP 503, unavailable): bad gateway (request id \
+         req_1)); it may have run, and the executor is now unusable"
+    );
+    assert!(verdict.unusable.is_some());
+    assert_eq!(
+        waiting_for_briq_message(&CallError::Briq(unavailable(502)), Some(at("30"))),
+        "briq did not answer whether the code ran (briq is unavailable (HTTP 502, unavailable): \
+         bad gateway (request id req_1)); the sandbox's attempt journal will be asked once briq \
+         answers again until 2026-12-03T00:00:30Z, and the code is never sent twice"
+    );
 }

@@ -1,0 +1,107 @@
+//! briq's bad days: its gateway goes down for a while, or answers an error after acting. No
+//! Execution is lost to it: an outcome briq left unknown is asked of the sandbox's attempt
+//! journal once briq answers again, so the code runs exactly once, the Python state is kept and
+//! the executor stays usable.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use briq_dev::local_server::{Operation, Outage};
+use briq_operator::crd::{BriqExecutor, Execution};
+use serde_json::json;
+use support::{
+    Operator, TestEnv, condition, create_execution, create_executor, finished, output, reason, run,
+    wait_for, wait_ready,
+};
+
+const OUTAGE: Duration = Duration::from_secs(40);
+
+/// Counts its runs in a file of the kernel user's home, then answers with the executor's `X`;
+/// the last `sleep` seconds of it run after the count.
+fn counted(sleep: u32) -> String {
+    format!(
+        "import os, time\nopen(os.path.expanduser('~/runs.txt'), 'a').write('x')\n\
+         time.sleep({sleep})\nX"
+    )
+}
+
+/// How often `counted` ran on `executor`, asked by an Execution of its own.
+async fn runs(env: &TestEnv, executor: &str) -> String {
+    let name = format!("{executor}-runs");
+    let code = "import os\nlen(open(os.path.expanduser('~/runs.txt')).read())";
+    let counted = run(env, &name, executor, code).await;
+    assert_eq!(reason(&counted), "Completed", "{:?}", counted.status);
+    output(&counted)
+}
+
+/// The gateway answers 503 to every call for 40 s and performs none. One Execution is in flight
+/// when it begins (its answer comes back as a 503), two are sent during it. Each ends with its
+/// real result, its code ran exactly once, its executor keeps its Python state and stays Ready.
+#[tokio::test]
+async fn a_40s_gateway_outage_costs_no_executor_no_second_run_and_no_state() {
+    let env = TestEnv::new("outage").await;
+    let operator = Operator::start(&env).await;
+    let admin = operator.admin();
+    let names = ["py0", "py1", "py2"];
+    for name in names {
+        create_executor(&env, name, json!({})).await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        wait_ready(&env, name).await;
+        let set = run(&env, &format!("{name}-set"), name, &format!("X = {i}")).await;
+        assert_eq!(reason(&set), "Completed", "{:?}", set.status);
+    }
+
+    // In flight: the exec has reached the sandbox, whose code still sleeps when briq goes down.
+    let execs = admin.stats().await.unwrap().calls(Operation::Exec);
+    create_execution(&env, "in-flight", "py0", &counted(5)).await;
+    briq_dev::wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        "the exec reaches the sandbox",
+        || async { Ok(admin.stats().await?.calls(Operation::Exec) > execs) },
+    )
+    .await
+    .unwrap();
+    admin.begin_outage(&Outage::new(503, OUTAGE)).await.unwrap();
+    let began = Instant::now();
+    create_execution(&env, "during-1", "py1", &counted(0)).await;
+    create_execution(&env, "during-2", "py2", &counted(0)).await;
+
+    // While briq is down, each says it waits for briq, and why.
+    for name in ["in-flight", "during-1", "during-2"] {
+        let waiting = wait_for(&env.api::<Execution>(), name, 30, |e| {
+            reason(e) == "WaitingForBriq"
+        })
+        .await;
+        let message = condition(&waiting, "Succeeded").2;
+        assert!(message.contains("HTTP 503"), "{name}: {message}");
+        assert!(message.contains("never sent twice"), "{name}: {message}");
+    }
+    assert!(
+        began.elapsed() < OUTAGE,
+        "the outage outlasted the checks made during it"
+    );
+
+    for (i, (name, executor)) in [
+        ("in-flight", "py0"),
+        ("during-1", "py1"),
+        ("during-2", "py2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let done = finished(&env, name, OUTAGE.as_secs() + 60).await;
+        assert_eq!(reason(&done), "Completed", "{name}: {:?}", done.status);
+        assert_eq!(
+            output(&done),
+            i.to_string(),
+            "{name} kept the executor's state"
+        );
+        assert_eq!(runs(&env, executor).await, "1", "{name} ran exactly once");
+        let ready = env.api::<BriqExecutor>().get(executor).await.unwrap();
+        assert!(!ready.status.clone().unwrap().unusable, "{executor}");
+        assert_eq!(condition(&ready, "Ready").0, "True", "{executor}");
+    }
+}
