@@ -5,7 +5,10 @@
 
 mod support;
 
-use briq_dev::stack::{self, Controllers};
+use briq_dev::{
+    local_server::Operation,
+    stack::{self, Controllers},
+};
 use briq_operator::crd::BriqExecutor;
 use serde_json::json;
 use support::{
@@ -15,7 +18,7 @@ use support::{
 const RUN_SECONDS: u64 = 120;
 
 #[tokio::test]
-async fn two_operators_at_once_run_each_execution_once_and_keep_one_sandbox_per_executor() {
+async fn two_operators_at_once_create_one_sandbox_per_executor_and_run_each_execution_once() {
     let env = TestEnv::new("two-operators").await;
     let first = Operator::start(&env).await;
     let settings = stack::settings(Some(&env.namespace), &first.server);
@@ -29,11 +32,17 @@ async fn two_operators_at_once_run_each_execution_once_and_keep_one_sandbox_per_
     for name in &executors {
         wait_ready(&env, name).await;
     }
-    let live = first.admin().stats().await.unwrap().sandboxes;
+    let stats = first.admin().stats().await.unwrap();
+    let live = stats.sandboxes;
     assert_eq!(
         live.len(),
         executors.len(),
         "one sandbox per executor: {live:#?}"
+    );
+    assert_eq!(
+        stats.calls[&Operation::Create],
+        executors.len() as u64,
+        "one create per executor: the other operator waited for the claim's create"
     );
     for name in &executors {
         let executor = env.api::<BriqExecutor>().get(name).await.unwrap();

@@ -126,6 +126,10 @@ pub struct Settings {
     /// 5xx, a timeout, an outage) waits for briq to answer its sandbox's journal before the
     /// outcome is called unknown and the executor unusable.
     pub outage_patience: Duration,
+    /// The longest a request to create a sandbox can take (twice the briq client's request
+    /// timeout): another operator's claim to create younger than this may still have its create
+    /// in flight, so nobody creates in its place before.
+    pub create_settle: Duration,
     /// How many executors are reconciled at once, and how many Executions (a running action
     /// holds its slot until its result is written). Each reconcile in flight may hold a
     /// connection to the API server: unbounded, 1,000 executors left 340 of them open.
@@ -149,6 +153,7 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(600),
             executor_wait: Duration::from_secs(600),
             outage_patience: Duration::from_secs(600),
+            create_settle: Duration::from_secs(60),
             executor_concurrency: 32,
             execution_concurrency: 256,
             count_write_interval: Duration::from_secs(30),
@@ -166,6 +171,8 @@ pub struct Shared<S> {
     metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
     stopping: Arc<AtomicBool>,
+    /// This process, as its claims to create sandboxes name it (random per start).
+    holder: String,
 }
 
 impl<S> Shared<S> {
@@ -640,6 +647,7 @@ pub async fn run_observed<S>(
         settings,
         metrics: observer.metrics.clone(),
         stopping,
+        holder: format!("op-{:012x}", rand::random::<u64>() >> 16),
     });
     let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Execution>>();
     let (execution_store, execution_writer) = reflector::store::<Execution>();

@@ -21,6 +21,7 @@
 //! | Execution, an attempt another process may still report | — | until the attempt's deadline |
 //! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`]: 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
+//! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |

@@ -4,6 +4,7 @@
 //! Each reconcile observes the executor (from the cache, and afresh before any step that cannot
 //! be taken back), asks [`decide`] for the next step, and performs it.
 
+mod create_claim;
 mod decide;
 mod trace;
 
@@ -28,6 +29,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
+use self::create_claim::PendingCreate;
 use self::decide::{
     Adoption, ClaimPlan, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict,
     Step, state, unusable_state,
@@ -60,6 +62,14 @@ pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
 const RECORD_ATTEMPTS: usize = 3;
+
+/// What became of a create step.
+enum Created {
+    /// The executor's sandbox, created or adopted and recorded.
+    Sandbox(String),
+    /// None (yet): decide again after this long.
+    Not(Duration),
+}
 
 /// The executor controller's context: what it shares with the other controller, and its own
 /// bookkeeping.
@@ -201,8 +211,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                 };
                 let (created, create) =
                     traces::noted(self.create_sandbox(executor, &key, pending)).await;
-                let Some(id) = created? else {
-                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                let id = match created? {
+                    Created::Sandbox(id) => id,
+                    Created::Not(recheck) => return Ok(Action::requeue(recheck)),
                 };
                 let sandbox = SandboxFields {
                     id: Some(id.clone()),
@@ -317,22 +328,38 @@ impl<S: SandboxApi> Actor<'_, S> {
             .await
     }
 
-    /// Creates the executor's one sandbox, or adopts the one an uncertain create left. `None`:
-    /// briq refused for good (reported in the status).
+    /// Creates the executor's one sandbox, or adopts the one an uncertain create left; or says
+    /// when to look again (another operator claimed the create, or briq refused for good, which
+    /// is reported in the status).
     async fn create_sandbox(
         &self,
         executor: &BriqExecutor,
         key: &ApiKey,
         pending: bool,
-    ) -> Result<Option<String>> {
+    ) -> Result<Created> {
         let name = sandbox_name(
             &executor.namespace().unwrap_or_default(),
             &executor.name_any(),
             &executor.uid().unwrap_or_default(),
         );
-        if pending {
-            self.report_provisioning(executor, "creating the sandbox")
-                .await?;
+        let claim = executor
+            .annotations()
+            .get(CREATE_PENDING_ANNOTATION)
+            .map(String::as_str)
+            .filter(|_| pending);
+        if let Some(claim) = claim {
+            let settle = self.shared.settings.create_settle;
+            let now = Timestamp::now();
+            if let PendingCreate::Wait(left) =
+                create_claim::pending_create(claim, &self.shared.holder, now, settle)
+            {
+                info!(
+                    claim,
+                    ?left,
+                    "another operator claimed the sandbox's create"
+                );
+                return Ok(Created::Not(left));
+            }
             // An earlier create has no recorded outcome. The name is deterministic, so look.
             let found = self
                 .shared
@@ -348,7 +375,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     warn!(sandbox = %duplicate, "destroyed a duplicate sandbox left by an uncertain create");
                 }
                 if !self.record_created(executor, key, &keep).await? {
-                    return Ok(None);
+                    return Ok(Created::Not(CONFLICT_RECHECK));
                 }
                 let note = format!("found sandbox {keep} created before a restart");
                 self.event(
@@ -359,36 +386,20 @@ impl<S: SandboxApi> Actor<'_, S> {
                     note,
                 )
                 .await;
-                return Ok(Some(keep));
+                return Ok(Created::Sandbox(keep));
             }
-            // Nothing by that name: the create never took effect, so creating now is safe.
-        } else {
-            // The claim to create is conditional on the version the decision was made on: of
-            // two operators that decided at once, one claims and the other decides again.
-            let started = conditions::now().0.to_string();
-            let claim = json!({
-                "metadata": {
-                    "annotations": { CREATE_PENDING_ANNOTATION: started },
-                    "resourceVersion": executor.resource_version(),
-                }
-            });
-            let claimed = self
-                .api
-                .patch(
-                    &executor.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&claim),
-                )
-                .await
-                .map_err(Error::from);
-            match claimed {
-                Ok(_) => {}
-                Err(error) if is_conflict(&error) => return Ok(None),
-                Err(error) => return Err(error),
-            }
-            self.report_provisioning(executor, "creating the sandbox")
-                .await?;
+            // Nothing by that name, and no create of that claim is in flight: it never took
+            // effect. Claimed anew below, so that only one operator creates now.
         }
+        // The claim to create is conditional on the version the decision was made on: of two
+        // operators that decided at once, one claims and the other decides again.
+        let claim = create_claim::claim_value(Timestamp::now(), &self.shared.holder);
+        let annotations = json!({ CREATE_PENDING_ANNOTATION: claim });
+        if !self.annotate_at(executor, annotations).await? {
+            return Ok(Created::Not(CONFLICT_RECHECK));
+        }
+        self.report_provisioning(executor, "creating the sandbox")
+            .await?;
         let request = CreateSandbox {
             name,
             image: executor.spec.image.clone(),
@@ -419,7 +430,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             Err(error) => return Err(error.into()),
         };
         if !self.record_created(executor, key, &sandbox.id).await? {
-            return Ok(None);
+            return Ok(Created::Not(CONFLICT_RECHECK));
         }
         let note = format!("created sandbox {}", sandbox.id);
         self.event(
@@ -431,7 +442,34 @@ impl<S: SandboxApi> Actor<'_, S> {
         )
         .await;
         info!(sandbox = %sandbox.id, "sandbox created");
-        Ok(Some(sandbox.id))
+        Ok(Created::Sandbox(sandbox.id))
+    }
+
+    /// Merges `annotations` into the executor's only if it is still at the version `executor`
+    /// was read at: `false` when someone wrote it since.
+    async fn annotate_at(
+        &self,
+        executor: &BriqExecutor,
+        annotations: serde_json::Value,
+    ) -> Result<bool> {
+        let patch = json!({ "metadata": {
+            "annotations": annotations,
+            "resourceVersion": executor.resource_version(),
+        } });
+        let patched = self
+            .api
+            .patch(
+                &executor.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(Error::from);
+        match patched {
+            Ok(_) => Ok(true),
+            Err(error) if is_conflict(&error) => Ok(false),
+            Err(error) => Err(error),
+        }
     }
 
     /// Installs the bridge and its dependencies and starts the kernel; a failed setup destroys
@@ -629,8 +667,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             None => {
                 // Nothing of its own yet (a copied manifest): it gets a sandbox of its own.
-                let Some(id) = self.create_sandbox(executor, key, false).await? else {
-                    return Ok(Action::await_change());
+                let id = match self.create_sandbox(executor, key, false).await? {
+                    Created::Sandbox(id) => id,
+                    Created::Not(recheck) => return Ok(Action::requeue(recheck)),
                 };
                 let fields = SandboxFields {
                     id: Some(id),
@@ -1055,23 +1094,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                 }
                 _ => {}
             }
-            let patch = json!({ "metadata": {
-                "annotations": { SANDBOX_ID_ANNOTATION: id, CREATE_PENDING_ANNOTATION: null },
-                "resourceVersion": fresh.resource_version(),
-            } });
-            let recorded = self
-                .api
-                .patch(
-                    &executor.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map_err(Error::from);
-            match recorded {
-                Ok(_) => return Ok(true),
-                Err(error) if is_conflict(&error) => continue,
-                Err(error) => return Err(error),
+            let annotations = json!({ SANDBOX_ID_ANNOTATION: id, CREATE_PENDING_ANNOTATION: null });
+            if self.annotate_at(&fresh, annotations).await? {
+                return Ok(true);
             }
         }
         Err(Error::Invariant(format!(
