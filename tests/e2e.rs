@@ -375,6 +375,9 @@ enum KillPoint {
     WhileTheCodeRuns,
     /// The code has run; the answer never came back, so no result is written.
     AfterTheCodeRan,
+    /// As [`KillPoint::AfterTheCodeRan`], and the operator stays down past the journal's
+    /// retention: the sandbox prunes its journal with its clock two hours on.
+    AfterTheCodeRanForHours,
 }
 
 /// The operator is killed at `point` and comes back: the Execution ends as if nothing had
@@ -389,7 +392,7 @@ async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint
     let (operation, fault) = match point {
         KillPoint::BeforeTheExec => (Operation::Exec, Some(Fault::delay(Duration::from_secs(30)))),
         KillPoint::WhileTheCodeRuns => (Operation::Exec, None),
-        KillPoint::AfterTheCodeRan => (
+        KillPoint::AfterTheCodeRan | KillPoint::AfterTheCodeRanForHours => (
             Operation::Exec,
             Some(Fault::hang_after_effect(Duration::from_secs(120))),
         ),
@@ -414,11 +417,11 @@ async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint
     )
     .await
     .unwrap();
-    if let KillPoint::AfterTheCodeRan = point {
+    let sandboxes = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    let sandbox_id = executor.status.unwrap().sandbox_id.unwrap();
+    if let KillPoint::AfterTheCodeRan | KillPoint::AfterTheCodeRanForHours = point {
         // The sandbox's own record says when the code has run (asking runs nothing).
         let attempt = running.status.unwrap().attempt_id.unwrap();
-        let sandboxes = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
-        let sandbox_id = executor.status.unwrap().sandbox_id.unwrap();
         let session = briq_operator::bridge::session::Session {
             api: &sandboxes,
             key: operator.server.api_key(),
@@ -429,6 +432,25 @@ async fn a_killed_operator_recovers_the_execution(prefix: &str, point: KillPoint
     }
     operator.kill().await;
     admin.clear_faults().await.unwrap();
+    if let KillPoint::AfterTheCodeRanForHours = point {
+        let prune = "import importlib.util, time\n\
+            spec = importlib.util.spec_from_file_location('bridge', '.briq/bridge.py')\n\
+            bridge = importlib.util.module_from_spec(spec)\n\
+            spec.loader.exec_module(bridge)\n\
+            bridge.Journal().prune(time.time() + 2 * bridge.JOURNAL_MAX_AGE_S)\n";
+        let request = briq::ExecRequest {
+            argv: vec!["python3".into(), "-c".into(), prune.into()],
+            cwd: Some(briq_operator::bridge::WORKDIR.into()),
+            env: Default::default(),
+            timeout: Duration::from_secs(30),
+            stdin: None,
+        };
+        let pruned = sandboxes
+            .exec(operator.server.api_key(), &sandbox_id, &request)
+            .await
+            .unwrap();
+        assert_eq!(pruned.exit_code, Some(0), "{pruned:?}");
+    }
     operator.resume();
 
     let victim = finished(&env, "victim", RUN_SECONDS).await;
@@ -470,6 +492,12 @@ async fn an_operator_killed_while_the_code_runs_is_recovered_and_the_code_runs_o
 #[tokio::test]
 async fn an_operator_killed_after_the_code_ran_is_recovered_without_running_it_again() {
     a_killed_operator_recovers_the_execution("e2e-kill-after", KillPoint::AfterTheCodeRan).await;
+}
+
+#[tokio::test]
+async fn an_operator_down_past_the_journal_retention_learns_the_result_and_runs_nothing_twice() {
+    a_killed_operator_recovers_the_execution("e2e-kill-hours", KillPoint::AfterTheCodeRanForHours)
+        .await;
 }
 
 #[tokio::test]

@@ -78,8 +78,11 @@ SPILL_MAX_AGE_S = 600.0
 
 # The result journal (PROTOCOL.md "Attempts"): one record per attempt id, written before the
 # code runs ("accepted") and once it has run ("finished"), so that an attempt delivered twice
-# runs once and its result can be asked for again. Records older than JOURNAL_MAX_AGE_S, and all
-# but the newest JOURNAL_KEEP, are removed whenever an attempt is accepted.
+# runs once and its result can be asked for again. A record is acknowledged ("acked") when a
+# later attempt is accepted: the operator sends an executor's next attempt only once the result
+# of every earlier one is written. Only acknowledged records are ever removed, those older than
+# JOURNAL_MAX_AGE_S and all but the newest JOURNAL_KEEP, whenever an attempt is accepted; so a
+# record the operator has not learnt yet is kept whatever the clock and the count.
 JOURNAL_DIR = ".briq/journal"
 ATTEMPT_PATTERN = re.compile(r"[0-9a-f]{16,64}")
 JOURNAL_KEEP = 256
@@ -1343,14 +1346,13 @@ class Journal:
         return self.dir / f"{attempt}.{suffix}"
 
     def accept(self, attempt: str, wait_until: float, prune: bool = True) -> bool:
-        """Record `attempt` as accepted; False when it was accepted before (by anyone). Prunes
-        the journal first unless told not to (the runner prunes after it answered)."""
+        """Record `attempt` as accepted; False when it was accepted before (by anyone). A newly
+        accepted attempt acknowledges every earlier record; then the journal is pruned unless
+        told not to (the runner prunes after it answered)."""
         if split_users():
             private_dir(self.dir)
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
-        if prune:
-            self.prune(time.time())
         path = self._path(attempt, "accepted")
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -1358,7 +1360,30 @@ class Journal:
             return False
         with os.fdopen(fd, "w") as handle:
             json.dump({"wait_until": wait_until}, handle)
+        self.acknowledge_all_but(attempt)
+        if prune:
+            self.prune(time.time())
         return True
+
+    def acknowledge_all_but(self, attempt: str) -> None:
+        """Mark every record but `attempt`'s as learnt by the operator (`<id>.acked`), so that
+        pruning may remove it: the operator sends an executor's next attempt only once the
+        results of all earlier ones are written."""
+        try:
+            names = {e.name for e in os.scandir(self.dir) if e.is_file(follow_symlinks=False)}
+        except OSError:
+            return
+        for name in names:
+            other, _, suffix = name.partition(".")
+            if suffix != "accepted" or other == attempt or f"{other}.acked" in names:
+                continue
+            with contextlib.suppress(OSError):
+                fd = os.open(
+                    self.dir / f"{other}.acked",
+                    os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
+                    0o600,
+                )
+                os.close(fd)
 
     def accepted(self, attempt: str) -> dict | None:
         """The accepted record of `attempt`, or None when it was never accepted. A record that
@@ -1421,17 +1446,21 @@ class Journal:
             time.sleep(JOURNAL_POLL_S)
 
     def prune(self, now: float) -> None:
-        """Remove records older than JOURNAL_MAX_AGE_S and all but the newest JOURNAL_KEEP
-        attempts (temporary files of a crashed write included)."""
+        """Of the acknowledged records, remove those older than JOURNAL_MAX_AGE_S and all but the
+        newest JOURNAL_KEEP (temporary files of a crashed write included). A record not
+        acknowledged is kept, however old: the operator may still ask for it."""
         try:
             entries = [e for e in os.scandir(self.dir) if e.is_file(follow_symlinks=False)]
         except OSError:
             return
+        acked = {e.name.split(".")[0] for e in entries if e.name.endswith(".acked")}
         by_attempt: dict[str, float] = {}
         for entry in entries:
+            key = entry.name.lstrip(".").split(".")[0]
+            if key not in acked:
+                continue
             with contextlib.suppress(OSError):
                 mtime = entry.stat(follow_symlinks=False).st_mtime
-                key = entry.name.lstrip(".").split(".")[0]
                 by_attempt[key] = max(by_attempt.get(key, 0.0), mtime)
         newest = sorted(by_attempt, key=by_attempt.__getitem__, reverse=True)
         doomed = {a for a in newest[JOURNAL_KEEP:]}

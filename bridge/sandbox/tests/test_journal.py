@@ -176,25 +176,95 @@ def test_malformed_attempt_ids_are_refused_before_anything_runs(shared_sandbox):
         assert "BRIQ-ENVELOPE" not in call.stdout
 
 
-def test_the_journal_keeps_the_newest_records_and_drops_old_ones(
+def journal_in(briq_sandbox, tmp_path, monkeypatch):
+    monkeypatch.setattr(briq_sandbox, "split_users", lambda: False)
+    return briq_sandbox.Journal(tmp_path / "journal")
+
+
+def accept_and_finish(briq_sandbox, journal, attempt: str, now: float) -> None:
+    assert journal.accept(attempt, now + 30)
+    journal.finish(attempt, briq_sandbox.result_envelope("ok"), 0)
+
+
+def age(tmp_path, attempt: str, seconds: float, now: float) -> None:
+    """Make every file of `attempt`'s record `seconds` old."""
+    for path in (tmp_path / "journal").glob(f"{attempt}.*"):
+        os.utime(path, (now - seconds, now - seconds))
+
+
+def kept(tmp_path) -> list[str]:
+    return sorted({p.name.split(".")[0] for p in (tmp_path / "journal").iterdir()})
+
+
+def test_the_journal_keeps_the_newest_acknowledged_records_and_drops_old_ones(
     briq_sandbox, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(briq_sandbox, "JOURNAL_KEEP", 3)
-    monkeypatch.setattr(briq_sandbox, "split_users", lambda: False)
-    journal = briq_sandbox.Journal(tmp_path / "journal")
+    journal = journal_in(briq_sandbox, tmp_path, monkeypatch)
     attempts = [f"{i:016x}" for i in range(6)]
     now = time.time()
-    for age, attempt in zip([7200, 50, 40, 30, 20, 10], attempts, strict=True):
-        assert journal.accept(attempt, now + 30)
-        journal.finish(attempt, briq_sandbox.result_envelope("ok"), 0)
-        for suffix in ("accepted", "finished"):
-            path = tmp_path / "journal" / f"{attempt}.{suffix}"
-            os.utime(path, (now - age, now - age))
+    for attempt in attempts:
+        accept_and_finish(briq_sandbox, journal, attempt, now)
+    for seconds, attempt in zip([7200, 50, 40, 30, 20, 10], attempts, strict=True):
+        age(tmp_path, attempt, seconds, now)
     journal.prune(now)
-    kept = sorted({p.name.split(".")[0] for p in (tmp_path / "journal").iterdir()})
-    assert kept == attempts[3:], "the newest three; the one over an hour old goes in any case"
-    for attempt in attempts[3:]:
+    assert kept(tmp_path) == attempts[2:], (
+        "the newest three acknowledged (the one over an hour old goes in any case), and the "
+        "newest attempt, which no later one acknowledged"
+    )
+    for attempt in attempts[2:]:
         assert journal.finished(attempt) == (briq_sandbox.result_envelope("ok"), 0)
+
+
+def test_a_record_the_operator_has_not_learnt_survives_the_clock_past_the_hour(
+    briq_sandbox, tmp_path, monkeypatch
+):
+    """The operator went down while its last attempt ran, for longer than the retention: the
+    sandbox still tells it the result, so the code is not sent a second time."""
+    journal = journal_in(briq_sandbox, tmp_path, monkeypatch)
+    now = time.time()
+    earlier, last = "00000000000000e1", "00000000000000f2"
+    accept_and_finish(briq_sandbox, journal, earlier, now)
+    accept_and_finish(briq_sandbox, journal, last, now)
+    journal.prune(now + 2 * briq_sandbox.JOURNAL_MAX_AGE_S)
+    assert kept(tmp_path) == [last], "the acknowledged record went, the unlearnt one stayed"
+    assert journal.finished(last) == (briq_sandbox.result_envelope("ok"), 0)
+    assert journal.accepted(last) is not None
+
+
+def test_a_record_the_operator_has_not_learnt_survives_more_than_256_later_records(
+    briq_sandbox, tmp_path, monkeypatch
+):
+    journal = journal_in(briq_sandbox, tmp_path, monkeypatch)
+    now = time.time()
+    unlearnt = "ffffffffffffffff"
+    assert journal.accept(unlearnt, now + 30)
+    # Records of another executor's kind of history, each acknowledged when it was accepted
+    # anew: made directly, as a copy of the journal from a long life would hold them.
+    directory = tmp_path / "journal"
+    for i in range(briq_sandbox.JOURNAL_KEEP + 44):
+        for suffix in ("accepted", "acked"):
+            (directory / f"{i:016x}.{suffix}").write_text("{}")
+    journal.prune(now + 10)
+    left = kept(tmp_path)
+    assert unlearnt in left
+    assert len(left) == briq_sandbox.JOURNAL_KEEP + 1
+    assert journal.accepted(unlearnt) is not None
+
+
+def test_a_new_attempt_acknowledges_every_earlier_record_and_recall_none(
+    briq_sandbox, tmp_path, monkeypatch
+):
+    journal = journal_in(briq_sandbox, tmp_path, monkeypatch)
+    now = time.time()
+    first, second = "000000000000000a", "000000000000000b"
+    accept_and_finish(briq_sandbox, journal, first, now)
+    assert not (tmp_path / "journal" / f"{first}.acked").exists()
+    assert not journal.accept(first, now + 30), "a second delivery acknowledges nothing"
+    assert not (tmp_path / "journal" / f"{first}.acked").exists()
+    accept_and_finish(briq_sandbox, journal, second, now)
+    assert (tmp_path / "journal" / f"{first}.acked").exists()
+    assert not (tmp_path / "journal" / f"{second}.acked").exists()
 
 
 def test_a_tampered_record_is_no_result_but_still_counts_as_accepted(
