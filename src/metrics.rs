@@ -66,6 +66,10 @@ pub struct Live {
     /// Entries of the controllers' in-process bookkeeping (backoffs, locks, results not yet
     /// written, …); each goes with its object, so this falls back to 0 when the objects do.
     pub bookkeeping: i64,
+    /// Executions whose outcome briq left unknown, waiting for briq to answer (`WaitingForBriq`).
+    pub waiting_for_briq: i64,
+    /// API keys with which briq answers no call now (`briq::health`).
+    pub briq_unreachable_keys: i64,
 }
 
 type LiveSource = Box<dyn Fn() -> Live + Send + Sync>;
@@ -88,6 +92,8 @@ pub struct Metrics {
     sandboxes: Gauge,
     bookkeeping: Gauge,
     leader: Gauge,
+    waiting_for_briq: Gauge,
+    briq_unreachable: Gauge,
     live: Mutex<Option<LiveSource>>,
 }
 
@@ -199,6 +205,19 @@ impl Default for Metrics {
             "Entries of the controllers' in-process bookkeeping (pruned with their objects)",
             bookkeeping.clone(),
         );
+        let (waiting_for_briq, briq_unreachable) = (Gauge::default(), Gauge::default());
+        registry.register(
+            "executions_waiting_for_briq",
+            "Executions whose outcome briq left unknown (a 5xx, a timeout, an outage), waiting for \
+             briq to answer their sandbox's attempt journal (reason WaitingForBriq)",
+            waiting_for_briq.clone(),
+        );
+        registry.register(
+            "briq_unreachable_keys",
+            "briq API keys with which briq answers no call now: their calls are held back and \
+             briq is probed by one call at a time (0 when briq answers)",
+            briq_unreachable.clone(),
+        );
         registry.register(
             "leader",
             "1 while this replica runs the controllers (holds the lease, or runs without leader election)",
@@ -243,6 +262,8 @@ impl Default for Metrics {
             sandboxes,
             bookkeeping,
             leader,
+            waiting_for_briq,
+            briq_unreachable,
             live: Mutex::default(),
         }
     }
@@ -337,6 +358,8 @@ impl Metrics {
         self.running.set(live.running);
         self.sandboxes.set(live.sandboxes);
         self.bookkeeping.set(live.bookkeeping);
+        self.waiting_for_briq.set(live.waiting_for_briq);
+        self.briq_unreachable.set(live.briq_unreachable_keys);
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String never fails");
         out

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use briq_dev::local_server::{self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation};
+use briq_dev::local_server::{
+    self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation, Outage,
+};
 use briq_operator::briq::api::ErrorCode;
 use briq_operator::briq::{
     ApiKey, BriqClient, ClientOptions, CreateSandbox, DestroyOutcome, Error, ErrorClass,
@@ -15,6 +17,7 @@ const KEY: &str = "local-test-key-Zq81xK";
 
 struct Harness {
     client: BriqClient,
+    options: ClientOptions,
     admin: AdminClient,
     key: ApiKey,
     server: LocalServer,
@@ -33,7 +36,8 @@ async fn harness_with(adjust: impl FnOnce(&mut ClientOptions)) -> Harness {
     options.ready_timeout = Duration::from_secs(10);
     adjust(&mut options);
     Harness {
-        client: BriqClient::new(options).unwrap(),
+        client: BriqClient::new(options.clone()).unwrap(),
+        options,
         admin: server.admin(),
         key: server.api_key().clone(),
         server,
@@ -102,6 +106,12 @@ impl Harness {
 
     async fn exec(&self, id: &str, request: &ExecRequest) -> ExecOutput {
         self.client.exec(&self.key, id, request).await.unwrap()
+    }
+
+    /// A client of its own, as another operator process has: its view of briq's health starts
+    /// afresh.
+    fn fresh_client(&self) -> BriqClient {
+        BriqClient::new(self.options.clone()).unwrap()
     }
 
     async fn calls(&self, operation: Operation) -> u64 {
@@ -534,6 +544,7 @@ async fn create_is_never_retried() {
 async fn rate_limits_and_server_errors_surface_as_retryable() {
     let h = harness().await;
     let sandbox = h.sandbox("exhausted").await;
+    // Each from a client of its own: three failures in a row make a client hold its calls back.
     for status in [429, 500] {
         let before = h.calls(Operation::Get).await;
         h.admin
@@ -541,7 +552,7 @@ async fn rate_limits_and_server_errors_surface_as_retryable() {
             .await
             .unwrap();
         let error = expect_class(
-            h.client.get_sandbox(&h.key, &sandbox.id).await,
+            h.fresh_client().get_sandbox(&h.key, &sandbox.id).await,
             ErrorClass::Retryable,
         );
         assert!(matches!(error, Error::Unavailable { status: s, .. } if s == status));
@@ -843,13 +854,72 @@ async fn unreachable_briq_is_retryable() {
         client.create_sandbox(&key, &create_request("x")).await,
         ErrorClass::Retryable,
     );
-    // And an exec certainly did not run.
+    // And an exec certainly did not run: not sent at all, since briq has answered none of the
+    // calls before it (held back), or refused at connect.
     let error = expect_class(
         client.exec(&key, "bq_x", &command(&["true"])).await,
         ErrorClass::Retryable,
     );
-    assert!(matches!(error, Error::Unreachable { .. }), "{error:?}");
+    assert!(
+        matches!(error, Error::Unreachable { .. } | Error::HeldBack { .. }),
+        "{error:?}"
+    );
     assert_eq!(error.exec_outcome(), ExecOutcome::NotRun);
+}
+
+/// briq's gateway is down: after three calls in a row without an answer, the client holds its
+/// calls back instead of sending them (no herd hammering a down gateway), lets one probe through
+/// per pause, and sends everything again once a probe is answered.
+#[tokio::test]
+async fn a_down_briq_is_probed_by_one_call_at_a_time_not_a_herd() {
+    let h = harness().await;
+    let sandbox = h.sandbox("outage").await;
+    let client = h.fresh_client();
+    h.admin
+        .begin_outage(&Outage::new(503, Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let before = h.admin.stats().await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        match client.exec(&h.key, &sandbox.id, &command(&["true"])).await {
+            Err(Error::HeldBack { wait }) => held.push(wait),
+            Err(Error::Unavailable { status: 503, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let sent = h.calls(Operation::Exec).await - before.calls(Operation::Exec);
+    assert_eq!(sent, 3, "three sent, then held back");
+    assert_eq!(held.len(), 17);
+    let error = Error::HeldBack { wait: held[0] };
+    assert_eq!(error.exec_outcome(), ExecOutcome::NotRun);
+    assert_eq!(error.class(), ErrorClass::Retryable);
+    assert_eq!(client.unreachable_keys(), 1);
+
+    // Once the pause is over, one call goes out as the probe; the others wait another pause.
+    tokio::time::sleep(*held.last().unwrap()).await;
+    let true_ = command(&["true"]);
+    let probe = client.exec(&h.key, &sandbox.id, &true_).await;
+    assert!(matches!(probe, Err(Error::Unavailable { .. })), "{probe:?}");
+    let after_probe = client.exec(&h.key, &sandbox.id, &true_).await;
+    let Err(Error::HeldBack { wait }) = after_probe else {
+        panic!("{after_probe:?}");
+    };
+    assert_eq!(
+        h.calls(Operation::Exec).await - before.calls(Operation::Exec),
+        4,
+        "one probe after the three"
+    );
+
+    // briq is back: the next probe is answered, and every call goes out again.
+    h.admin.clear_faults().await.unwrap();
+    tokio::time::sleep(wait).await;
+    client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(client.unreachable_keys(), 0);
+    client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    h.exec(&sandbox.id, &command(&["true"])).await;
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
 }
 
 #[tokio::test]

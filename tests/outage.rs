@@ -79,6 +79,20 @@ async fn a_40s_gateway_outage_costs_no_executor_no_second_run_and_no_state() {
         assert!(message.contains("HTTP 503"), "{name}: {message}");
         assert!(message.contains("never sent twice"), "{name}: {message}");
     }
+    // The executors stay Ready and say briq is unreachable (each probes within 30 s); the
+    // operator holds its calls back and says so.
+    for name in names {
+        let unreachable = wait_for(&env.api::<BriqExecutor>(), name, 35, |e| {
+            condition(e, "BriqReachable").0 == "False"
+        })
+        .await;
+        assert_eq!(condition(&unreachable, "Ready").0, "True", "{name}");
+        assert_eq!(
+            condition(&unreachable, "BriqReachable").1,
+            "BriqUnreachable"
+        );
+    }
+    assert_eq!(operator.briq_unreachable_keys(), 1);
     assert!(
         began.elapsed() < OUTAGE,
         "the outage outlasted the checks made during it"
@@ -103,5 +117,13 @@ async fn a_40s_gateway_outage_costs_no_executor_no_second_run_and_no_state() {
         let ready = env.api::<BriqExecutor>().get(executor).await.unwrap();
         assert!(!ready.status.clone().unwrap().unusable, "{executor}");
         assert_eq!(condition(&ready, "Ready").0, "True", "{executor}");
+    }
+    assert_eq!(operator.briq_unreachable_keys(), 0, "briq answers again");
+    for name in names {
+        // Gone at the executor's next probe.
+        wait_for(&env.api::<BriqExecutor>(), name, 45, |e| {
+            condition(e, "BriqReachable").0.is_empty()
+        })
+        .await;
     }
 }

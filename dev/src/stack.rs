@@ -484,6 +484,11 @@ impl Controllers {
         &self.settings
     }
 
+    /// The briq client the controllers use (clones share its connections and briq's health).
+    pub fn briq(&self) -> &BriqClient {
+        &self.sandboxes
+    }
+
     /// Starts the controllers (again).
     pub fn resume(&mut self) {
         assert!(

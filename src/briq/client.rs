@@ -12,6 +12,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 use url::Url;
 
+use super::health::Health;
+
 use super::api::{
     self, CreateSandbox, ExecBody, ExecOutput, ExecRequest, FileContent, FileQuery, ListQuery,
     PreviewAnswer, Sandbox, SandboxList, SandboxState, WriteFileAnswer, paths,
@@ -80,6 +82,8 @@ pub enum NewClientError {
 pub struct BriqClient {
     http: reqwest::Client,
     options: Arc<ClientOptions>,
+    /// briq's health per key, shared by every clone: calls back off together.
+    health: Arc<Health>,
 }
 
 /// A success answer, read within the size bound.
@@ -121,6 +125,7 @@ impl BriqClient {
         Ok(Self {
             http,
             options: Arc::new(options),
+            health: Arc::default(),
         })
     }
 
@@ -145,7 +150,18 @@ impl BriqClient {
         self.http.request(method, self.endpoint(template, values))
     }
 
+    /// Sends one request, unless briq's health for `key` holds calls back now; learns from the
+    /// outcome.
     async fn call(&self, key: &ApiKey, request: RequestBuilder) -> Result<Answer, Error> {
+        if let Err(wait) = self.health.admit(key) {
+            return Err(Error::HeldBack { wait });
+        }
+        let outcome = self.send(key, request).await;
+        self.health.heard(key, &outcome);
+        outcome
+    }
+
+    async fn send(&self, key: &ApiKey, request: RequestBuilder) -> Result<Answer, Error> {
         let (http, request) = request.bearer_auth(key.expose()).build_split();
         let request = request.map_err(|e| Error::from_transport(e, None))?;
         let mut noted = traces::enabled().then(|| Noted {
@@ -354,6 +370,10 @@ fn sha256_hex(content: &[u8]) -> String {
 }
 
 impl SandboxApi for BriqClient {
+    fn unreachable_keys(&self) -> usize {
+        self.health.unreachable()
+    }
+
     async fn create_sandbox(
         &self,
         key: &ApiKey,

@@ -119,6 +119,13 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// Not sent: briq did not answer the last calls made with this key, and calls are held back
+    /// until the pause is over ([`super::health`]). Nothing happened at briq.
+    #[error(
+        "briq is not answering (an outage?): calls are held back for {wait:?}, then briq is \
+         probed again"
+    )]
+    HeldBack { wait: Duration },
 }
 
 /// Remote text kept in an error, at most: enough to tell a gateway page from briq's own answer.
@@ -151,7 +158,8 @@ impl Error {
             Self::Unavailable { .. }
             | Self::Unreachable { .. }
             | Self::Integrity { .. }
-            | Self::NotReady { .. } => ErrorClass::Retryable,
+            | Self::NotReady { .. }
+            | Self::HeldBack { .. } => ErrorClass::Retryable,
             Self::Uncertain { .. } => ErrorClass::Uncertain,
             Self::Malformed { .. } => ErrorClass::Malformed,
         }
@@ -165,9 +173,10 @@ impl Error {
     pub fn exec_outcome(&self) -> ExecOutcome {
         let refused = |status: &u16| REFUSED_BEFORE_ACTING.contains(status);
         match self {
-            Self::Unreachable { .. } | Self::Build { .. } | Self::NotFound { .. } => {
-                ExecOutcome::NotRun
-            }
+            Self::Unreachable { .. }
+            | Self::Build { .. }
+            | Self::NotFound { .. }
+            | Self::HeldBack { .. } => ExecOutcome::NotRun,
             Self::Unauthorized { status, .. }
             | Self::Rejected { status, .. }
             | Self::Unavailable { status, .. }
@@ -186,6 +195,20 @@ impl Error {
         }
     }
 
+    /// Whether briq gave no answer to the call (a 5xx or 429, no connection, a timeout, a
+    /// malformed answer), or it was held back because briq gives none now: an outage, not a
+    /// refusal.
+    pub fn unanswered(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable { .. }
+                | Self::Unreachable { .. }
+                | Self::Uncertain { .. }
+                | Self::Malformed { .. }
+                | Self::HeldBack { .. }
+        )
+    }
+
     /// briq's id for the failed request, worth logging: it is not secret.
     pub fn request_id(&self) -> Option<&str> {
         match self {
@@ -196,7 +219,10 @@ impl Error {
             | Self::Uncertain { request_id, .. }
             | Self::Malformed { request_id, .. }
             | Self::Integrity { request_id, .. } => request_id.as_deref(),
-            Self::Unreachable { .. } | Self::NotReady { .. } | Self::Build { .. } => None,
+            Self::Unreachable { .. }
+            | Self::NotReady { .. }
+            | Self::Build { .. }
+            | Self::HeldBack { .. } => None,
         }
     }
 
@@ -204,6 +230,7 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Unavailable { retry_after, .. } => *retry_after,
+            Self::HeldBack { wait } => Some(*wait),
             _ => None,
         }
     }
@@ -347,7 +374,9 @@ impl Error {
                 waited,
             },
             // Built here, never from an answer: a transport error names the URL, not the key.
-            error @ (Self::Unreachable { .. } | Self::Build { .. }) => error,
+            error @ (Self::Unreachable { .. } | Self::Build { .. } | Self::HeldBack { .. }) => {
+                error
+            }
         }
     }
 

@@ -15,6 +15,7 @@
 pub mod api;
 mod client;
 mod error;
+pub mod health;
 mod key;
 mod name;
 mod retry;
@@ -96,4 +97,9 @@ pub trait SandboxApi: Send + Sync {
         id: &str,
         port: u16,
     ) -> impl Future<Output = Result<Url>> + Send;
+
+    /// How many API keys briq does not answer now ([`health`]).
+    fn unreachable_keys(&self) -> usize {
+        0
+    }
 }

@@ -30,7 +30,10 @@ where
         .with_max_times(RETRIES)
         .with_jitter();
     call.retry(backoff)
-        .when(|error: &Error| error.class() == ErrorClass::Retryable)
+        // A held-back call is the shared health's pause: the caller's requeue waits it out.
+        .when(|error: &Error| {
+            error.class() == ErrorClass::Retryable && !matches!(error, Error::HeldBack { .. })
+        })
         .adjust(|error, planned| {
             planned.map(|pause| {
                 error

@@ -9,6 +9,8 @@ use k8s_openapi::{
 pub const READY: &str = "Ready";
 pub const STALLED: &str = "Stalled";
 pub const SUCCEEDED: &str = "Succeeded";
+/// A BriqExecutor's, present (False) only while briq does not answer its probes.
+pub const BRIQ_REACHABLE: &str = "BriqReachable";
 
 /// Condition messages are capped well below the API's 32 KiB: they are read by people.
 const MAX_MESSAGE_CHARS: usize = 4_000;

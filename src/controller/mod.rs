@@ -491,9 +491,11 @@ fn live(
     executors: &Store<BriqExecutor>,
     executions: &Store<Execution>,
     bookkeeping: usize,
+    briq_unreachable_keys: usize,
 ) -> Live {
     let mut live = Live {
         bookkeeping: bookkeeping as i64,
+        briq_unreachable_keys: briq_unreachable_keys as i64,
         ..Live::default()
     };
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -504,6 +506,11 @@ fn live(
         }
         if status.attempt_id.is_some() {
             live.running += 1;
+            let waiting =
+                conditions::find(&status.conditions, conditions::SUCCEEDED).is_some_and(|c| {
+                    c.reason == crate::crd::reasons::ExecutionReason::WaitingForBriq.as_str()
+                });
+            live.waiting_for_briq += i64::from(waiting);
         } else {
             live.queued += 1;
             if let Some(created) = &execution.metadata.creation_timestamp {
@@ -549,10 +556,16 @@ impl Reporting {
         executors: Store<BriqExecutor>,
         executions: Store<Execution>,
         bookkeeping: Count,
+        briq_unreachable_keys: Count,
     ) -> Reporting {
         let (cached_executors, cached_executions) = (executors.clone(), executions.clone());
         observer.metrics.set_live(Some(Box::new(move || {
-            live(&cached_executors, &cached_executions, bookkeeping())
+            live(
+                &cached_executors,
+                &cached_executions,
+                bookkeeping(),
+                briq_unreachable_keys(),
+            )
         })));
         let health = observer.health.clone();
         let synced = tokio::spawn(async move {
@@ -759,7 +772,17 @@ pub async fn run_observed<S>(
             executor_ctx.bookkeeping() + execution_ctx.bookkeeping() + pool_ctx.bookkeeping()
         })
     };
-    let _reporting = Reporting::start(&observer, executor_store, execution_store, bookkeeping);
+    let briq_unreachable_keys: Count = {
+        let shared = shared.clone();
+        Box::new(move || shared.sandboxes.unreachable_keys())
+    };
+    let _reporting = Reporting::start(
+        &observer,
+        executor_store,
+        execution_store,
+        bookkeeping,
+        briq_unreachable_keys,
+    );
     let orphan_sweeper = shared
         .settings
         .orphan_sweep_interval
@@ -851,7 +874,7 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
         let (executions, _) = reflector::store::<Execution>();
-        assert_eq!(live(&executors, &executions, 0).sandboxes, 3);
+        assert_eq!(live(&executors, &executions, 0, 0).sandboxes, 3);
     }
 
     #[test]
@@ -872,7 +895,7 @@ mod tests {
         };
         let (executions, mut writer) = reflector::store::<Execution>();
         let (executors, _) = reflector::store::<BriqExecutor>();
-        assert_eq!(live(&executors, &executions, 0).oldest_queued_seconds, 0);
+        assert_eq!(live(&executors, &executions, 0, 0).oldest_queued_seconds, 0);
         let done = json!({ "conditions": [{
             "type": "Succeeded", "status": "True", "reason": "Completed", "message": "",
             "lastTransitionTime": ago(1),
@@ -880,13 +903,22 @@ mod tests {
         for object in [
             execution("finished", ago(120), done),
             execution("running", ago(60), json!({ "attemptId": "a1" })),
+            execution(
+                "waiting-for-briq",
+                ago(2),
+                json!({ "attemptId": "a2", "conditions": [{
+                    "type": "Succeeded", "status": "Unknown", "reason": "WaitingForBriq",
+                    "message": "", "lastTransitionTime": ago(1),
+                }]}),
+            ),
             execution("queued-long", ago(20), json!({})),
             execution("queued-new", ago(1), json!({})),
         ] {
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
-        let now = live(&executors, &executions, 0);
-        assert_eq!((now.queued, now.running), (2, 1));
+        let now = live(&executors, &executions, 0, 1);
+        assert_eq!((now.queued, now.running), (2, 2));
+        assert_eq!((now.waiting_for_briq, now.briq_unreachable_keys), (1, 1));
         assert!(
             (20 * 60..20 * 60 + 30).contains(&now.oldest_queued_seconds),
             "{now:?}"

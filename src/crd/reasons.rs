@@ -196,6 +196,11 @@ reasons! {
         /// A pool member handed over to a claimer: it runs no code of its own, and its sandbox
         /// is the claimer's until the claimer is deleted.
         Claimed,
+        /// On the `BriqReachable` condition, False: briq did not answer the executor's last
+        /// probe (an outage, 5xx answers, timeouts). The kernel and its Python state are presumed
+        /// intact and `Ready` is kept; Executions sent meanwhile wait for briq
+        /// (`WaitingForBriq`). The condition goes once briq answers again.
+        BriqUnreachable,
     }
 }
 

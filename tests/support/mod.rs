@@ -222,6 +222,13 @@ impl Operator {
         self.server.admin()
     }
 
+    /// How many API keys briq answers no call of now, as the operator sees it (what the
+    /// `briq_operator_briq_unreachable_keys` gauge reads).
+    pub fn briq_unreachable_keys(&self) -> usize {
+        use briq_operator::briq::SandboxApi as _;
+        self.controllers.briq().unreachable_keys()
+    }
+
     pub async fn live_sandboxes(&self) -> usize {
         self.admin()
             .stats()

@@ -372,8 +372,23 @@ pub enum ProbeVerdict {
     NotOwned,
     /// The kernel and its Python state are lost: the executor becomes unusable.
     Lost(String),
-    /// briq did not say: ask again later.
+    /// briq did not answer (an outage): nothing is concluded; the executor stays Ready and says
+    /// that briq is unreachable until a probe gets an answer.
+    Unreachable(String),
+    /// briq refused to say: ask again later.
     Retry,
+}
+
+/// A ready executor's state while briq does not answer its probes: still Ready (the kernel and
+/// its state are presumed intact), and `BriqReachable=False` saying why.
+pub fn briq_unreachable(ready: [Desired; 2], why: &str) -> Vec<Desired> {
+    let unreachable = desired(
+        conditions::BRIQ_REACHABLE,
+        "False",
+        ExecutorReason::BriqUnreachable.as_str(),
+        format!("briq did not answer the last probe ({why}); Executions wait for it"),
+    );
+    ready.into_iter().chain([unreachable]).collect()
 }
 
 pub fn probe_verdict(
@@ -382,6 +397,7 @@ pub fn probe_verdict(
     found: &Result<briq::Sandbox, briq::Error>,
 ) -> ProbeVerdict {
     match (ownership(expected_name, found), found) {
+        (None, Err(error)) if error.unanswered() => ProbeVerdict::Unreachable(error.to_string()),
         (None, _) => ProbeVerdict::Retry,
         (Some(Ownership::Foreign), _) => ProbeVerdict::NotOwned,
         (Some(Ownership::Gone), _) => {
@@ -550,7 +566,7 @@ impl SandboxFields {
 pub fn status_update(
     current: &BriqExecutorStatus,
     generation: Option<i64>,
-    state: &[Desired; 2],
+    state: &[Desired],
     sandbox: SandboxFields,
 ) -> Option<BriqExecutorStatus> {
     if conditions::satisfied(&current.conditions, state, generation)
@@ -1365,11 +1381,46 @@ mod tests {
                 Err(not_found()),
                 ProbeVerdict::Lost("sandbox bq_1 no longer exists".into()),
             ),
-            (Err(unavailable()), ProbeVerdict::Retry),
+            // briq does not answer: nothing is concluded, the outage is said.
+            (
+                Err(unavailable()),
+                ProbeVerdict::Unreachable(unavailable().to_string()),
+            ),
+            (
+                Err(briq::Error::HeldBack {
+                    wait: std::time::Duration::from_secs(2),
+                }),
+                ProbeVerdict::Unreachable(
+                    "briq is not answering (an outage?): calls are held back for 2s, then briq \
+                     is probed again"
+                        .into(),
+                ),
+            ),
+            // briq answers, but refuses to say: asked again after a backoff.
+            (
+                Err(briq::Error::Unauthorized {
+                    status: 401,
+                    message: "revoked".into(),
+                    request_id: None,
+                }),
+                ProbeVerdict::Retry,
+            ),
         ];
         for (found, expected) in cases {
             assert_eq!(probe_verdict("bq_1", mine, &found), expected, "{found:?}");
         }
+        let ready = kernel_ready(None);
+        let unreachable = briq_unreachable(ready.clone(), "HTTP 503");
+        assert_eq!(unreachable[..2], ready);
+        assert_eq!(
+            unreachable[2],
+            desired(
+                conditions::BRIQ_REACHABLE,
+                "False",
+                "BriqUnreachable",
+                "briq did not answer the last probe (HTTP 503); Executions wait for it"
+            )
+        );
     }
 
     #[test]

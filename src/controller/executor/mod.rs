@@ -305,13 +305,16 @@ impl<S: SandboxApi> Actor<'_, S> {
     async fn report(
         &self,
         executor: &BriqExecutor,
-        state: [conditions::Desired; 2],
+        state: impl AsRef<[conditions::Desired]>,
         sandbox: SandboxFields,
     ) -> Result<()> {
         let current = status_of(executor);
-        let Some(status) =
-            decide::status_update(&current, executor.metadata.generation, &state, sandbox)
-        else {
+        let Some(status) = decide::status_update(
+            &current,
+            executor.metadata.generation,
+            state.as_ref(),
+            sandbox,
+        ) else {
             return Ok(());
         };
         let status = serde_json::to_value(status).expect("status serializes");
@@ -589,6 +592,12 @@ impl<S: SandboxApi> Actor<'_, S> {
                 Ok(Action::requeue(recheck))
             }
             ProbeVerdict::NotOwned => self.disown(executor, key, id, true).await,
+            ProbeVerdict::Unreachable(why) => {
+                // Concludes nothing: probed again as usual, once briq's pause allows.
+                let unreachable = decide::briq_unreachable(kernel_ready_of(executor), &why);
+                self.report(executor, unreachable, sandbox).await?;
+                Ok(Action::requeue(recheck))
+            }
             ProbeVerdict::Retry => Err(found.expect_err("a retry follows an error").into()),
             ProbeVerdict::Lost(lost) => {
                 // Its Warning Event (`Unusable`, with why) comes with the mark.
