@@ -24,6 +24,7 @@ mod faults;
 mod http;
 mod paths;
 mod process;
+mod root;
 mod routes;
 mod simulated;
 mod state;
@@ -69,7 +70,8 @@ pub struct Args {
     #[arg(long)]
     pub allow_non_loopback: bool,
 
-    /// Directory for sandbox files [default: a temporary directory, removed on exit].
+    /// Directory for sandbox files [default: a temporary directory, removed on exit]. Run as
+    /// root, the server refuses one the kernel's user (uid 65534) cannot enter.
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
 
@@ -221,6 +223,9 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
             (temp.path().to_path_buf(), Some(temp))
         }
     };
+    if let Some(refusal) = root::refusal(&root, root::splits_users()) {
+        bail!(refusal);
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
@@ -370,6 +375,22 @@ mod tests {
         config.listen = "0.0.0.0:0".parse().unwrap();
         let error = spawn(config).await.err().unwrap();
         assert!(error.to_string().contains("non-loopback"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_root_the_kernel_user_cannot_enter_when_it_runs_as_root() {
+        let private = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut config = Config::new(ApiKey::new("k").unwrap());
+        config.root = Some(private.path().join("sandboxes"));
+        let started = spawn(config).await;
+        if root::splits_users() {
+            let error = started.err().expect("refused at start");
+            assert!(error.to_string().contains("cannot enter"), "{error}");
+        } else {
+            // Its sandboxes' kernels run as this user, who owns the directory.
+            started.expect("served").shutdown().await;
+        }
     }
 
     #[test]
