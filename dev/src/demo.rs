@@ -52,16 +52,42 @@ pub async fn run() -> anyhow::Result<()> {
 
 /// Runs the local stack until interrupted, writing an admin kubeconfig to `kubeconfig`. Its
 /// operator exports traces as `briq-operator run` does, when the `OTEL_*` variables say so.
-pub async fn local_stack(kubeconfig: &Path) -> anyhow::Result<()> {
+pub async fn local_stack(
+    kubeconfig: &Path,
+    sandbox_server_file: Option<&Path>,
+) -> anyhow::Result<()> {
     briq_operator::traces::init().context("configuring traces")?;
     let progress = Progress::start();
     let stack = start(&progress).await?;
     std::fs::copy(stack.kubeconfig(), kubeconfig).context("writing the kubeconfig")?;
+    if let Some(path) = sandbox_server_file {
+        write_sandbox_server_file(path, &stack)?;
+    }
     progress.step(format!("ready: KUBECONFIG={}", kubeconfig.display()));
     tokio::signal::ctrl_c().await?;
     let stopped = stack.stop().await;
     briq_operator::traces::flush();
     stopped
+}
+
+/// Writes the sandbox server's URL and key, readable by this user only (the key is a secret).
+fn write_sandbox_server_file(path: &Path, stack: &Stack) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let server = stack.server();
+    let text = serde_json::json!({
+        "url": server.url().as_str(),
+        "api_key": server.api_key().expose(),
+    });
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.to_string().as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Applies the example executor, runs the example Execution, then a real smolagents `CodeAgent`

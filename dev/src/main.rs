@@ -29,6 +29,10 @@ enum Command {
         /// Where to write the admin kubeconfig.
         #[arg(long, default_value = "briq-local.kubeconfig")]
         kubeconfig: std::path::PathBuf,
+        /// Where to write the local sandbox server's URL and API key (JSON, mode 0600), for its
+        /// admin API: faults and outages (`/_admin/…`).
+        #[arg(long)]
+        sandbox_server_file: Option<std::path::PathBuf>,
     },
     /// Start a local etcd + kube-apiserver with the CRDs installed, print its kubeconfig path and
     /// run until interrupted.
@@ -62,7 +66,10 @@ async fn main() {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Demo => demo::run().await,
-        Command::LocalStack { kubeconfig } => demo::local_stack(&kubeconfig).await,
+        Command::LocalStack {
+            kubeconfig,
+            sandbox_server_file,
+        } => demo::local_stack(&kubeconfig, sandbox_server_file.as_deref()).await,
         Command::LocalSandboxServer(args) => local_server::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Vocabulary => {

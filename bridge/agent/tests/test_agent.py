@@ -158,6 +158,30 @@ def test_additional_args_reach_the_kernel(executor):
     assert answer == {"label": "total", "total": 6, "pair": (1, 2), "year": 2026, "type": "date"}
 
 
+def test_an_agent_step_during_a_briq_outage_waits_and_keeps_the_executors_state(
+    executor, stack, custom_objects
+):
+    """briq's gateway answers 503 to everything for 20 s while an agent acts: the step's
+    Execution waits for briq (WaitingForBriq), then runs once; the kernel keeps its state and
+    the agent gets its answer, within the client's own deadline."""
+    agent, _ = agent_with(executor, [action("I keep a value.", "kept = 41\nfinal_answer(kept)")])
+    assert agent.run("Keep a value.") == 41
+
+    stack.begin_outage(503, 20)
+    agent, _ = agent_with(executor, [action("I use it.", "final_answer(kept + 1)")])
+    assert agent.run("Use the value.") == 42
+
+    execution = custom_objects.get_namespaced_custom_object(
+        GROUP, VERSION, "default", "executions", executor.last_execution
+    )
+    succeeded = next(c for c in execution["status"]["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "FinalAnswer", succeeded
+    executor_object = custom_objects.get_namespaced_custom_object(
+        GROUP, VERSION, "default", "briqexecutors", executor.executor_name
+    )
+    assert not executor_object["status"].get("unusable"), executor_object["status"]
+
+
 def test_a_code_error_is_shown_to_the_model_and_the_next_step_succeeds(executor):
     def after_error(messages) -> str:
         seen = messages_text(messages)

@@ -9,12 +9,14 @@ sandboxes are host processes, not an isolation boundary.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]  # dev/python/briq_dev/local_stack.py
@@ -57,6 +59,8 @@ class LocalStack:
         self.ready_timeout = ready_timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="briq-local-stack-"))
         self.kubeconfig = self.workdir / "kubeconfig"
+        # The local sandbox server's URL and API key, for its admin API (faults, outages).
+        self.sandbox_server_file = self.workdir / "sandbox-server.json"
         self.stdout_path = self.workdir / "stdout.log"
         self.stderr_path = self.workdir / "stderr.log"
         self.process: subprocess.Popen | None = None
@@ -71,7 +75,14 @@ class LocalStack:
     def start(self) -> LocalStack:
         with open(self.stdout_path, "wb") as stdout, open(self.stderr_path, "wb") as stderr:
             self.process = subprocess.Popen(
-                [str(self.binary), "local-stack", "--kubeconfig", str(self.kubeconfig)],
+                [
+                    str(self.binary),
+                    "local-stack",
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--sandbox-server-file",
+                    str(self.sandbox_server_file),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
@@ -110,6 +121,23 @@ class LocalStack:
                     f"local-stack did not stop within {timeout:.0f} s:\n{self.log_tail()}"
                 ) from None
         return self.process.returncode
+
+    def begin_outage(self, status: int, seconds: float) -> None:
+        """briq's gateway goes down: every call to the local sandbox server is answered `status`
+        for `seconds`, and none is performed."""
+        server = json.loads(self.sandbox_server_file.read_text())
+        request = urllib.request.Request(
+            server["url"].rstrip("/") + "/_admin/outage",
+            data=json.dumps({"status": status, "duration_ms": int(seconds * 1000)}).encode(),
+            headers={
+                "Authorization": f"Bearer {server['api_key']}",
+                "Content-Type": "application/json",
+            },
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            if answer.status != 204:
+                raise RuntimeError(f"beginning the outage: HTTP {answer.status}")
 
     def remove_workdir(self) -> None:
         """Removes the kubeconfig and the logs (keep them to look at a failure)."""
