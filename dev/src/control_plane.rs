@@ -137,6 +137,9 @@ impl ControlPlane {
             .prefix("briq-control-plane-")
             .tempdir()
             .map_err(io("creating the control-plane directory"))?;
+        // A control plane held in a static is never dropped: its directory and processes go at
+        // exit instead.
+        crate::at_exit::clean_at_exit(dir.path());
         let pki = Pki::generate()?;
         let files = pki.write(dir.path())?;
 
@@ -317,6 +320,7 @@ impl ControlPlane {
         }
         let child =
             spawn_from_long_lived_thread(command).map_err(io(format!("starting {process}")))?;
+        crate::at_exit::kill_at_exit(self.dir.path(), child.id());
         self.processes.push(child);
         Ok(())
     }
@@ -362,6 +366,7 @@ impl Drop for ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
+        crate::at_exit::forget(self.dir.path());
     }
 }
 

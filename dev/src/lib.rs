@@ -7,6 +7,7 @@
 //!   used by [`demo`], [`bench`] and the integration tests of the root package.
 //! - [`repo`], [`progress`], [`wait`]: the repository's build scripts, progress lines, waiting.
 
+mod at_exit;
 pub mod bench;
 pub mod control_plane;
 pub mod demo;
