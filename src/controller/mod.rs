@@ -10,6 +10,7 @@
 
 mod backoff;
 mod cache;
+pub mod class;
 mod conditions;
 mod execution;
 mod executor;

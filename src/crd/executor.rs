@@ -30,7 +30,8 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     && (has(self.packages) ? has(oldSelf.packages) && self.packages == oldSelf.packages : !has(oldSelf.packages)) \
     && (has(self.env) ? has(oldSelf.env) && self.env == oldSelf.env : !has(oldSelf.env)) \
     && (has(self.apiKeySecretRef) ? has(oldSelf.apiKeySecretRef) && self.apiKeySecretRef == oldSelf.apiKeySecretRef : !has(oldSelf.apiKeySecretRef)) \
-    && (has(self.poolRef) ? has(oldSelf.poolRef) && self.poolRef == oldSelf.poolRef : !has(oldSelf.poolRef))";
+    && (has(self.poolRef) ? has(oldSelf.poolRef) && self.poolRef == oldSelf.poolRef : !has(oldSelf.poolRef)) \
+    && (has(self.className) ? has(oldSelf.className) && self.className == oldSelf.className : !has(oldSelf.className))";
 
 /// A sandboxed Python executor: the operator creates one briq sandbox for it, installs the
 /// bridge and its Python dependencies, starts a Jupyter kernel on loopback inside the sandbox and
@@ -53,8 +54,11 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(SANDBOX_FIELDS_IMMUTABLE).message(
-    "image, size, sleep, setupTimeoutSeconds, packages, env, apiKeySecretRef and poolRef are immutable: \
-     the sandbox already exists; create a new BriqExecutor instead"
+    "image, size, sleep, setupTimeoutSeconds, packages, env, apiKeySecretRef, poolRef and className are \
+     immutable: the sandbox already exists; create a new BriqExecutor instead"
+))]
+#[x_kube(validation = Rule::new("!(has(self.className) && has(self.apiKeySecretRef))").message(
+    "className and apiKeySecretRef exclude each other: a class brings its own briq key"
 ))]
 #[serde(rename_all = "camelCase")]
 pub struct BriqExecutorSpec {
@@ -105,7 +109,8 @@ pub struct BriqExecutorSpec {
 
     /// Secret (in this namespace) holding the briq API key; it must carry the label
     /// `briq.cloud/api-key: "true"` (an unlabelled Secret is treated as missing). When omitted,
-    /// the operator's default key is used.
+    /// the key of the executor's class is used (`className`, else the default class), else the
+    /// operator's default key. Not allowed with `className`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<ApiKeySecretRef>,
 
@@ -146,6 +151,17 @@ pub struct BriqExecutorSpec {
     /// `coldCreateAfterSeconds`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_ref: Option<super::PoolRef>,
+
+    /// The `BriqExecutorClass` whose key, defaults and limits this executor takes. When
+    /// omitted, the class marked `briq.cloud/is-default-class: "true"`, if any (unless
+    /// `apiKeySecretRef` is set). A field left at its default takes the class's default.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub class_name: Option<String>,
 }
 
 /// An environment variable set in the sandbox.

@@ -1,10 +1,12 @@
 //! Custom resources of the `briq.cloud` API group, and their generated CRDs.
 
+mod class;
 mod execution;
 mod executor;
 mod pool;
 pub mod reasons;
 
+pub use class::*;
 pub use execution::*;
 pub use executor::*;
 pub use pool::*;
@@ -32,6 +34,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         BriqExecutor::crd(),
         Execution::crd(),
         pool_template_rules(BriqExecutorPool::crd()),
+        BriqExecutorClass::crd(),
     ]
     .into_iter()
     .map(unwrap_descriptions)

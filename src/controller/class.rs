@@ -1,0 +1,207 @@
+//! Which `BriqExecutorClass` an executor takes, and what the class makes of its spec: the
+//! values its sandbox gets (a field left at its default takes the class's default) and the
+//! limits it breaks, each named. Pure; the chart's admission policy says the same in CEL, and
+//! the operator checks again before it creates a sandbox (admission may be off, or the class
+//! may have come after the executor).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use kube::{
+    ResourceExt,
+    core::{Selector, SelectorExt},
+};
+
+use crate::crd::{
+    BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec, DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+};
+
+/// On an executor, written by the operator with its claim to create a sandbox: the class it
+/// was made under. An executor naming no class keeps the default class it got, even when
+/// another class becomes the default later (its sandbox was made with that class's key).
+pub const CLASS_ANNOTATION: &str = "briq.cloud/class";
+
+/// The class an executor takes.
+#[derive(Debug, Clone)]
+pub enum Resolved<'c> {
+    Class(&'c BriqExecutorClass),
+    /// It names a class (or was made under one) that does not exist (yet).
+    Missing(String),
+    /// No class: its own `apiKeySecretRef`, or the operator's default key.
+    Unclassed,
+}
+
+/// The class of an executor with `spec` in the namespace labelled `namespace_labels`,
+/// `recorded` the class it was made under (the [`CLASS_ANNOTATION`]), among `classes`: the one
+/// it names; else, unless it brings its own key, the one it was made under, else the default
+/// class whose `namespaceSelector` selects the namespace (the newest, if several are marked).
+pub fn resolve<'c>(
+    spec: &BriqExecutorSpec,
+    recorded: Option<&str>,
+    classes: &'c [Arc<BriqExecutorClass>],
+    namespace_labels: &BTreeMap<String, String>,
+) -> Resolved<'c> {
+    let named = |name: &str| {
+        classes.iter().find(|c| c.name_any() == name).map_or_else(
+            || Resolved::Missing(name.to_owned()),
+            |c| Resolved::Class(c),
+        )
+    };
+    if let Some(name) = &spec.class_name {
+        return named(name);
+    }
+    if spec.api_key_secret_ref.is_some() {
+        return Resolved::Unclassed;
+    }
+    if let Some(name) = recorded {
+        return named(name);
+    }
+    classes
+        .iter()
+        .filter(|c| c.is_default() && selects(&c.spec, namespace_labels))
+        .max_by_key(|c| (c.metadata.creation_timestamp.clone(), c.name_any()))
+        .map_or(Resolved::Unclassed, |c| Resolved::Class(c))
+}
+
+/// Whether `class`'s `namespaceSelector` selects the namespace labelled `namespace_labels`.
+fn selects(class: &BriqExecutorClassSpec, namespace_labels: &BTreeMap<String, String>) -> bool {
+    match &class.namespace_selector {
+        None => true,
+        // A selector the API server accepted but this code cannot read selects nothing.
+        Some(selector) => Selector::try_from(selector.clone())
+            .is_ok_and(|selector| selector.matches(namespace_labels)),
+    }
+}
+
+/// What the sandbox of an executor gets, its spec's values with the class's defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    pub image: String,
+    pub size: Option<String>,
+    pub sleep: String,
+    pub execution_timeout_seconds: u32,
+    pub idle_timeout_seconds: Option<u32>,
+}
+
+/// `spec` under `class` (none: the spec as it is). A field left at its default (the CRD's) takes
+/// the class's default; the class's maximum execution timeout shortens a default one; an
+/// executor that sets no idle timeout gets the class's default, else its maximum.
+pub fn effective(spec: &BriqExecutorSpec, class: Option<&BriqExecutorClassSpec>) -> Effective {
+    let unset = BriqExecutorSpec::default_for_comparison();
+    let mut effective = Effective {
+        image: spec.image.clone(),
+        size: spec.size.clone(),
+        sleep: spec.sleep.clone(),
+        execution_timeout_seconds: spec.execution_timeout_seconds,
+        idle_timeout_seconds: spec.idle_timeout_seconds,
+    };
+    let Some(class) = class else {
+        return effective;
+    };
+    if spec.image == unset.image
+        && let Some(image) = &class.default_image
+    {
+        effective.image = image.clone();
+    }
+    if effective.size.is_none() {
+        effective.size = class.default_size.clone();
+    }
+    if spec.sleep == unset.sleep
+        && let Some(sleep) = &class.default_sleep
+    {
+        effective.sleep = sleep.clone();
+    }
+    if spec.execution_timeout_seconds == DEFAULT_EXECUTION_TIMEOUT_SECONDS
+        && let Some(max) = class.max_execution_timeout_seconds
+    {
+        effective.execution_timeout_seconds = effective.execution_timeout_seconds.min(max);
+    }
+    effective.idle_timeout_seconds = spec
+        .idle_timeout_seconds
+        .or(class.default_idle_timeout_seconds)
+        .or(class.max_idle_timeout_seconds);
+    effective
+}
+
+/// Whether `image` is one of `allowed`: an exact image, or a prefix ending in `*`.
+pub fn image_allowed(image: &str, allowed: &[String]) -> bool {
+    allowed
+        .iter()
+        .any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => image.starts_with(prefix),
+            None => image == pattern,
+        })
+}
+
+/// The limits of class `name` that an executor with `spec` in the namespace labelled
+/// `namespace_labels` (which hold its name, `kubernetes.io/metadata.name`) breaks, each as a
+/// message naming the limit. Empty: it may use the class.
+pub fn violations(
+    name: &str,
+    class: &BriqExecutorClassSpec,
+    spec: &BriqExecutorSpec,
+    namespace: &str,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut broken = namespace_violation(name, class, namespace, namespace_labels)
+        .into_iter()
+        .collect::<Vec<_>>();
+    let effective = effective(spec, Some(class));
+    if let Some(allowed) = &class.allowed_images
+        && !image_allowed(&effective.image, allowed)
+    {
+        broken.push(format!(
+            "image {} is not allowed by class {name} (allowedImages: {})",
+            effective.image,
+            allowed.join(", ")
+        ));
+    }
+    if let (Some(allowed), Some(size)) = (&class.allowed_sizes, &effective.size)
+        && !allowed.contains(size)
+    {
+        broken.push(format!(
+            "size {size} is not allowed by class {name} (allowedSizes: {})",
+            allowed.join(", ")
+        ));
+    }
+    if let Some(max) = class.max_execution_timeout_seconds
+        && effective.execution_timeout_seconds > max
+    {
+        broken.push(format!(
+            "executionTimeoutSeconds {} is above class {name}'s maxExecutionTimeoutSeconds {max}",
+            effective.execution_timeout_seconds
+        ));
+    }
+    if let (Some(max), Some(idle)) = (
+        class.max_idle_timeout_seconds,
+        effective.idle_timeout_seconds,
+    ) && idle > max
+    {
+        broken.push(format!(
+            "idleTimeoutSeconds {idle} is above class {name}'s maxIdleTimeoutSeconds {max}"
+        ));
+    }
+    broken
+}
+
+/// Why namespace `namespace` may not use class `name`, if it may not.
+pub fn namespace_violation(
+    name: &str,
+    class: &BriqExecutorClassSpec,
+    namespace: &str,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    let selected = selects(class, namespace_labels);
+    (!selected).then(|| {
+        format!("namespace {namespace} may not use class {name}: its namespaceSelector does not select it")
+    })
+}
+
+/// The limit of class `name` a pool keeping `replicas` members breaks, if it breaks one.
+pub fn pool_violation(name: &str, class: &BriqExecutorClassSpec, replicas: i32) -> Option<String> {
+    let max = class.max_pool_replicas?;
+    (replicas > max)
+        .then(|| format!("replicas {replicas} is above class {name}'s maxPoolReplicas {max}"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,313 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+fn spec(value: Value) -> BriqExecutorSpec {
+    serde_json::from_value(value).unwrap()
+}
+
+fn class(name: &str, default: bool, created: &str, spec: Value) -> Arc<BriqExecutorClass> {
+    let mut value = json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorClass",
+        "metadata": { "name": name, "creationTimestamp": created },
+        "spec": spec,
+    });
+    if default {
+        value["metadata"]["annotations"] = json!({ "briq.cloud/is-default-class": "true" });
+    }
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+fn key() -> Value {
+    json!({ "apiKeySecretRef": { "name": "briq-key" } })
+}
+
+fn rules(extra: Value) -> BriqExecutorClassSpec {
+    let mut value = key();
+    for (field, v) in extra.as_object().unwrap() {
+        value[field] = v.clone();
+    }
+    serde_json::from_value(value).unwrap()
+}
+
+fn resolved_name(resolved: Resolved) -> String {
+    match resolved {
+        Resolved::Class(class) => format!("class {}", class.name_any()),
+        Resolved::Missing(name) => format!("missing {name}"),
+        Resolved::Unclassed => "unclassed".into(),
+    }
+}
+
+#[test]
+fn the_class_an_executor_takes() {
+    let standard = class("standard", true, "2026-01-01T00:00:00Z", key());
+    let mut team_only = key();
+    team_only["namespaceSelector"] =
+        json!({ "matchLabels": { "kubernetes.io/metadata.name": "team-a" } });
+    let team_default = class("team", true, "2026-03-01T00:00:00Z", team_only);
+    let newer_default = class("newer", true, "2026-02-01T00:00:00Z", key());
+    let premium = class("premium", false, "2026-01-01T00:00:00Z", key());
+    let all = vec![standard.clone(), premium.clone()];
+    let two_defaults = vec![standard.clone(), premium.clone(), newer_default];
+    let scoped_default = vec![standard, premium, team_default];
+    let own_key = json!({ "apiKeySecretRef": { "name": "mine" } });
+    let cases: Vec<(&str, Value, Option<&str>, &[Arc<BriqExecutorClass>], &str)> = vec![
+        (
+            "names one",
+            json!({ "className": "premium" }),
+            None,
+            &all,
+            "class premium",
+        ),
+        (
+            "names one not made yet",
+            json!({ "className": "gold" }),
+            None,
+            &all,
+            "missing gold",
+        ),
+        (
+            "names none: the default",
+            json!({}),
+            None,
+            &all,
+            "class standard",
+        ),
+        (
+            "names none, several defaults: the newest",
+            json!({}),
+            None,
+            &two_defaults,
+            "class newer",
+        ),
+        (
+            "names none, no default: unclassed",
+            json!({}),
+            None,
+            &[],
+            "unclassed",
+        ),
+        (
+            "names none, the newest default is for team-a only: the other",
+            json!({}),
+            None,
+            &scoped_default,
+            "class standard",
+        ),
+        (
+            "brings its own key",
+            own_key.clone(),
+            None,
+            &all,
+            "unclassed",
+        ),
+        (
+            "own key, even when recorded",
+            own_key,
+            Some("premium"),
+            &all,
+            "unclassed",
+        ),
+        (
+            "made under a former default",
+            json!({}),
+            Some("premium"),
+            &all,
+            "class premium",
+        ),
+        (
+            "made under a class since deleted",
+            json!({}),
+            Some("old"),
+            &all,
+            "missing old",
+        ),
+        (
+            "the name wins over the record",
+            json!({ "className": "premium" }),
+            Some("standard"),
+            &all,
+            "class premium",
+        ),
+    ];
+    let labels = BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_owned(),
+        "team-b".to_owned(),
+    )]);
+    for (case, executor, recorded, classes, expected) in cases {
+        let got = resolved_name(resolve(&spec(executor), recorded, classes, &labels));
+        assert_eq!(got, expected, "{case}");
+    }
+}
+
+#[test]
+fn a_field_left_at_its_default_takes_the_classs() {
+    let class = rules(json!({
+        "defaultImage": "corp/python:3.12", "defaultSize": "small", "defaultSleep": "2h",
+        "maxExecutionTimeoutSeconds": 20, "defaultIdleTimeoutSeconds": 600,
+        "maxIdleTimeoutSeconds": 3600,
+    }));
+    let cases = [
+        (
+            "all left at their defaults",
+            json!({}),
+            Effective {
+                image: "corp/python:3.12".into(),
+                size: Some("small".into()),
+                sleep: "2h".into(),
+                execution_timeout_seconds: 20,
+                idle_timeout_seconds: Some(600),
+            },
+        ),
+        (
+            "all set",
+            json!({
+                "image": "corp/ml:1", "size": "large", "sleep": "10m",
+                "executionTimeoutSeconds": 10, "idleTimeoutSeconds": 60,
+            }),
+            Effective {
+                image: "corp/ml:1".into(),
+                size: Some("large".into()),
+                sleep: "10m".into(),
+                execution_timeout_seconds: 10,
+                idle_timeout_seconds: Some(60),
+            },
+        ),
+        (
+            "a timeout set above the maximum stays (and is refused)",
+            json!({ "executionTimeoutSeconds": 40 }),
+            Effective {
+                image: "corp/python:3.12".into(),
+                size: Some("small".into()),
+                sleep: "2h".into(),
+                execution_timeout_seconds: 40,
+                idle_timeout_seconds: Some(600),
+            },
+        ),
+    ];
+    for (case, executor, expected) in cases {
+        assert_eq!(effective(&spec(executor), Some(&class)), expected, "{case}");
+    }
+    let only_max = rules(json!({ "maxIdleTimeoutSeconds": 3600 }));
+    assert_eq!(
+        effective(&spec(json!({})), Some(&only_max)).idle_timeout_seconds,
+        Some(3600),
+        "no idle timeout and no default: the class's maximum"
+    );
+    assert_eq!(
+        effective(&spec(json!({})), None),
+        Effective {
+            image: "python:3.12-slim".into(),
+            size: None,
+            sleep: "30m".into(),
+            execution_timeout_seconds: 30,
+            idle_timeout_seconds: None,
+        },
+        "no class: the spec as it is"
+    );
+}
+
+#[test]
+fn each_broken_limit_is_named() {
+    let strict = rules(json!({
+        "namespaceSelector": { "matchLabels": { "briq.cloud/tenant": "true" } },
+        "allowedImages": ["corp/python:3.12", "registry.example.com/agents/*"],
+        "defaultImage": "corp/python:3.12",
+        "allowedSizes": ["small", "medium"],
+        "maxExecutionTimeoutSeconds": 20,
+        "maxIdleTimeoutSeconds": 3600,
+    }));
+    let tenant = BTreeMap::from([
+        (
+            "kubernetes.io/metadata.name".to_owned(),
+            "team-a".to_owned(),
+        ),
+        ("briq.cloud/tenant".to_owned(), "true".to_owned()),
+    ]);
+    let outsider = BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_owned(),
+        "team-x".to_owned(),
+    )]);
+    let cases: Vec<(&str, Value, &BTreeMap<String, String>, Vec<&str>)> = vec![
+        ("defaults only", json!({}), &tenant, vec![]),
+        (
+            "an image under an allowed prefix",
+            json!({ "image": "registry.example.com/agents/pandas:2" }),
+            &tenant,
+            vec![],
+        ),
+        (
+            "an image outside",
+            json!({ "image": "evil/miner:latest" }),
+            &tenant,
+            vec![
+                "image evil/miner:latest is not allowed by class strict (allowedImages: corp/python:3.12, registry.example.com/agents/*)",
+            ],
+        ),
+        (
+            "the prefix is not a substring match",
+            json!({ "image": "registry.example.com/agentsX/a:1" }),
+            &tenant,
+            vec![
+                "image registry.example.com/agentsX/a:1 is not allowed by class strict (allowedImages: corp/python:3.12, registry.example.com/agents/*)",
+            ],
+        ),
+        (
+            "a size outside",
+            json!({ "size": "xlarge" }),
+            &tenant,
+            vec!["size xlarge is not allowed by class strict (allowedSizes: small, medium)"],
+        ),
+        (
+            "a timeout above the maximum",
+            json!({ "executionTimeoutSeconds": 40 }),
+            &tenant,
+            vec![
+                "executionTimeoutSeconds 40 is above class strict's maxExecutionTimeoutSeconds 20",
+            ],
+        ),
+        (
+            "an idle timeout above the maximum",
+            json!({ "idleTimeoutSeconds": 7200 }),
+            &tenant,
+            vec!["idleTimeoutSeconds 7200 is above class strict's maxIdleTimeoutSeconds 3600"],
+        ),
+        (
+            "a namespace outside the selector, among others",
+            json!({ "size": "xlarge" }),
+            &outsider,
+            vec![
+                "namespace team-x may not use class strict: its namespaceSelector does not select it",
+                "size xlarge is not allowed by class strict (allowedSizes: small, medium)",
+            ],
+        ),
+    ];
+    for (case, executor, labels, expected) in cases {
+        let namespace = &labels["kubernetes.io/metadata.name"];
+        let got = violations("strict", &strict, &spec(executor), namespace, labels);
+        assert_eq!(got, expected, "{case}");
+    }
+    let open = rules(json!({}));
+    assert!(
+        violations(
+            "open",
+            &open,
+            &spec(json!({ "image": "any:1", "size": "huge" })),
+            "x",
+            &outsider
+        )
+        .is_empty(),
+        "a class without limits allows anything, in any namespace"
+    );
+}
+
+#[test]
+fn a_pool_beyond_the_class_maximum_is_named() {
+    let class = rules(json!({ "maxPoolReplicas": 10 }));
+    assert_eq!(pool_violation("c", &class, 10), None);
+    assert_eq!(
+        pool_violation("c", &class, 11).as_deref(),
+        Some("replicas 11 is above class c's maxPoolReplicas 10")
+    );
+    assert_eq!(pool_violation("c", &rules(json!({})), 1000), None);
+}

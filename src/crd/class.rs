@@ -1,0 +1,103 @@
+//! `BriqExecutorClass`: what a platform team decides for the executors of many tenants — the
+//! briq key (in a namespace tenants cannot read), who may use it, and the limits of their specs.
+//! Cluster-scoped, as StorageClass, IngressClass and GatewayClass are.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::ApiKeySecretRef;
+
+/// On a class: `"true"` makes it the class of executors that name none (and bring no key of
+/// their own), as `storageclass.kubernetes.io/is-default-class` does for volumes.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "briq.cloud/is-default-class";
+
+/// Rules a platform team sets for executors: the briq API key they use (a Secret in the
+/// operator's namespace, which tenants never read), the namespaces that may use the class, and
+/// the defaults and limits of executor specs. A spec outside them is refused at admission (the
+/// chart's `ValidatingAdmissionPolicy`, with the class as its parameter) and, should one get
+/// through (admission off, the class created after the executor), by the operator, which
+/// reports it and creates no sandbox. Executors made before a change of the class keep running.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "briq.cloud",
+    version = "v1alpha1",
+    kind = "BriqExecutorClass",
+    plural = "briqexecutorclasses",
+    shortname = "bqc",
+    doc = "Platform rules for BriqExecutors: the briq key, who may use it, spec defaults and limits.",
+    printcolumn = r#"{"name":"Default","type":"string","jsonPath":".metadata.annotations.briq\\.cloud/is-default-class"}"#,
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.apiKeySecretRef.name"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BriqExecutorClassSpec {
+    /// Secret in the operator's namespace holding the briq API key of this class's executors.
+    /// It must carry the label `briq.cloud/api-key: "true"`. Tenants need no access to it (and
+    /// should have none): the operator reads it for them.
+    pub api_key_secret_ref: ApiKeySecretRef,
+
+    /// Namespaces whose executors and pools may use this class (matched against the namespace's
+    /// labels, for example `kubernetes.io/metadata.name`). When omitted, every namespace may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// Images this class's executors may use: each an exact image, or a prefix ending in `*`
+    /// (`registry.example.com/agents/*`). When omitted, any image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 512)))]
+    pub allowed_images: Option<Vec<String>>,
+
+    /// The image of an executor that leaves `image` at its default. It must itself be allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub default_image: Option<String>,
+
+    /// briq sizes this class's executors may ask for. When omitted, any size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), inner(length(min = 1, max = 32)))]
+    pub allowed_sizes: Option<Vec<String>>,
+
+    /// The size of an executor that sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z0-9][a-z0-9-]*$"))]
+    pub default_size: Option<String>,
+
+    /// The `sleep` of an executor that leaves it at its default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([1-9][0-9]{0,3}[mhd]|never)$"))]
+    pub default_sleep: Option<String>,
+
+    /// The longest `executionTimeoutSeconds` an executor may set (1 to 40). An executor that
+    /// leaves it at its default (30) gets this one when it is shorter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = super::MAX_EXECUTION_TIMEOUT_SECONDS))]
+    pub max_execution_timeout_seconds: Option<u32>,
+
+    /// The `idleTimeoutSeconds` of an executor that sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = super::MAX_IDLE_TIMEOUT_SECONDS))]
+    pub default_idle_timeout_seconds: Option<u32>,
+
+    /// The longest `idleTimeoutSeconds` an executor may set; one that sets none (and has no
+    /// default from the class) gets this one: no executor of the class is kept idle longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = super::MAX_IDLE_TIMEOUT_SECONDS))]
+    pub max_idle_timeout_seconds: Option<u32>,
+
+    /// The most members a pool of this class may keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = super::MAX_POOL_REPLICAS))]
+    pub max_pool_replicas: Option<i32>,
+}
+
+impl BriqExecutorClass {
+    /// Whether the class is marked the default.
+    pub fn is_default(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true")
+    }
+}
