@@ -17,7 +17,7 @@ enum Command {
     #[command(flatten)]
     Cli(cli::Command),
     /// Run the operator (the BriqExecutor and Execution controllers).
-    Run(operator::Args),
+    Run(Box<operator::Args>),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
 }
@@ -36,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
     cli.logging.init(default_filter);
     match cli.command {
         Command::Cli(command) => cli::run(command).await.exit(),
-        Command::Run(args) => operator::run(args).await?,
+        Command::Run(args) => operator::run(*args).await?,
         Command::Crd => print!("{}", crd::to_yaml()?),
     }
     Ok(())

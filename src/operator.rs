@@ -29,6 +29,11 @@ pub struct Args {
     #[arg(long, env = "BRIQ_ALLOW_PLAIN_HTTP")]
     pub allow_plain_http: bool,
 
+    /// The operator's own namespace, which holds the key Secrets that BriqExecutorClasses name
+    /// (tenants should have no access to it) [default: POD_NAMESPACE].
+    #[arg(long, env = "BRIQ_PLATFORM_NAMESPACE")]
+    pub platform_namespace: Option<String>,
+
     /// Watch only this namespace [default: all namespaces].
     #[arg(long, env = "BRIQ_OPERATOR_NAMESPACE")]
     pub namespace: Option<String>,
@@ -114,6 +119,10 @@ impl Args {
         };
         Ok(Settings {
             default_api_key,
+            platform_namespace: self
+                .platform_namespace
+                .clone()
+                .or_else(|| self.lease_namespace.clone()),
             probe_interval: Duration::from_secs(self.probe_interval_seconds),
             namespace: self.namespace.clone(),
             orphan_sweep_interval: (self.orphan_sweep_interval_seconds > 0)

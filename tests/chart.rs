@@ -9,12 +9,10 @@ use std::{collections::BTreeSet, time::Duration};
 use briq_dev::local_server::Operation;
 use briq_operator::bridge::session::{LONGEST_PROVISIONING, LONGEST_RUN};
 use briq_operator::crd::{BriqExecutor, Execution};
-use k8s_openapi::api::{
-    authorization::v1::SubjectAccessReview, core::v1::Secret, events::v1::Event,
-};
+use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams},
 };
 use ops::{Instance, until};
 use serde_json::{Value, json};
@@ -485,7 +483,7 @@ async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts
         assert!(kinds.contains(&wanted), "no {wanted} in {kinds:?}");
     }
     let crds = ops::find(&documents, "CustomResourceDefinition");
-    assert_eq!(crds.len(), 3, "every CRD");
+    assert_eq!(crds.len(), 4, "every CRD");
     for document in &documents {
         let namespace = &document["metadata"]["namespace"];
         assert!(
@@ -581,6 +579,10 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("clusterrolebinding/{fullname}"),
         format!("validatingadmissionpolicy/{fullname}-operator-fields"),
         format!("validatingadmissionpolicybinding/{fullname}-operator-fields"),
+        format!("validatingadmissionpolicy/{fullname}-executor-class"),
+        format!("validatingadmissionpolicybinding/{fullname}-executor-class"),
+        format!("validatingadmissionpolicy/{fullname}-pool-class"),
+        format!("validatingadmissionpolicybinding/{fullname}-pool-class"),
     ] {
         let (ok, _, stderr) = env.kubectl(&["get", &object]);
         assert!(ok, "{object}: {stderr}");
@@ -591,8 +593,14 @@ async fn rendered_manifests_apply_to_the_api_server() {
     let set = format!("watchNamespace={}", env.namespace);
     let yaml = ops::template_text(&scoped, &env.namespace, &["--set", &set]);
     let documents = ops::documents(&yaml);
-    assert!(ops::find(&documents, "ClusterRoleBinding").is_empty());
-    assert_eq!(ops::find(&documents, "RoleBinding").len(), 2);
+    // Only classes and namespace labels (cluster-scoped) are read cluster-wide.
+    let cluster_bindings = ops::find(&documents, "ClusterRoleBinding");
+    assert_eq!(cluster_bindings.len(), 1);
+    assert_eq!(
+        cluster_bindings[0]["roleRef"]["name"],
+        format!("{scoped}-briq-operator-classes")
+    );
+    assert_eq!(ops::find(&documents, "RoleBinding").len(), 3);
     apply(&env, &yaml);
     ops::admission_policy_effective(&env).await;
 }
@@ -672,6 +680,80 @@ fn the_admission_policy_lets_only_the_charts_service_account_through() {
     );
 }
 
+#[test]
+fn the_class_policies_take_every_class_as_parameter_and_are_bound_like_the_other() {
+    // (values, the ServiceAccount let through, the namespace the bindings are confined to)
+    let cases: &[(&[&str], &str, Option<&str>)] = &[
+        (&[], "adm-briq-operator", None),
+        (&["--set", "serviceAccount.name=custom"], "custom", None),
+        (
+            &["--set", "watchNamespace=tenants"],
+            "adm-briq-operator",
+            Some("tenants"),
+        ),
+    ];
+    // (policy, resource, operations): executors when created only (one made before its class
+    // was tightened keeps running, and stays editable); pools whenever their spec changes; the
+    // scale subresource never (the operator caps the members).
+    let policies = [
+        (
+            "adm-briq-operator-executor-class",
+            "briqexecutors",
+            json!(["CREATE"]),
+        ),
+        (
+            "adm-briq-operator-pool-class",
+            "briqexecutorpools",
+            json!(["CREATE", "UPDATE"]),
+        ),
+    ];
+    for (values, account, confined) in cases {
+        let documents = ops::template("adm", "briq-system", values);
+        let named = |kind: &str, name: &str| -> Value {
+            ops::find(&documents, kind)
+                .into_iter()
+                .find(|d| d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{kind} {name} is rendered ({values:?})"))
+                .clone()
+        };
+        for (name, resource, operations) in &policies {
+            let policy = named("ValidatingAdmissionPolicy", name);
+            assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+            assert_eq!(
+                policy["spec"]["paramKind"],
+                json!({ "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorClass" })
+            );
+            assert_eq!(
+                policy["spec"]["matchConditions"][0]["expression"],
+                format!(
+                    "request.userInfo.username != \"system:serviceaccount:briq-system:{account}\""
+                ),
+                "{values:?}"
+            );
+            assert_eq!(
+                policy["spec"]["matchConstraints"]["resourceRules"],
+                json!([{
+                    "apiGroups": ["briq.cloud"], "apiVersions": ["*"],
+                    "operations": operations, "resources": [resource],
+                }])
+            );
+            let binding = named("ValidatingAdmissionPolicyBinding", name);
+            assert_eq!(binding["spec"]["policyName"], *name);
+            assert_eq!(
+                binding["spec"]["paramRef"],
+                json!({ "selector": {}, "parameterNotFoundAction": "Allow" })
+            );
+            assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+            let selector = &binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"];
+            assert_eq!(
+                selector["kubernetes.io/metadata.name"].as_str(),
+                *confined,
+                "{values:?}"
+            );
+        }
+    }
+}
+
 /// (apiGroup, resource, verb, resourceName) for every permission a rule grants.
 fn grants(rules: &Value) -> BTreeSet<(String, String, String, String)> {
     let mut out = BTreeSet::new();
@@ -716,7 +798,14 @@ fn set(items: &[(&str, &str, &str, &str)]) -> BTreeSet<(String, String, String, 
 #[test]
 fn the_roles_grant_exactly_what_the_controllers_use() {
     let documents = ops::template("rbac", "briq-system", &[]);
-    let cluster_role = ops::find(&documents, "ClusterRole")[0];
+    let named = |kind: &str, name: &str| -> Value {
+        ops::find(&documents, kind)
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name} is rendered"))
+            .clone()
+    };
+    let cluster_role = named("ClusterRole", "rbac-briq-operator");
     let mut expected = Vec::new();
     for resource in ["briqexecutors", "executions"] {
         for verb in ["get", "list", "watch", "patch"] {
@@ -743,7 +832,23 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
     assert_eq!(grants(&cluster_role["rules"]), set(&expected));
     assert!(cluster_role.get("aggregationRule").is_none());
 
-    let role = ops::find(&documents, "Role")[0];
+    assert_eq!(
+        grants(&named("ClusterRole", "rbac-briq-operator-classes")["rules"]),
+        set(&[
+            ("briq.cloud", "briqexecutorclasses", "get", ""),
+            ("briq.cloud", "briqexecutorclasses", "list", ""),
+            ("briq.cloud", "briqexecutorclasses", "watch", ""),
+            ("", "namespaces", "get", ""),
+        ])
+    );
+    let class_keys = named("Role", "rbac-briq-operator-class-keys");
+    assert_eq!(
+        grants(&class_keys["rules"]),
+        set(&[("", "secrets", "get", "")])
+    );
+    assert_eq!(class_keys["metadata"]["namespace"], "briq-system");
+
+    let role = named("Role", "rbac-briq-operator-leader-election");
     assert_eq!(
         grants(&role["rules"]),
         set(&[
@@ -772,40 +877,9 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
             ),
             "Role"
         )
-        .is_empty()
+        .iter()
+        .all(|role| role["metadata"]["name"] != "rbac-briq-operator-leader-election")
     );
-}
-
-/// Asks the API server whether `user` may do `verb` on `resource` (`group/resource[/sub]`).
-async fn may(
-    client: &kube::Client,
-    user: &str,
-    namespace: &str,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    name: &str,
-) -> bool {
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((resource, sub)) => (resource, sub),
-        None => (resource, ""),
-    };
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "spec": {
-            "user": user,
-            "groups": ["system:serviceaccounts", "system:authenticated"],
-            "resourceAttributes": {
-                "namespace": namespace, "verb": verb, "group": group,
-                "resource": resource, "subresource": subresource, "name": name,
-            }
-        }
-    }))
-    .unwrap();
-    let answer = Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .expect("SubjectAccessReview");
-    answer.status.is_some_and(|s| s.allowed)
 }
 
 #[tokio::test]
@@ -843,7 +917,28 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
                 .starts_with("ValidatingAdmissionPolicy")
         })
         .collect();
-    assert_eq!(policy.len(), 2);
+    let mut names: Vec<String> = policy
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {}",
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            format!("ValidatingAdmissionPolicy {fullname}-executor-class"),
+            format!("ValidatingAdmissionPolicy {fullname}-operator-fields"),
+            format!("ValidatingAdmissionPolicy {fullname}-pool-class"),
+            format!("ValidatingAdmissionPolicyBinding {fullname}-executor-class"),
+            format!("ValidatingAdmissionPolicyBinding {fullname}-operator-fields"),
+            format!("ValidatingAdmissionPolicyBinding {fullname}-pool-class"),
+        ]
+    );
     apply(&env, &ops::yaml(&policy));
     ops::admission_policy_effective(&env).await;
     let user = format!("system:serviceaccount:{}:{fullname}", env.namespace);
@@ -866,6 +961,10 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("update", "", "secrets", "briq-key"),
         ("get", "", "configmaps", "x"),
         ("get", "", "pods", "x"),
+        ("list", "", "namespaces", ""),
+        ("update", "", "namespaces", ns),
+        ("create", "briq.cloud", "briqexecutorclasses", ""),
+        ("patch", "briq.cloud", "briqexecutorclasses", "standard"),
         ("create", "", "events", ""),
         ("delete", "events.k8s.io", "events", "x"),
         ("list", "events.k8s.io", "events", ""),
@@ -895,7 +994,7 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
     ];
     for (verb, group, resource, name) in denied {
         assert!(
-            !may(&env.client, &user, ns, verb, group, resource, name).await,
+            !support::may(&env.client, &user, ns, verb, group, resource, name).await,
             "{verb} {group}/{resource} {name} is allowed"
         );
     }
@@ -912,9 +1011,11 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("patch", "", "secrets", "briq-key"),
         ("create", "events.k8s.io", "events", ""),
         ("patch", "coordination.k8s.io", "leases", fullname.as_str()),
+        ("watch", "briq.cloud", "briqexecutorclasses", ""),
+        ("get", "", "namespaces", ns),
     ] {
         assert!(
-            may(&env.client, &user, ns, verb, group, resource, name).await,
+            support::may(&env.client, &user, ns, verb, group, resource, name).await,
             "{verb} {group}/{resource} is denied"
         );
     }

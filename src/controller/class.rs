@@ -12,38 +12,72 @@ use kube::{
 };
 
 use crate::crd::{
-    BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec, DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec, CLAIMED_MEMBER_ANNOTATION,
+    DEFAULT_EXECUTION_TIMEOUT_SECONDS,
 };
+
+use super::executor::{CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
 
 /// On an executor, written by the operator with its claim to create a sandbox: the class it
 /// was made under. An executor naming no class keeps the default class it got, even when
 /// another class becomes the default later (its sandbox was made with that class's key).
 pub const CLASS_ANNOTATION: &str = "briq.cloud/class";
 
+/// What an executor's annotations say of the class its sandbox was made under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded<'a> {
+    /// Made under this class.
+    Class(&'a str),
+    /// Made without a class (before classes existed, or with no class to take).
+    Unclassed,
+    /// No sandbox made or claimed yet: the class is chosen now.
+    NotYet,
+}
+
+/// What `annotations` of an executor record of its class: its [`CLASS_ANNOTATION`], else, once
+/// it has or is making a sandbox, none.
+pub fn recorded(annotations: &BTreeMap<String, String>) -> Recorded<'_> {
+    if let Some(name) = annotations.get(CLASS_ANNOTATION) {
+        return Recorded::Class(name);
+    }
+    let made = [
+        SANDBOX_ID_ANNOTATION,
+        CREATE_PENDING_ANNOTATION,
+        CLAIMED_MEMBER_ANNOTATION,
+    ]
+    .iter()
+    .any(|key| annotations.contains_key(*key));
+    if made {
+        Recorded::Unclassed
+    } else {
+        Recorded::NotYet
+    }
+}
+
 /// The class an executor takes.
 #[derive(Debug, Clone)]
-pub enum Resolved<'c> {
-    Class(&'c BriqExecutorClass),
+pub enum Resolved {
+    Class(Arc<BriqExecutorClass>),
     /// It names a class (or was made under one) that does not exist (yet).
     Missing(String),
     /// No class: its own `apiKeySecretRef`, or the operator's default key.
     Unclassed,
 }
 
-/// The class of an executor with `spec` in the namespace labelled `namespace_labels`,
-/// `recorded` the class it was made under (the [`CLASS_ANNOTATION`]), among `classes`: the one
-/// it names; else, unless it brings its own key, the one it was made under, else the default
-/// class whose `namespaceSelector` selects the namespace (the newest, if several are marked).
-pub fn resolve<'c>(
+/// The class of an executor with `spec` in the namespace labelled `namespace_labels`, among
+/// `classes`: the one it names; else, unless it brings its own key, the one it was made under
+/// (`recorded`), else the default class whose `namespaceSelector` selects the namespace (the
+/// newest, if several are marked). The labels matter only for an executor not made yet.
+pub fn resolve(
     spec: &BriqExecutorSpec,
-    recorded: Option<&str>,
-    classes: &'c [Arc<BriqExecutorClass>],
+    recorded: Recorded,
+    classes: &[Arc<BriqExecutorClass>],
     namespace_labels: &BTreeMap<String, String>,
-) -> Resolved<'c> {
+) -> Resolved {
     let named = |name: &str| {
         classes.iter().find(|c| c.name_any() == name).map_or_else(
             || Resolved::Missing(name.to_owned()),
-            |c| Resolved::Class(c),
+            |c| Resolved::Class(c.clone()),
         )
     };
     if let Some(name) = &spec.class_name {
@@ -52,14 +86,36 @@ pub fn resolve<'c>(
     if spec.api_key_secret_ref.is_some() {
         return Resolved::Unclassed;
     }
-    if let Some(name) = recorded {
-        return named(name);
+    match recorded {
+        Recorded::Class(name) => return named(name),
+        Recorded::Unclassed => return Resolved::Unclassed,
+        Recorded::NotYet => {}
     }
     classes
         .iter()
         .filter(|c| c.is_default() && selects(&c.spec, namespace_labels))
         .max_by_key(|c| (c.metadata.creation_timestamp.clone(), c.name_any()))
-        .map_or(Resolved::Unclassed, |c| Resolved::Class(c))
+        .map_or(Resolved::Unclassed, |c| Resolved::Class(c.clone()))
+}
+
+/// Whether resolving the class of an executor with `spec`, as `recorded`, among `classes` may
+/// depend on its namespace's labels (else they need not be read).
+pub fn needs_namespace_labels(
+    spec: &BriqExecutorSpec,
+    recorded: Recorded,
+    classes: &[Arc<BriqExecutorClass>],
+) -> bool {
+    match resolve(spec, recorded, classes, &BTreeMap::new()) {
+        Resolved::Class(class) => class.spec.namespace_selector.is_some(),
+        Resolved::Missing(_) => false,
+        // A default class selecting only some namespaces may be this one's.
+        Resolved::Unclassed => {
+            recorded == Recorded::NotYet
+                && spec.class_name.is_none()
+                && spec.api_key_secret_ref.is_none()
+                && classes.iter().any(|c| c.is_default())
+        }
+    }
 }
 
 /// Whether `class`'s `namespaceSelector` selects the namespace labelled `namespace_labels`.
@@ -120,6 +176,19 @@ pub fn effective(spec: &BriqExecutorSpec, class: Option<&BriqExecutorClassSpec>)
         .or(class.default_idle_timeout_seconds)
         .or(class.max_idle_timeout_seconds);
     effective
+}
+
+/// The idle timeout an executor made under `class` runs with: [`effective`]'s, never beyond the
+/// class's maximum (the spec's may have been raised after admission saw it).
+pub fn idle_timeout_seconds(
+    spec: &BriqExecutorSpec,
+    class: Option<&BriqExecutorClassSpec>,
+) -> Option<u32> {
+    let idle = effective(spec, class).idle_timeout_seconds;
+    match class.and_then(|c| c.max_idle_timeout_seconds) {
+        Some(max) => idle.map(|idle| idle.min(max)),
+        None => idle,
+    }
 }
 
 /// Whether `image` is one of `allowed`: an exact image, or a prefix ending in `*`.

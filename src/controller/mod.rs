@@ -23,6 +23,7 @@ pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 pub use orphans::{KEY_IN_USE_FINALIZER, orphans};
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -31,7 +32,7 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -52,8 +53,8 @@ use crate::{
     bridge::session,
     briq::{ApiKey, SandboxApi},
     crd::{
-        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
-        DEFAULT_API_KEY_SECRET_KEY, Execution, reasons::ExecutorReason,
+        API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorClass, BriqExecutorPool,
+        CLAIMED_BY_ANNOTATION, DEFAULT_API_KEY_SECRET_KEY, Execution, reasons::ExecutorReason,
     },
     http::Health,
     metrics::{ControllerKind, Live, Metrics},
@@ -74,6 +75,8 @@ pub enum Error {
     Bridge(#[from] session::CallError),
     #[error("{0}")]
     ApiKey(String),
+    #[error("no BriqExecutorClass {0}")]
+    ClassMissing(String),
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("{0}")]
@@ -103,8 +106,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Settings of a controller run.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Key used by executors without `apiKeySecretRef`.
+    /// Key used by executors without `apiKeySecretRef` and without a class.
     pub default_api_key: Option<ApiKey>,
+    /// The operator's own namespace, where the key Secrets that `BriqExecutorClass`es name
+    /// are (tenants cannot read them); `None`: classes cannot be used.
+    pub platform_namespace: Option<String>,
     /// How often a ready executor checks that its sandbox still runs (a cheap GET, which does
     /// not count as use, so idle sandboxes still go to sleep as configured).
     pub probe_interval: Duration,
@@ -146,6 +152,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             default_api_key: None,
+            platform_namespace: None,
             probe_interval: Duration::from_secs(30),
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
@@ -168,6 +175,8 @@ pub struct Shared<S> {
     pub client: Client,
     pub sandboxes: S,
     pub settings: Settings,
+    /// Every `BriqExecutorClass`, from its watch.
+    classes: Store<BriqExecutorClass>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
@@ -253,15 +262,33 @@ async fn api_key<S>(shared: &Shared<S>, executor: &BriqExecutor) -> Result<ApiKe
     Ok(key_and_secret(shared, executor).await?.0)
 }
 
-/// [`api_key`], with the Secret it came from (`None`: the operator's default key).
+/// [`api_key`], with the Secret it came from when that is a Secret of the executor's namespace
+/// (`None`: the operator's default key, or its class's, whose Secret is the platform's).
 async fn key_and_secret<S>(
+    shared: &Shared<S>,
+    executor: &BriqExecutor,
+) -> Result<(ApiKey, Option<Secret>)> {
+    let recorded = class::recorded(executor.annotations());
+    match class_of(shared, executor, recorded).await?.0 {
+        class::Resolved::Class(class) => return Ok((class_key(shared, &class).await?, None)),
+        class::Resolved::Missing(name) => return Err(Error::ClassMissing(name)),
+        class::Resolved::Unclassed => {}
+    }
+    own_key(shared, executor).await
+}
+
+/// The key of an executor without a class: from its `apiKeySecretRef`, else the operator's
+/// default key.
+async fn own_key<S>(
     shared: &Shared<S>,
     executor: &BriqExecutor,
 ) -> Result<(ApiKey, Option<Secret>)> {
     let Some(reference) = &executor.spec.api_key_secret_ref else {
         let key = shared.settings.default_api_key.clone().ok_or_else(|| {
             Error::ApiKey(
-                "no apiKeySecretRef is set and the operator has no default briq API key".into(),
+                "no apiKeySecretRef is set, no BriqExecutorClass applies and the operator has no \
+                 default briq API key"
+                    .into(),
             )
         })?;
         return Ok((key, None));
@@ -269,6 +296,60 @@ async fn key_and_secret<S>(
     let namespace = executor.namespace().unwrap_or_default();
     let (key, secret) = secret_key(shared, &namespace, &reference.name, &reference.key).await?;
     Ok((key, Some(secret)))
+}
+
+/// The key of `class`, from its Secret in the operator's namespace.
+async fn class_key<S>(shared: &Shared<S>, class: &BriqExecutorClass) -> Result<ApiKey> {
+    let Some(namespace) = &shared.settings.platform_namespace else {
+        return Err(Error::ApiKey(format!(
+            "BriqExecutorClass {} applies, but the operator was started without \
+             --platform-namespace, where class keys are",
+            class.name_any()
+        )));
+    };
+    let reference = &class.spec.api_key_secret_ref;
+    Ok(
+        secret_key(shared, namespace, &reference.name, &reference.key)
+            .await?
+            .0,
+    )
+}
+
+/// The class `executor` takes ([`class::resolve`]), as `recorded`, from the class cache, with
+/// its namespace's labels, which are read only when they can matter (empty otherwise).
+async fn class_of<S>(
+    shared: &Shared<S>,
+    executor: &BriqExecutor,
+    recorded: class::Recorded<'_>,
+) -> Result<(class::Resolved, BTreeMap<String, String>)> {
+    // Before their first list, no class is known, and an executor could be taken for one
+    // without a class.
+    let _ = shared.classes.wait_until_ready().await;
+    let classes = shared.classes.state();
+    let labels = if class::needs_namespace_labels(&executor.spec, recorded, &classes) {
+        let namespace = executor.namespace().unwrap_or_default();
+        let namespaces: Api<Namespace> = Api::all(shared.client.clone());
+        namespaces
+            .get_metadata_opt(&namespace)
+            .await?
+            .and_then(|n| n.metadata.labels)
+            .unwrap_or_default()
+    } else {
+        BTreeMap::new()
+    };
+    let resolved = class::resolve(&executor.spec, recorded, &classes, &labels);
+    Ok((resolved, labels))
+}
+
+/// The class `executor` was made under, if any, from the cache (an executor not made yet may
+/// get another: see [`class_of`]).
+fn made_under<S>(shared: &Shared<S>, executor: &BriqExecutor) -> Option<Arc<BriqExecutorClass>> {
+    let classes = shared.classes.state();
+    let recorded = class::recorded(executor.annotations());
+    match class::resolve(&executor.spec, recorded, &classes, &BTreeMap::new()) {
+        class::Resolved::Class(class) => Some(class),
+        _ => None,
+    }
 }
 
 /// The API key in field `key` (empty: the default field) of the labelled Secret
@@ -648,7 +729,12 @@ pub async fn run_observed<S>(
         let _ = shutdown_tx.send(());
     });
 
+    // Classes are known before any executor takes one: [`class_of`] waits for their first list.
+    let classes_api: Api<BriqExecutorClass> = Api::all(client.clone());
+    let (class_store, class_writer) = reflector::store::<BriqExecutorClass>();
+    let (class_wake_tx, class_wake_rx) = mpsc::unbounded_channel::<ObjectRef<BriqExecutor>>();
     let shared = Arc::new(Shared {
+        classes: class_store.clone(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -736,8 +822,20 @@ pub async fn run_observed<S>(
             forget_executor.executor_deleted(gone);
         },
     );
+    let class_watch = AbortOnDrop(tokio::spawn(
+        wake::class_events(
+            watcher(classes_api, watcher::Config::default().any_semantic()),
+            class_writer,
+            executor_store.clone(),
+            wake::sender(class_wake_tx),
+        )
+        .for_each(|_| async {}),
+    ));
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone())
-        .with_config(controller::Config::default().concurrency(executor_concurrency));
+        .with_config(controller::Config::default().concurrency(executor_concurrency))
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            class_wake_rx,
+        ));
     // Pools: woken by their own changes and by any change of a member (claimed ones too, which
     // the pool no longer owns: a claim is what makes it refill), through the executor triggers.
     let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
@@ -830,6 +928,7 @@ pub async fn run_observed<S>(
     info!("controllers started");
     futures::future::join3(execution_loop, executor_loop, pool_loop).await;
     drop(count_writer);
+    drop(class_watch);
     execution_ctx.write_counts().await;
     drop(sweeper);
     drop(orphan_sweeper);

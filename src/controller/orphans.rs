@@ -209,7 +209,18 @@ impl<S: SandboxApi> Sweeper<S> {
     /// One sweep with every key in use; only once the cache is synced ([`Sweeper::run`]).
     async fn sweep(&self) {
         let executors = self.store.state();
-        let (live_names, in_use) = observe(&executors);
+        let (live_names, mut in_use) = observe(&executors);
+        // Every class's key (in the operator's namespace) may have made sandboxes.
+        if let Some(namespace) = &self.shared.settings.platform_namespace {
+            in_use.extend(self.shared.classes.state().iter().map(|class| {
+                let reference = &class.spec.api_key_secret_ref;
+                KeySource::Secret {
+                    namespace: namespace.clone(),
+                    name: reference.name.clone(),
+                    field: reference.key.clone(),
+                }
+            }));
+        }
         let sources: BTreeSet<KeySource> = {
             let mut remembered = self.remembered.lock().expect("sweeper state");
             remembered.extend(in_use.iter().cloned());

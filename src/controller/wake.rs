@@ -22,6 +22,7 @@
 //! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`]: 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
 //! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
+//! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`] |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |
@@ -31,7 +32,7 @@
 
 use std::time::Duration;
 
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::{
     ResourceExt,
     runtime::{
@@ -42,7 +43,10 @@ use kube::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::crd::{BriqExecutor, BriqExecutorPool, Execution, POOL_MEMBER_ANNOTATION};
+use crate::crd::{
+    BriqExecutor, BriqExecutorClass, BriqExecutorPool, Execution, POOL_MEMBER_ANNOTATION,
+    reasons::ExecutorReason,
+};
 
 /// The recheck of a wait that has a trigger: should the trigger ever be missed, the wait ends
 /// this long after. It reads the caches only.
@@ -53,6 +57,8 @@ pub const TURN: Duration = Duration::from_secs(5);
 pub const POOL_FILLING: Duration = Duration::from_secs(1);
 /// How often a deleted executor looks whether its Executions have concluded.
 pub const DRAIN: Duration = Duration::from_millis(500);
+/// The recheck of an executor waiting for its class (woken by any change of a class).
+pub const CLASS_RECHECK: Duration = Duration::from_secs(60);
 /// The longest recheck of a missing key Secret.
 pub const KEY_RECHECK_MAX: Duration = Duration::from_secs(30);
 /// The longest pause between two questions to briq about an outcome it left unknown: the
@@ -72,6 +78,8 @@ pub enum Wait {
     KeySecret { waited: Duration },
     /// A pool whose members are being made or provisioned.
     PoolFilling,
+    /// An executor waiting for its class to be created, or to allow it.
+    Class,
     /// A deleted executor whose Executions have not concluded, `left` of its drain limit.
     Drain { left: Duration },
     /// An Execution whose outcome briq left unknown, `waited` since its attempt started and
@@ -91,6 +99,7 @@ pub fn recheck(wait: Wait) -> Duration {
         Wait::Turn => TURN,
         Wait::KeySecret { waited } => key_recheck(waited),
         Wait::PoolFilling => POOL_FILLING,
+        Wait::Class => CLASS_RECHECK,
         Wait::Drain { left } => DRAIN.min(left),
         Wait::Briq {
             waited,
@@ -191,6 +200,58 @@ where
             triggers.heard(event);
         })
         .applied_objects()
+}
+
+/// The watch of classes (`watch`): each event is applied to the class cache (`writer`), then,
+/// with the cache showing it, wakes the executors that wait on a class ([`waiting_on_a_class`]).
+/// A watch that fails (the class CRD not installed: CRDs older than the operator) is logged and
+/// retried with backoff; executors that would take a class wait meanwhile.
+pub fn class_events<St>(
+    watch: St,
+    writer: Writer<BriqExecutorClass>,
+    executors: Store<BriqExecutor>,
+    wake_executor: Wake<BriqExecutor>,
+) -> impl Stream<Item = ()> + Send
+where
+    St: Stream<Item = watcher::Result<watcher::Event<BriqExecutorClass>>> + Send + 'static,
+{
+    watch
+        .default_backoff()
+        .modify(super::cache::compact)
+        .reflect(writer)
+        .map(move |event| match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                for executor in waiting_on_a_class(&executors.state()) {
+                    wake_executor(executor);
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(
+                %error,
+                "watching BriqExecutorClasses failed (are the CRDs current? kubectl apply \
+                 --server-side -f crds/); retrying"
+            ),
+        })
+}
+
+/// The executors waiting on a class: those that report `ClassNotFound` or `ClassRefused`.
+pub fn waiting_on_a_class(
+    executors: &[std::sync::Arc<BriqExecutor>],
+) -> Vec<ObjectRef<BriqExecutor>> {
+    let waits = [
+        ExecutorReason::ClassNotFound.as_str(),
+        ExecutorReason::ClassRefused.as_str(),
+    ];
+    executors
+        .iter()
+        .filter(|executor| {
+            executor.status.as_ref().is_some_and(|status| {
+                super::conditions::find(&status.conditions, super::conditions::READY)
+                    .is_some_and(|ready| waits.contains(&ready.reason.as_str()))
+            })
+        })
+        .map(|executor| ObjectRef::from_obj(executor.as_ref()))
+        .collect()
 }
 
 /// What a change of `executor` wakes: the Executions that wait on it (or whose time to live is

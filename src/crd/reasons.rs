@@ -169,6 +169,13 @@ reasons! {
         Provisioning,
         /// No usable briq API key (missing Secret or key, or no operator default).
         ApiKeyMissing,
+        /// The executor names a `BriqExecutorClass` that does not exist (yet); it waits for it
+        /// and creates nothing.
+        ClassNotFound,
+        /// The executor's spec breaks a limit of its `BriqExecutorClass`, or its namespace may
+        /// not use the class (the message names which); nothing is created. Looked at again
+        /// when the class changes.
+        ClassRefused,
         /// briq refused to create the sandbox.
         BriqRefused,
         /// The kernel answers: Executions run.

@@ -376,3 +376,36 @@ pub async fn create_api_key_secret(env: &TestEnv, name: &str, key: &str, labelle
         .await
         .expect("creating the Secret");
 }
+
+/// Asks the API server whether `user` may do `verb` on `resource` (`group/resource[/sub]`).
+pub async fn may(
+    client: &kube::Client,
+    user: &str,
+    namespace: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    name: &str,
+) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((resource, sub)) => (resource, sub),
+        None => (resource, ""),
+    };
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": {
+                "namespace": namespace, "verb": verb, "group": group,
+                "resource": resource, "subresource": subresource, "name": name,
+            }
+        }
+    }))
+    .unwrap();
+    let answer = kube::Api::<SubjectAccessReview>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview");
+    answer.status.is_some_and(|s| s.allowed)
+}

@@ -2,6 +2,10 @@ use serde_json::{Value, json};
 
 use super::*;
 
+type Classes = Vec<Arc<BriqExecutorClass>>;
+type ClassSlice = [Arc<BriqExecutorClass>];
+type Labels = BTreeMap<String, String>;
+
 fn spec(value: Value) -> BriqExecutorSpec {
     serde_json::from_value(value).unwrap()
 }
@@ -51,81 +55,89 @@ fn the_class_an_executor_takes() {
     let two_defaults = vec![standard.clone(), premium.clone(), newer_default];
     let scoped_default = vec![standard, premium, team_default];
     let own_key = json!({ "apiKeySecretRef": { "name": "mine" } });
-    let cases: Vec<(&str, Value, Option<&str>, &[Arc<BriqExecutorClass>], &str)> = vec![
+    use Recorded::{Class, NotYet, Unclassed};
+    let cases: Vec<(&str, Value, Recorded, &ClassSlice, &str)> = vec![
+        (
+            "made before classes existed: unclassed",
+            json!({}),
+            Unclassed,
+            &all,
+            "unclassed",
+        ),
         (
             "names one",
             json!({ "className": "premium" }),
-            None,
+            NotYet,
             &all,
             "class premium",
         ),
         (
             "names one not made yet",
             json!({ "className": "gold" }),
-            None,
+            NotYet,
             &all,
             "missing gold",
         ),
         (
             "names none: the default",
             json!({}),
-            None,
+            NotYet,
             &all,
             "class standard",
         ),
         (
             "names none, several defaults: the newest",
             json!({}),
-            None,
+            NotYet,
             &two_defaults,
             "class newer",
         ),
         (
             "names none, no default: unclassed",
             json!({}),
-            None,
+            NotYet,
             &[],
             "unclassed",
         ),
         (
             "names none, the newest default is for team-a only: the other",
             json!({}),
-            None,
+            NotYet,
             &scoped_default,
             "class standard",
         ),
         (
             "brings its own key",
             own_key.clone(),
-            None,
+            NotYet,
             &all,
             "unclassed",
         ),
         (
             "own key, even when recorded",
             own_key,
-            Some("premium"),
+            Class("premium"),
             &all,
             "unclassed",
         ),
         (
             "made under a former default",
             json!({}),
-            Some("premium"),
+            Class("premium"),
             &all,
             "class premium",
         ),
         (
             "made under a class since deleted",
             json!({}),
-            Some("old"),
+            Class("old"),
             &all,
             "missing old",
         ),
         (
             "the name wins over the record",
             json!({ "className": "premium" }),
-            Some("standard"),
+            Class("standard"),
             &all,
             "class premium",
         ),
@@ -228,7 +240,7 @@ fn each_broken_limit_is_named() {
         "kubernetes.io/metadata.name".to_owned(),
         "team-x".to_owned(),
     )]);
-    let cases: Vec<(&str, Value, &BTreeMap<String, String>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Value, &Labels, Vec<&str>)> = vec![
         ("defaults only", json!({}), &tenant, vec![]),
         (
             "an image under an allowed prefix",
@@ -310,4 +322,116 @@ fn a_pool_beyond_the_class_maximum_is_named() {
         Some("replicas 11 is above class c's maxPoolReplicas 10")
     );
     assert_eq!(pool_violation("c", &rules(json!({})), 1000), None);
+}
+
+#[test]
+fn what_the_annotations_record_of_the_class() {
+    let of = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let cases = [
+        ("nothing made", of(&[]), Recorded::NotYet),
+        (
+            "a create claimed under a class",
+            of(&[
+                (CREATE_PENDING_ANNOTATION, "t op"),
+                (CLASS_ANNOTATION, "std"),
+            ]),
+            Recorded::Class("std"),
+        ),
+        (
+            "a sandbox made before classes",
+            of(&[(SANDBOX_ID_ANNOTATION, "bq_1")]),
+            Recorded::Unclassed,
+        ),
+        (
+            "a create claimed before classes",
+            of(&[(CREATE_PENDING_ANNOTATION, "t")]),
+            Recorded::Unclassed,
+        ),
+        (
+            "a member claimed before classes",
+            of(&[(CLAIMED_MEMBER_ANNOTATION, "m1")]),
+            Recorded::Unclassed,
+        ),
+    ];
+    for (case, annotations, expected) in &cases {
+        assert_eq!(recorded(annotations), *expected, "{case}");
+    }
+}
+
+#[test]
+fn the_namespace_is_read_only_when_its_labels_can_matter() {
+    let open_default = class("open", true, "2026-01-01T00:00:00Z", key());
+    let mut selective = key();
+    selective["namespaceSelector"] = json!({ "matchLabels": { "tier": "gold" } });
+    let scoped = class("scoped", false, "2026-01-01T00:00:00Z", selective.clone());
+    let scoped_default = class("scoped-default", true, "2026-01-01T00:00:00Z", selective);
+    let cases: Vec<(&str, Value, Recorded, Classes, bool)> = vec![
+        ("no classes", json!({}), Recorded::NotYet, vec![], false),
+        (
+            "names a class without selector",
+            json!({ "className": "open" }),
+            Recorded::NotYet,
+            vec![open_default.clone()],
+            false,
+        ),
+        (
+            "names a class with a selector",
+            json!({ "className": "scoped" }),
+            Recorded::NotYet,
+            vec![scoped.clone()],
+            true,
+        ),
+        (
+            "takes the default without selector",
+            json!({}),
+            Recorded::NotYet,
+            vec![open_default.clone()],
+            false,
+        ),
+        (
+            "a default that selects",
+            json!({}),
+            Recorded::NotYet,
+            vec![scoped_default.clone()],
+            true,
+        ),
+        (
+            "made already, unclassed",
+            json!({}),
+            Recorded::Unclassed,
+            vec![scoped_default],
+            false,
+        ),
+        (
+            "its own key",
+            json!({ "apiKeySecretRef": { "name": "k" } }),
+            Recorded::NotYet,
+            vec![scoped],
+            false,
+        ),
+    ];
+    for (case, executor, recorded, classes, expected) in cases {
+        assert_eq!(
+            needs_namespace_labels(&spec(executor), recorded, &classes),
+            expected,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn an_idle_timeout_raised_after_admission_runs_within_the_class_maximum() {
+    let class = rules(json!({ "maxIdleTimeoutSeconds": 3600 }));
+    let raised = spec(json!({ "idleTimeoutSeconds": 90000 }));
+    assert_eq!(idle_timeout_seconds(&raised, Some(&class)), Some(3600));
+    assert_eq!(idle_timeout_seconds(&raised, None), Some(90000));
+    assert_eq!(
+        idle_timeout_seconds(&spec(json!({})), Some(&class)),
+        Some(3600)
+    );
 }

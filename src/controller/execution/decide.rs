@@ -345,11 +345,17 @@ pub fn turn(uid: Option<&str>, mine: &RunOrder, siblings: &[Sibling], now: Times
     }
 }
 
-/// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s.
-pub fn timeout_seconds(execution: Option<u32>, executor_default: u32) -> u32 {
+/// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s and
+/// never beyond its class's maximum (`class_max`).
+pub fn timeout_seconds(
+    execution: Option<u32>,
+    executor_default: u32,
+    class_max: Option<u32>,
+) -> u32 {
+    let max = class_max.unwrap_or(MAX_EXECUTION_TIMEOUT_SECONDS);
     execution
         .unwrap_or(executor_default)
-        .clamp(1, MAX_EXECUTION_TIMEOUT_SECONDS)
+        .clamp(1, max.clamp(1, MAX_EXECUTION_TIMEOUT_SECONDS))
 }
 
 /// Maps what the bridge answered to the Execution's outcome.

@@ -43,8 +43,9 @@ use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     apply_status_at, apply_status_of,
     backoff::Backoff,
+    class,
     conditions::{self, SUCCEEDED},
-    is_conflict, mark_unusable, object_key,
+    is_conflict, made_under, mark_unusable, object_key,
     ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
     prune_backoff, retry,
     session::Session,
@@ -439,11 +440,15 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             unwritten_result: self.ctx.kept.unwritten(uid).is_some(),
             attempt: self.status().attempt_id.map(|_| Attempt {
                 started: self.status().start_time.map(|t| t.0),
-                timeout_seconds: decide::timeout_seconds(
-                    self.execution.spec.timeout_seconds,
-                    executor.map_or(DEFAULT_EXECUTION_TIMEOUT_SECONDS, |e| {
-                        e.spec.execution_timeout_seconds
-                    }),
+                timeout_seconds: executor.map_or_else(
+                    || {
+                        decide::timeout_seconds(
+                            self.execution.spec.timeout_seconds,
+                            DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+                            None,
+                        )
+                    },
+                    |executor| self.timeout_seconds(executor),
                 ),
             }),
             now: Timestamp::now(),
@@ -720,10 +725,14 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 
     /// The deadline of this Execution's code in `executor`, in seconds.
+    /// The run's deadline, under the class the executor was made under.
     fn timeout_seconds(&self, executor: &BriqExecutor) -> u32 {
+        let class = made_under(&self.ctx.shared, executor);
+        let class = class.as_ref().map(|c| &c.spec);
         decide::timeout_seconds(
             self.execution.spec.timeout_seconds,
-            executor.spec.execution_timeout_seconds,
+            class::effective(&executor.spec, class).execution_timeout_seconds,
+            class.and_then(|c| c.max_execution_timeout_seconds),
         )
     }
 

@@ -225,6 +225,11 @@ pub fn pool_mismatch(claimer: &BriqExecutorSpec, template: &BriqExecutorSpec) ->
             claimer.api_key_secret_ref == template.api_key_secret_ref,
             false,
         ),
+        (
+            "className",
+            claimer.class_name == template.class_name,
+            false,
+        ),
     ];
     fields
         .into_iter()
@@ -886,7 +891,7 @@ mod tests {
             "image": "reg/briq-sandbox:1", "sleep": "2h", "packages": ["pandas==2.2.3"],
             "apiKeySecretRef": { "name": "team-key" },
         }));
-        let cases: [(&str, serde_json::Value, Vec<&str>); 7] = [
+        let cases: [(&str, serde_json::Value, Vec<&str>); 8] = [
             (
                 "every shaping field left unset: the template's",
                 serde_json::json!({ "apiKeySecretRef": { "name": "team-key" } }),
@@ -932,9 +937,30 @@ mod tests {
                 serde_json::json!({ "apiKeySecretRef": { "name": "mine" } }),
                 vec!["apiKeySecretRef"],
             ),
+            (
+                "a class where the template brings its own key",
+                serde_json::json!({ "className": "standard" }),
+                vec!["apiKeySecretRef", "className"],
+            ),
         ];
         for (name, claimer, expected) in cases {
             assert_eq!(pool_mismatch(&spec(claimer), &template), expected, "{name}");
+        }
+        let classed = spec(serde_json::json!({ "className": "standard" }));
+        for (claimer, expected) in [
+            (serde_json::json!({ "className": "standard" }), vec![]),
+            (
+                serde_json::json!({ "className": "premium" }),
+                vec!["className"],
+            ),
+            // The member's sandbox was made with the class's key: no default stands in.
+            (serde_json::json!({}), vec!["className"]),
+        ] {
+            assert_eq!(
+                pool_mismatch(&spec(claimer.clone()), &classed),
+                expected,
+                "{claimer}"
+            );
         }
     }
 

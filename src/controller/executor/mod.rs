@@ -37,8 +37,8 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    conditions, is_conflict, key_and_secret, mark_unusable, object_key, orphans, prune_backoff,
-    publish, retry,
+    class, class_key, class_of, conditions, is_conflict, key_and_secret, made_under, mark_unusable,
+    object_key, orphans, own_key, prune_backoff, publish, retry,
     session::{Provisioned, Session, SetupError},
     settle, waited,
     wake::{self, Wait},
@@ -50,7 +50,7 @@ use crate::{
         pool,
     },
     crd::{
-        BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
+        BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
         CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_LABEL,
         reasons::ExecutorReason,
     },
@@ -206,11 +206,15 @@ impl<S: SandboxApi> Actor<'_, S> {
                 Ok(Action::await_change())
             }
             Step::CreateSandbox { pending } => {
+                let class = match self.admit(executor, false).await? {
+                    Ok(class) => class,
+                    Err(wait) => return Ok(wait),
+                };
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(key_recheck(executor));
                 };
                 let (created, create) =
-                    traces::noted(self.create_sandbox(executor, &key, pending)).await;
+                    traces::noted(self.create_sandbox(executor, &key, pending, class)).await;
                 let id = match created? {
                     Created::Sandbox(id) => id,
                     Created::Not(recheck) => return Ok(Action::requeue(recheck)),
@@ -245,7 +249,10 @@ impl<S: SandboxApi> Actor<'_, S> {
                 };
                 self.provision(executor, &key, fields, None).await
             }
-            Step::Claim => self.claim(executor).await,
+            Step::Claim => match self.admit(executor, false).await? {
+                Ok(_) => self.claim(executor).await,
+                Err(wait) => Ok(wait),
+            },
             Step::HandedOver { claimer } => {
                 let to = executor
                     .owner_references()
@@ -291,6 +298,14 @@ impl<S: SandboxApi> Actor<'_, S> {
                 }
                 Ok(Some(key))
             }
+            Err(Error::ClassMissing(name)) => {
+                let message =
+                    format!("no BriqExecutorClass {name}, which its sandbox was made under");
+                let waiting = state("False", false, ExecutorReason::ClassNotFound, message);
+                self.report(executor, waiting, sandbox_fields(executor))
+                    .await?;
+                Ok(None)
+            }
             Err(Error::ApiKey(message)) => {
                 let waiting = state("False", false, ExecutorReason::ApiKeyMissing, message);
                 self.report(executor, waiting, sandbox_fields(executor))
@@ -299,6 +314,57 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// The class the executor's sandbox is made (or claimed) under, if it takes one: it must
+    /// exist and allow the executor's spec and namespace. `Err`: it waits (reported in the
+    /// status), woken when a class changes. An executor that has or is making a sandbox is not
+    /// asked again (its class may change, and it keeps running) unless it is to get a sandbox
+    /// of its own `anew`: then what its annotations say (copied with a manifest) counts for
+    /// nothing.
+    async fn admit(
+        &self,
+        executor: &BriqExecutor,
+        anew: bool,
+    ) -> Result<Result<Option<Arc<BriqExecutorClass>>, Action>> {
+        let recorded = match anew {
+            true => class::Recorded::NotYet,
+            false => class::recorded(executor.annotations()),
+        };
+        let (resolved, labels) = class_of(self.shared, executor, recorded).await?;
+        let class = match resolved {
+            class::Resolved::Unclassed => return Ok(Ok(None)),
+            class::Resolved::Class(class) => class,
+            class::Resolved::Missing(name) => {
+                let message = format!("no BriqExecutorClass {name}; waiting for it to be created");
+                let waiting = state("False", false, ExecutorReason::ClassNotFound, message);
+                self.report(executor, waiting, sandbox_fields(executor))
+                    .await?;
+                return Ok(Err(Action::requeue(wake::recheck(Wait::Class))));
+            }
+        };
+        if recorded != class::Recorded::NotYet {
+            return Ok(Ok(Some(class)));
+        }
+        let namespace = executor.namespace().unwrap_or_default();
+        let broken = class::violations(
+            &class.name_any(),
+            &class.spec,
+            &executor.spec,
+            &namespace,
+            &labels,
+        );
+        if broken.is_empty() {
+            return Ok(Ok(Some(class)));
+        }
+        let message = format!(
+            "{}; no sandbox is made (create an executor within the class's limits)",
+            broken.join("; ")
+        );
+        let refused = state("False", true, ExecutorReason::ClassRefused, message);
+        self.report(executor, refused, sandbox_fields(executor))
+            .await?;
+        Ok(Err(Action::requeue(wake::recheck(Wait::Class))))
     }
 
     /// Applies the executor controller's part of the status, unless it already says that.
@@ -323,7 +389,14 @@ impl<S: SandboxApi> Actor<'_, S> {
 
     /// Says `Provisioning` once, when the executor has no `Ready` condition yet.
     async fn report_provisioning(&self, executor: &BriqExecutor, message: &str) -> Result<()> {
-        if conditions::find(&status_of(executor).conditions, conditions::READY).is_some() {
+        // A wait for its class has ended once it provisions.
+        let class_waits = [
+            ExecutorReason::ClassNotFound.as_str(),
+            ExecutorReason::ClassRefused.as_str(),
+        ];
+        if conditions::find(&status_of(executor).conditions, conditions::READY)
+            .is_some_and(|ready| !class_waits.contains(&ready.reason.as_str()))
+        {
             return Ok(());
         }
         let provisioning = state("Unknown", false, ExecutorReason::Provisioning, message);
@@ -339,6 +412,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         executor: &BriqExecutor,
         key: &ApiKey,
         pending: bool,
+        class: Option<Arc<BriqExecutorClass>>,
     ) -> Result<Created> {
         let name = sandbox_name(
             &executor.namespace().unwrap_or_default(),
@@ -397,17 +471,23 @@ impl<S: SandboxApi> Actor<'_, S> {
         // The claim to create is conditional on the version the decision was made on: of two
         // operators that decided at once, one claims and the other decides again.
         let claim = create_claim::claim_value(Timestamp::now(), &self.shared.holder);
-        let annotations = json!({ CREATE_PENDING_ANNOTATION: claim });
+        // With the claim, the class: the sandbox is made with its key, whatever becomes the
+        // default later (none: a class a copied manifest brought goes).
+        let annotations = json!({
+            CREATE_PENDING_ANNOTATION: claim,
+            class::CLASS_ANNOTATION: class.as_ref().map(|c| c.name_any()),
+        });
         if !self.annotate_at(executor, annotations).await? {
             return Ok(Created::Not(CONFLICT_RECHECK));
         }
         self.report_provisioning(executor, "creating the sandbox")
             .await?;
+        let effective = class::effective(&executor.spec, class.as_ref().map(|c| &c.spec));
         let request = CreateSandbox {
             name,
-            image: executor.spec.image.clone(),
-            size: executor.spec.size.clone(),
-            sleep: executor.spec.sleep.clone(),
+            image: effective.image,
+            size: effective.size,
+            sleep: effective.sleep,
             env: executor
                 .spec
                 .env
@@ -676,7 +756,16 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             None => {
                 // Nothing of its own yet (a copied manifest): it gets a sandbox of its own.
-                let id = match self.create_sandbox(executor, key, false).await? {
+                let class = match self.admit(executor, true).await? {
+                    Ok(class) => class,
+                    Err(wait) => return Ok(wait),
+                };
+                // Its key is that of the class it gets now, not of what its annotations said.
+                let key = &match &class {
+                    Some(class) => class_key(self.shared, class).await?,
+                    None => own_key(self.shared, executor).await?.0,
+                };
+                let id = match self.create_sandbox(executor, key, false, class).await? {
                     Created::Sandbox(id) => id,
                     Created::Not(recheck) => return Ok(Action::requeue(recheck)),
                 };
@@ -982,9 +1071,15 @@ impl<S: SandboxApi> Actor<'_, S> {
                 member.name_any()
             )));
         };
+        // The member's sandbox was made with its class's key, which is the claimer's from now on.
+        let made_under = member.annotations().get(class::CLASS_ANNOTATION);
         self.annotate(
             executor,
-            json!({ CLAIMED_MEMBER_ANNOTATION: member.name_any(), SANDBOX_ID_ANNOTATION: id }),
+            json!({
+                CLAIMED_MEMBER_ANNOTATION: member.name_any(),
+                SANDBOX_ID_ANNOTATION: id,
+                class::CLASS_ANNOTATION: made_under,
+            }),
         )
         .await?;
         let origin = decide::handover_text(pool, &member.name_any());
@@ -1029,8 +1124,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         let namespace = executor.namespace().unwrap_or_default();
         let activity =
             super::execution::activity(self.executions, &namespace, &executor.name_any());
+        let class = made_under(self.shared, executor);
         decide::idleness(
-            executor.spec.idle_timeout_seconds,
+            class::idle_timeout_seconds(&executor.spec, class.as_ref().map(|c| &c.spec)),
             &status_of(executor),
             activity,
             Timestamp::now(),

@@ -23,12 +23,12 @@ use tracing::{info, instrument};
 
 use self::decide::Member;
 use super::{
-    EXECUTOR_MANAGER, Error, Result, Shared, apply_status, backoff::Backoff, conditions,
+    EXECUTOR_MANAGER, Error, Result, Shared, apply_status, backoff::Backoff, class, conditions,
     object_key, prune_backoff, retry, settle, wake,
 };
 use crate::crd::{
-    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, CLAIMED_BY_ANNOTATION, POOL_LABEL,
-    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
+    BriqExecutor, BriqExecutorClass, BriqExecutorPool, BriqExecutorPoolStatus,
+    CLAIMED_BY_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
 };
 
 pub struct Context<S> {
@@ -224,7 +224,20 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
                 created: None,
             }),
     );
-    let plan = decide::plan(pool.spec.replicas, &members);
+    // Within its class's maximum, whatever set the replicas (the scale subresource passes no
+    // admission check of the class).
+    let (desired, capped) = match pool_class(&ctx.shared, pool) {
+        Some(made_under) => match class::pool_violation(
+            &made_under.name_any(),
+            &made_under.spec,
+            pool.spec.replicas,
+        ) {
+            Some(broken) => (made_under.spec.max_pool_replicas.unwrap_or(0), Some(broken)),
+            None => (pool.spec.replicas, None),
+        },
+        None => (pool.spec.replicas, None),
+    };
+    let plan = decide::plan(desired, &members);
     for name in &plan.delete {
         match executors.delete(name, &DeleteParams::default()).await {
             Ok(_) => info!(member = %name, "deleted a pool member"),
@@ -238,7 +251,10 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         info!(member = %made.name_any(), "created a pool member");
         ctx.created(&key, made.name_any());
     }
-    let ready = decide::ready_condition(pool.spec.replicas, plan.ready_replicas);
+    let mut ready = decide::ready_condition(desired, plan.ready_replicas);
+    if let Some(broken) = capped {
+        ready.message = format!("{}; {broken}: kept at the maximum", ready.message);
+    }
     let filling = ready.status != "True";
     let current = pool.status.clone().unwrap_or_default();
     let status = BriqExecutorPoolStatus {
@@ -259,6 +275,22 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
     } else {
         Action::await_change()
     })
+}
+
+/// The class a pool's members take: the one its template names, else the default class (one
+/// whose selector leaves namespaces out counts for its members only).
+fn pool_class<S>(shared: &Shared<S>, pool: &BriqExecutorPool) -> Option<Arc<BriqExecutorClass>> {
+    let classes = shared.classes.state();
+    let empty = std::collections::BTreeMap::new();
+    match class::resolve(
+        &pool.spec.template,
+        class::Recorded::NotYet,
+        &classes,
+        &empty,
+    ) {
+        class::Resolved::Class(made_under) => Some(made_under),
+        _ => None,
+    }
 }
 
 /// A member made from the pool's current template: owned by the pool (garbage collection

@@ -400,15 +400,23 @@ fn turn_table() {
 
 #[test]
 fn timeout_table() {
-    for (own, default, expected) in [
-        (None, 30, 30),
-        (Some(5), 30, 5),
-        (Some(40), 30, 40),
-        (Some(0), 30, 1),
-        (Some(400), 30, 40),
-        (None, 99, 40),
+    for (own, default, class_max, expected) in [
+        (None, 30, None, 30),
+        (Some(5), 30, None, 5),
+        (Some(40), 30, None, 40),
+        (Some(0), 30, None, 1),
+        (Some(400), 30, None, 40),
+        (None, 99, None, 40),
+        // An Execution cannot ask past its class's maximum.
+        (Some(40), 10, Some(10), 10),
+        (None, 10, Some(10), 10),
+        (Some(5), 10, Some(10), 5),
     ] {
-        assert_eq!(timeout_seconds(own, default), expected, "{own:?} {default}");
+        assert_eq!(
+            timeout_seconds(own, default, class_max),
+            expected,
+            "{own:?} {default} {class_max:?}"
+        );
     }
 }
 

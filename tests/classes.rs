@@ -1,0 +1,312 @@
+//! Platform rules through a `BriqExecutorClass`, tried as a platform team and its tenants would:
+//! the briq key lives in the operator's (platform's) namespace, which tenants cannot read, yet
+//! their executors run with it; the operator holds executors to their class even where admission
+//! did not (a class created after its executor, admission off), and an executor waiting for its
+//! class goes on as soon as the class allows it.
+//!
+//! Classes are cluster-scoped and every test of this binary shares one API server: each test
+//! names its classes uniquely and marks none as the default.
+
+mod ops;
+mod support;
+
+use briq_dev::local_server::Operation;
+use briq_operator::{
+    briq::{BriqClient, ClientOptions, SandboxApi},
+    controller::class::CLASS_ANNOTATION,
+    crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use support::{
+    Operator, TestEnv, condition, create_api_key_secret, finished, output, reason, wait_for,
+    wait_ready,
+};
+
+const RUN_SECONDS: u64 = 60;
+
+/// A platform namespace holding the class key and a tenant namespace whose operator reads class
+/// keys from the platform's (and has no default key of its own).
+struct Platform {
+    platform: TestEnv,
+    tenant: TestEnv,
+    operator: Operator,
+}
+
+impl Platform {
+    async fn new(prefix: &str) -> Platform {
+        let platform = TestEnv::new(&format!("{prefix}-platform")).await;
+        let tenant = TestEnv::new(&format!("{prefix}-tenant")).await;
+        let namespace = platform.namespace.clone();
+        let operator = Operator::start_with(&tenant, move |settings| {
+            settings.platform_namespace = Some(namespace);
+            settings.default_api_key = None;
+        })
+        .await;
+        let key = operator.server.api_key().expose().to_owned();
+        create_api_key_secret(&platform, "briq-key", &key, true).await;
+        Platform {
+            platform,
+            tenant,
+            operator,
+        }
+    }
+
+    /// Creates class `<prefix>-<random>` with the platform's key and `rules`; returns its name.
+    async fn class(&self, prefix: &str, rules: Value) -> String {
+        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let mut spec = json!({ "apiKeySecretRef": { "name": "briq-key" } });
+        for (field, value) in rules.as_object().unwrap() {
+            spec[field] = value.clone();
+        }
+        let class: BriqExecutorClass =
+            serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
+        classes(&self.tenant)
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        name
+    }
+
+    async fn creates(&self) -> u64 {
+        let stats = self.operator.server.admin().stats().await.unwrap();
+        stats.calls(Operation::Create)
+    }
+}
+
+fn classes(env: &TestEnv) -> Api<BriqExecutorClass> {
+    Api::all(env.client.clone())
+}
+
+async fn impersonating(env: &TestEnv, user: &str) -> Client {
+    let mut config = ops::kube_config(env).await;
+    config.auth_info.impersonate = Some(user.to_owned());
+    Client::try_from(config).unwrap()
+}
+
+fn executor(name: &str, spec: Value) -> BriqExecutor {
+    serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap()
+}
+
+fn ready_reason(executor: &BriqExecutor) -> String {
+    condition(executor, "Ready").1
+}
+
+fn stalled(executor: &BriqExecutor) -> String {
+    condition(executor, "Stalled").0
+}
+
+#[tokio::test]
+async fn a_tenant_with_every_right_in_its_namespace_cannot_read_the_class_key_yet_its_executors_run()
+ {
+    let stack = Platform::new("cls-key").await;
+    let (tenant_ns, platform_ns) = (&stack.tenant.namespace, &stack.platform.namespace);
+    // Every right in its own namespace.
+    let role = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{ name: everything, namespace: {tenant_ns} }}
+rules: [{{ apiGroups: ["*"], resources: ["*"], verbs: ["*"] }}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{ name: tenant-everything, namespace: {tenant_ns} }}
+roleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: everything }}
+subjects: [{{ apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant }}]
+"#
+    );
+    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(file.path(), role).unwrap();
+    let (ok, _, stderr) = stack
+        .tenant
+        .kubectl(&["apply", "-f", file.path().to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let admin = &stack.tenant.client;
+    // The authorizer sees a new binding a moment after it is written.
+    briq_dev::wait::poll(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(100),
+        "the tenant reads the Secrets of its own namespace",
+        || async { Ok(support::may(admin, "tenant", tenant_ns, "get", "", "secrets", "").await) },
+    )
+    .await
+    .unwrap();
+    for verb in ["get", "list", "watch"] {
+        assert!(
+            !support::may(admin, "tenant", platform_ns, verb, "", "secrets", "").await,
+            "the tenant may {verb} the platform's Secrets"
+        );
+    }
+
+    let class = stack.class("standard", json!({})).await;
+    let tenant = impersonating(&stack.tenant, "tenant").await;
+    let executors: Api<BriqExecutor> = Api::namespaced(tenant.clone(), tenant_ns);
+    executors
+        .create(
+            &PostParams::default(),
+            &executor("py", json!({ "className": class })),
+        )
+        .await
+        .expect("the tenant creates an executor of the class");
+    let ready = wait_ready(&stack.tenant, "py").await;
+    assert_eq!(
+        ready.annotations().get(CLASS_ANNOTATION),
+        Some(&class),
+        "the executor records the class its sandbox was made under"
+    );
+    support::create_execution(&stack.tenant, "one", "py", "6 * 7").await;
+    let one = finished(&stack.tenant, "one", RUN_SECONDS).await;
+    assert_eq!(
+        (reason(&one), output(&one)),
+        ("Completed".into(), "42".into())
+    );
+
+    // No key anywhere the tenant can read.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(tenant, tenant_ns);
+    let mine = secrets.list(&ListParams::default()).await.unwrap();
+    let key = stack.operator.server.api_key().expose().to_owned();
+    for secret in mine.items {
+        let data: String = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(_, value)| String::from_utf8_lossy(&value.0).into_owned())
+            .collect();
+        assert!(
+            briq_operator::briq::leaked_pieces(&key, &data).is_empty(),
+            "Secret {} in the tenant's namespace holds the key",
+            secret.name_any()
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_executor_created_before_its_class_waits_and_is_ready_once_the_class_exists() {
+    let stack = Platform::new("cls-late").await;
+    let name = format!("late-{:08x}", rand::random::<u32>());
+    support::create_executor(&stack.tenant, "py", json!({ "className": name })).await;
+    let waiting = wait_for(&stack.tenant.api::<BriqExecutor>(), "py", 30, |e| {
+        ready_reason(e) == "ClassNotFound"
+    })
+    .await;
+    let message = condition(&waiting, "Ready").2;
+    assert!(message.contains(&name), "{message}");
+    assert_eq!(stack.creates().await, 0, "nothing is made without a class");
+
+    // The class's creation wakes it: within the wait below, far sooner than its recheck.
+    let class: BriqExecutorClass = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "apiKeySecretRef": { "name": "briq-key" } },
+    }))
+    .unwrap();
+    classes(&stack.tenant)
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let ready = wait_for(&stack.tenant.api::<BriqExecutor>(), "py", 30, |e| {
+        ready_reason(e) == "KernelReady"
+    })
+    .await;
+    assert_eq!(ready.annotations().get(CLASS_ANNOTATION), Some(&name));
+}
+
+#[tokio::test]
+async fn an_executor_beyond_its_class_that_admission_did_not_see_makes_no_sandbox() {
+    // No admission policy here (as when it is off, or the class came after the executor): the
+    // operator holds the executor to its class itself.
+    let stack = Platform::new("cls-limit").await;
+    let class = stack
+        .class(
+            "strict",
+            json!({
+                "allowedImages": ["corp/python:3.12"],
+                "defaultImage": "corp/python:3.12",
+                "maxExecutionTimeoutSeconds": 20,
+            }),
+        )
+        .await;
+    support::create_executor(
+        &stack.tenant,
+        "miner",
+        json!({ "className": class, "image": "evil/miner:latest" }),
+    )
+    .await;
+    let refused = wait_for(&stack.tenant.api::<BriqExecutor>(), "miner", 30, |e| {
+        ready_reason(e) == "ClassRefused"
+    })
+    .await;
+    let message = condition(&refused, "Ready").2;
+    assert!(
+        message.contains(&format!(
+            "image evil/miner:latest is not allowed by class {class} (allowedImages: corp/python:3.12)"
+        )),
+        "{message}"
+    );
+    assert_eq!(
+        stalled(&refused),
+        "True",
+        "a refused executor tells GitOps tools to stop waiting"
+    );
+    assert_eq!(
+        stack.creates().await,
+        0,
+        "no sandbox for a refused executor"
+    );
+
+    // One that leaves its image and timeout at their defaults gets the class's.
+    support::create_executor(&stack.tenant, "py", json!({ "className": class })).await;
+    let ready = wait_ready(&stack.tenant, "py").await;
+    let id = ready.status.unwrap().sandbox_id.unwrap();
+    let briq = BriqClient::new(ClientOptions::local(stack.operator.server.url())).unwrap();
+    let sandbox = briq
+        .get_sandbox(stack.operator.server.api_key(), &id)
+        .await
+        .unwrap();
+    assert_eq!(sandbox.image, "corp/python:3.12");
+
+    // The platform allows the image: the refused executor goes on, woken by the change.
+    let allow = json!({ "spec": { "allowedImages": ["corp/python:3.12", "evil/*"] } });
+    classes(&stack.tenant)
+        .patch(&class, &PatchParams::default(), &Patch::Merge(&allow))
+        .await
+        .unwrap();
+    let ready = wait_for(&stack.tenant.api::<BriqExecutor>(), "miner", 30, |e| {
+        ready_reason(e) == "KernelReady"
+    })
+    .await;
+    assert_eq!(stalled(&ready), "False");
+}
+
+#[tokio::test]
+async fn a_pool_scaled_past_its_class_maximum_keeps_the_maximum() {
+    // Scaling goes through the scale subresource, which no admission check of the class sees.
+    let stack = Platform::new("cls-pool").await;
+    let class = stack.class("pools", json!({ "maxPoolReplicas": 1 })).await;
+    let pool: BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": "warm" },
+        "spec": { "replicas": 3, "template": { "className": class } },
+    }))
+    .unwrap();
+    let pools = stack.tenant.api::<BriqExecutorPool>();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let full = wait_for(&pools, "warm", 60, |p| condition(p, "Ready").0 == "True").await;
+    let message = condition(&full, "Ready").2;
+    assert!(
+        message.contains(&format!(
+            "replicas 3 is above class {class}'s maxPoolReplicas 1"
+        )),
+        "{message}"
+    );
+    assert_eq!(full.status.unwrap().replicas, 1);
+    let members = stack
+        .tenant
+        .api::<BriqExecutor>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(members.items.len(), 1, "one member, not three");
+}
