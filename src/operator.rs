@@ -63,13 +63,14 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     pub outage_patience_seconds: u64,
 
-    /// How many BriqExecutors are reconciled at once (provisioning one holds its slot until
-    /// its kernel is ready).
+    /// Work slots of the executor controller: how many BriqExecutor reconciles do work at once,
+    /// shared round-robin across namespaces; one waiting for a sandbox's setup holds none.
     #[arg(long, default_value_t = 32)]
     pub max_concurrent_executors: u16,
 
-    /// How many Executions are reconciled at once; a running action holds its slot until its
-    /// result is written, so this bounds the actions in flight across all executors.
+    /// Work slots of the execution controller: how many Execution reconciles do work at once,
+    /// shared round-robin across namespaces. An action running in its kernel holds none, so
+    /// this bounds the operator's work, not the actions in flight.
     #[arg(long, default_value_t = 256)]
     pub max_concurrent_executions: u16,
 

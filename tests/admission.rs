@@ -79,16 +79,16 @@ impl Guarded {
             1,
             "the policy is on by default"
         );
-        apply(&env, &ops::yaml(&wanted));
-        apply(&env, TENANT_ROLE);
+        ops::apply(&env, &ops::yaml(&wanted), "admission-test");
+        ops::apply(&env, TENANT_ROLE, "admission-test");
         ops::admission_policy_effective(&env).await;
 
         let operator_user = format!(
             "system:serviceaccount:{}:{release}-briq-operator",
             env.namespace
         );
-        let tenant = impersonating(&env, "tenant").await;
-        let operator = impersonating(&env, &operator_user).await;
+        let tenant = ops::impersonating(&env, "tenant").await;
+        let operator = ops::impersonating(&env, &operator_user).await;
         Guarded {
             env,
             operator_user,
@@ -154,25 +154,6 @@ fn object<K: DeserializeOwned>(name: &str, annotations: Value, spec: Value) -> K
 
 fn execution_spec() -> Value {
     json!({ "executorRef": { "name": "py" }, "code": "1 + 1" })
-}
-
-async fn impersonating(env: &TestEnv, user: &str) -> Client {
-    let mut config = ops::kube_config(env).await;
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).unwrap()
-}
-
-fn apply(env: &TestEnv, yaml: &str) {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let (ok, stdout, stderr) = env.kubectl(&[
-        "apply",
-        "--server-side",
-        "--field-manager=admission-test",
-        "-f",
-        file.path().to_str().unwrap(),
-    ]);
-    assert!(ok, "kubectl apply failed:\n{stdout}\n{stderr}");
 }
 
 /// Asserts that the policy (not RBAC, not validation) denied `result`, with a message containing

@@ -525,29 +525,11 @@ async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts
     );
 }
 
-fn apply(env: &TestEnv, yaml: &str) {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let path = file.path().to_str().unwrap();
-    let (ok, stdout, stderr) = env.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=helm-chart-test",
-        "-f",
-        path,
-    ]);
-    assert!(
-        ok,
-        "kubectl apply --server-side failed:\n{stdout}\n{stderr}"
-    );
-}
-
 #[tokio::test]
 async fn rendered_manifests_apply_to_the_api_server() {
     let env = TestEnv::new("chart-apply").await;
-    apply(&env, &monitoring_crd("ServiceMonitor"));
-    apply(&env, &monitoring_crd("PrometheusRule"));
+    ops::apply(&env, &monitoring_crd("ServiceMonitor"), "helm-chart-test");
+    ops::apply(&env, &monitoring_crd("PrometheusRule"), "helm-chart-test");
     let (ok, _, stderr) = env.kubectl(&[
         "wait",
         "--for=condition=Established",
@@ -563,7 +545,11 @@ async fn rendered_manifests_apply_to_the_api_server() {
     let mut documents = ops::documents(&ops::template_text(&release, &env.namespace, &extra));
     // This release's ServiceAccount would be the only one let through: keep the policy here.
     ops::confine_admission_policy(&mut documents, &env.namespace);
-    apply(&env, &ops::yaml(&documents.iter().collect::<Vec<_>>()));
+    ops::apply(
+        &env,
+        &ops::yaml(&documents.iter().collect::<Vec<_>>()),
+        "helm-chart-test",
+    );
     let fullname = format!("{release}-briq-operator");
     for object in [
         format!("deployment/{fullname}"),
@@ -601,7 +587,7 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("{scoped}-briq-operator-classes")
     );
     assert_eq!(ops::find(&documents, "RoleBinding").len(), 3);
-    apply(&env, &yaml);
+    ops::apply(&env, &yaml, "helm-chart-test");
     ops::admission_policy_effective(&env).await;
 }
 
@@ -903,20 +889,12 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         })
         .map(|d| format!("---\n{}", serde_yaml_ng::to_string(d).unwrap()))
         .collect();
-    apply(&env, &rbac.concat());
+    ops::apply(&env, &rbac.concat(), "helm-chart-test");
     // And the admission policy (confined to this namespace): the operator's own writes of its
     // annotations, status and finalizer pass it.
     let mut documents = documents;
     ops::confine_admission_policy(&mut documents, &env.namespace);
-    let policy: Vec<&Value> = documents
-        .iter()
-        .filter(|d| {
-            d["kind"]
-                .as_str()
-                .unwrap()
-                .starts_with("ValidatingAdmissionPolicy")
-        })
-        .collect();
+    let policy: Vec<&Value> = ops::admission_objects(&documents);
     let mut names: Vec<String> = policy
         .iter()
         .map(|d| {
@@ -939,7 +917,7 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
             format!("ValidatingAdmissionPolicyBinding {fullname}-pool-class"),
         ]
     );
-    apply(&env, &ops::yaml(&policy));
+    ops::apply(&env, &ops::yaml(&policy), "helm-chart-test");
     ops::admission_policy_effective(&env).await;
     let user = format!("system:serviceaccount:{}:{fullname}", env.namespace);
 

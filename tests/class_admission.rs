@@ -69,15 +69,7 @@ impl Classed {
         let release = format!("cls-{:06x}", rand::random::<u32>() & 0xff_ffff);
         let watch = format!("watchNamespace={}", env.namespace);
         let documents = ops::template(&release, &env.namespace, &["--set", &watch]);
-        let admission: Vec<&Value> = documents
-            .iter()
-            .filter(|d| {
-                d["kind"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("ValidatingAdmissionPolicy")
-            })
-            .collect();
+        let admission: Vec<&Value> = ops::admission_objects(&documents);
         let policies = [
             format!("{release}-briq-operator-executor-class"),
             format!("{release}-briq-operator-pool-class"),
@@ -95,8 +87,8 @@ impl Classed {
                 );
             }
         }
-        apply(&env, &ops::yaml(&admission));
-        apply(&env, TENANT_ROLE);
+        ops::apply(&env, &ops::yaml(&admission), "class-admission-test");
+        ops::apply(&env, TENANT_ROLE, "class-admission-test");
 
         let labels = Api::<Namespace>::all(env.client.clone())
             .get(&env.namespace)
@@ -106,7 +98,7 @@ impl Classed {
             .labels
             .unwrap_or_default();
         assert_eq!(labels.get(NAME_LABEL), Some(&env.namespace));
-        let tenant = impersonating(&env, "tenant").await;
+        let tenant = ops::impersonating(&env, "tenant").await;
         Classed {
             env,
             policies,
@@ -254,25 +246,6 @@ fn raw<K: Resource<DynamicType = ()>>(name: &str, spec: Value) -> DynamicObject 
 
 fn pool(name: &str, replicas: i32, template: Value) -> BriqExecutorPool {
     executor(name, json!({ "replicas": replicas, "template": template }))
-}
-
-async fn impersonating(env: &TestEnv, user: &str) -> Client {
-    let mut config = ops::kube_config(env).await;
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).unwrap()
-}
-
-fn apply(env: &TestEnv, yaml: &str) {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let (ok, stdout, stderr) = env.kubectl(&[
-        "apply",
-        "--server-side",
-        "--field-manager=class-admission-test",
-        "-f",
-        file.path().to_str().unwrap(),
-    ]);
-    assert!(ok, "kubectl apply failed:\n{stdout}\n{stderr}");
 }
 
 /// Dry-run creates `probe` until one of `classed`'s class policies refuses it; fails after 30 s,

@@ -17,7 +17,7 @@ use briq_operator::{
     crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool},
 };
 use kube::{
-    Api, Client, ResourceExt,
+    Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
@@ -81,12 +81,6 @@ fn classes(env: &TestEnv) -> Api<BriqExecutorClass> {
     Api::all(env.client.clone())
 }
 
-async fn impersonating(env: &TestEnv, user: &str) -> Client {
-    let mut config = ops::kube_config(env).await;
-    config.auth_info.impersonate = Some(user.to_owned());
-    Client::try_from(config).unwrap()
-}
-
 fn executor(name: &str, spec: Value) -> BriqExecutor {
     serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap()
 }
@@ -143,7 +137,7 @@ subjects: [{{ apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant }}]
     }
 
     let class = stack.class("standard", json!({})).await;
-    let tenant = impersonating(&stack.tenant, "tenant").await;
+    let tenant = ops::impersonating(&stack.tenant, "tenant").await;
     let executors: Api<BriqExecutor> = Api::namespaced(tenant.clone(), tenant_ns);
     executors
         .create(

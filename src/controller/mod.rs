@@ -14,6 +14,7 @@ pub mod class;
 mod conditions;
 mod execution;
 mod executor;
+mod fair;
 mod orphans;
 mod ownership;
 mod pool;
@@ -137,9 +138,10 @@ pub struct Settings {
     /// timeout): another operator's claim to create younger than this may still have its create
     /// in flight, so nobody creates in its place before.
     pub create_settle: Duration,
-    /// How many executors are reconciled at once, and how many Executions (a running action
-    /// holds its slot until its result is written). Each reconcile in flight may hold a
-    /// connection to the API server: unbounded, 1,000 executors left 340 of them open.
+    /// Work slots of the executor and execution controllers: how many reconciles do work at
+    /// once, shared fairly across namespaces (`fair.rs`). Each reconcile at work may hold a
+    /// connection to the API server: unbounded, 1,000 executors left 340 of them open. A
+    /// reconcile that only waits for briq (an action running, a sandbox being set up) holds none.
     pub executor_concurrency: u16,
     pub execution_concurrency: u16,
     /// How often the executors' `executionsTotal` and `lastExecutionTime` are written: one
@@ -708,10 +710,6 @@ pub async fn run_observed<S>(
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let (executor_concurrency, execution_concurrency) = (
-        settings.executor_concurrency,
-        settings.execution_concurrency,
-    );
     // Both controllers stop on the same signal, each finishing the reconciles it has started.
     let (shutdown_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let stop_signal = || {
@@ -779,7 +777,9 @@ pub async fn run_observed<S>(
     // Executions are woken by executor changes through the one watch of executors below, once
     // the executor cache shows them (see wake.rs).
     let execution_loop = Controller::for_stream(execution_events, execution_store.clone())
-        .with_config(controller::Config::default().concurrency(execution_concurrency))
+        // Unbounded: the work slots bound the work, fairly across namespaces, and a reconcile
+        // that only waits for briq (an action running) holds none (see fair.rs).
+        .with_config(controller::Config::default().concurrency(0))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
@@ -831,8 +831,9 @@ pub async fn run_observed<S>(
         )
         .for_each(|_| async {}),
     ));
+    // Unbounded, as for Executions: the work slots bound the work (see fair.rs).
     let executor_controller = Controller::for_stream(executor_events, executor_store.clone())
-        .with_config(controller::Config::default().concurrency(executor_concurrency))
+        .with_config(controller::Config::default().concurrency(0))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             class_wake_rx,
         ));

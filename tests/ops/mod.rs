@@ -206,3 +206,41 @@ pub async fn admission_policy_effective(env: &TestEnv) {
     .await
     .unwrap_or_else(|error| panic!("{error:#}"));
 }
+
+/// A client acting as `user`: the test's admin impersonating it.
+pub async fn impersonating(env: &TestEnv, user: &str) -> kube::Client {
+    let mut config = kube_config(env).await;
+    config.auth_info.impersonate = Some(user.to_owned());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// `kubectl apply --server-side` of `yaml`, as field manager `manager`; panics when it fails.
+pub fn apply(env: &TestEnv, yaml: &str, manager: &str) {
+    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+    std::fs::write(file.path(), yaml).unwrap();
+    let manager = format!("--field-manager={manager}");
+    let (ok, stdout, stderr) = env.kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        &manager,
+        "-f",
+        file.path().to_str().unwrap(),
+    ]);
+    assert!(
+        ok,
+        "kubectl apply --server-side failed:\n{stdout}\n{stderr}"
+    );
+}
+
+/// The admission policies and their bindings among `documents`.
+pub fn admission_objects(documents: &[Value]) -> Vec<&Value> {
+    documents
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|kind| kind.starts_with("ValidatingAdmissionPolicy"))
+        })
+        .collect()
+}

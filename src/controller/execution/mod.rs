@@ -45,6 +45,7 @@ use super::{
     backoff::Backoff,
     class,
     conditions::{self, SUCCEEDED},
+    fair::{FairShare, Held},
     is_conflict, made_under, mark_unusable, object_key,
     ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
     prune_backoff, retry,
@@ -82,6 +83,9 @@ pub struct Context<S> {
     wake: mpsc::UnboundedSender<ObjectRef<Execution>>,
     kept: Bookkeeping,
     backoff: Backoff,
+    /// The controller's work slots, shared fairly across namespaces; a reconcile holds one
+    /// except while it only waits (for briq to run its code, for its executor's turn).
+    work: Arc<FairShare>,
 }
 
 impl<S> Context<S> {
@@ -93,6 +97,7 @@ impl<S> Context<S> {
     ) -> Self {
         Context {
             backoff: shared.backoff(),
+            work: FairShare::new(shared.settings.execution_concurrency.into()),
             shared,
             store,
             executors,
@@ -352,13 +357,15 @@ pub async fn reconcile<S: SandboxApi>(
     execution: Arc<Execution>,
     ctx: Arc<Context<S>>,
 ) -> Result<Action> {
+    let namespace = execution.namespace().unwrap_or_default();
+    let slot = Held::take(&ctx.work, &namespace).await;
     // The watch cache can still show "Running" for an Execution this process just finished.
     // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
     // here, before the full reconcile's future (some 7 KiB) is allocated.
     if ctx.is_finished(&execution) {
         return expire(&execution, &ctx).await;
     }
-    let result = Box::pin(Actor::new(&execution, &ctx).reconcile()).await;
+    let result = Box::pin(Actor::new(&execution, &ctx, slot).reconcile()).await;
     settle(&ctx.backoff, execution.as_ref(), result)
 }
 
@@ -407,10 +414,12 @@ struct Actor<'a, S> {
     namespace: String,
     /// What this reconcile's run noted for its trace.
     timeline: Mutex<trace::Timeline>,
+    /// Its work slot ([`FairShare`]), given back while it only waits.
+    slot: Held,
 }
 
 impl<'a, S: SandboxApi> Actor<'a, S> {
-    fn new(execution: &'a Execution, ctx: &'a Context<S>) -> Self {
+    fn new(execution: &'a Execution, ctx: &'a Context<S>, slot: Held) -> Self {
         let namespace = execution.namespace().unwrap_or_default();
         let client = ctx.shared.client.clone();
         Actor {
@@ -420,6 +429,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executors: Api::namespaced(client, &namespace),
             namespace,
             timeline: Mutex::default(),
+            slot,
         }
     }
 
@@ -539,7 +549,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Turn::Settling(left) => return self.queued(left).await,
         }
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
-        let _turn = lock.lock().await;
+        let _turn = self.slot.without(lock.lock()).await;
         if self.ctx.shared.stopping() {
             // Shutting down: nothing new starts; the next operator (or leader) runs it.
             return Ok(Action::await_change());
@@ -598,12 +608,14 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         };
         let timeout = self.timeout_seconds(executor);
         let session = self.session(&key, &sandbox_id);
-        let (outcome, sent) = traces::noted(session.run(
-            &attempt,
-            &recorded.spec.code,
-            Duration::from_secs(timeout.into()),
-        ))
-        .await;
+        let (outcome, sent) = self
+            .slot
+            .without(traces::noted(session.run(
+                &attempt,
+                &recorded.spec.code,
+                Duration::from_secs(timeout.into()),
+            )))
+            .await;
         self.note(|t| {
             t.code = sent;
             t.kernel = outcome
@@ -800,7 +812,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Access::Denied(action) => return Ok(action),
         };
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
-        let _turn = lock.lock().await;
+        let _turn = self.slot.without(lock.lock()).await;
         if self.ctx.shared.stopping() {
             return Ok(Action::await_change());
         }

@@ -37,8 +37,10 @@ use self::decide::{
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     backoff::Backoff,
-    class, class_key, class_of, conditions, is_conflict, key_and_secret, made_under, mark_unusable,
-    object_key, orphans, own_key, prune_backoff, publish, retry,
+    class, class_key, class_of, conditions,
+    fair::{FairShare, Held},
+    is_conflict, key_and_secret, made_under, mark_unusable, object_key, orphans, own_key,
+    prune_backoff, publish, retry,
     session::{Provisioned, Session, SetupError},
     settle, waited,
     wake::{self, Wait},
@@ -79,6 +81,8 @@ pub struct Context<S> {
     /// Read only: a deleted executor waits for its Executions to conclude.
     executions: Store<Execution>,
     backoff: Backoff,
+    /// The controller's work slots, shared fairly across namespaces (see fair.rs).
+    work: Arc<FairShare>,
 }
 
 impl<S> Context<S> {
@@ -89,6 +93,7 @@ impl<S> Context<S> {
     ) -> Self {
         Context {
             backoff: shared.backoff(),
+            work: FairShare::new(shared.settings.executor_concurrency.into()),
             shared,
             store,
             executions,
@@ -120,11 +125,13 @@ pub async fn reconcile<S: SandboxApi>(
         ctx.shared.client.clone(),
         &executor.namespace().unwrap_or_default(),
     );
+    let namespace = executor.namespace().unwrap_or_default();
     let actor = Actor {
         shared: &ctx.shared,
         api: &api,
         executions: &ctx.executions,
         executors: &ctx.store,
+        slot: Held::take(&ctx.work, &namespace).await,
     };
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
@@ -164,6 +171,8 @@ struct Actor<'a, S> {
     api: &'a Api<BriqExecutor>,
     executions: &'a Store<Execution>,
     executors: &'a Store<BriqExecutor>,
+    /// Its work slot ([`FairShare`]), given back while a sandbox is set up.
+    slot: Held,
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
@@ -579,7 +588,10 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         let deadline = Duration::from_secs(executor.spec.setup_timeout_seconds.into());
         let packages = executor.spec.packages.clone().unwrap_or_default();
-        let (outcome, setup) = traces::noted(session.provision(deadline, &packages)).await;
+        let (outcome, setup) = self
+            .slot
+            .without(traces::noted(session.provision(deadline, &packages)))
+            .await;
         let emit_trace = |failure: Option<&str>| {
             if traces::enabled() {
                 let (namespace, name) = (

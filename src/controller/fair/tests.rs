@@ -1,0 +1,86 @@
+use std::time::Duration;
+
+use super::*;
+
+#[test]
+fn turns_go_round_the_namespaces_with_waiters_whatever_one_has_queued() {
+    let mut turns = Turns::default();
+    for ticket in 1..=5 {
+        turns.push("noisy", ticket);
+    }
+    turns.push("quiet", 6);
+    turns.push("other", 7);
+    turns.push("noisy", 8);
+    let served: Vec<u64> = std::iter::from_fn(|| turns.next()).collect();
+    assert_eq!(served, vec![1, 6, 7, 2, 3, 4, 5, 8]);
+    assert!(turns.is_empty());
+}
+
+#[test]
+fn a_namespace_coming_back_waits_for_its_turn_behind_those_waiting() {
+    let mut turns = Turns::default();
+    turns.push("a", 1);
+    turns.push("b", 2);
+    assert_eq!(turns.next(), Some(1));
+    // `a` has nobody left: it rejoins at the back.
+    turns.push("a", 3);
+    turns.push("c", 4);
+    let served: Vec<u64> = std::iter::from_fn(|| turns.next()).collect();
+    assert_eq!(served, vec![2, 3, 4]);
+}
+
+#[test]
+fn a_waiter_that_gives_up_leaves_no_turn_behind() {
+    let mut turns = Turns::default();
+    turns.push("a", 1);
+    turns.push("b", 2);
+    turns.push("a", 3);
+    turns.remove("b", 2);
+    turns.remove("a", 1);
+    assert_eq!(turns.len(), 1);
+    assert_eq!(turns.next(), Some(3));
+    assert_eq!(turns.next(), None);
+}
+
+/// Whether `future` is still pending after everything ready has run.
+async fn pending<F: Future + Unpin>(future: &mut F) -> bool {
+    tokio::time::timeout(Duration::from_millis(20), future)
+        .await
+        .is_err()
+}
+
+#[tokio::test]
+async fn a_freed_slot_goes_to_the_next_namespace_not_to_the_one_with_the_most_queued() {
+    let share = FairShare::new(2);
+    let [first, second] = [share.take("noisy").await, share.take("noisy").await];
+    let mut noisy = Box::pin(share.take("noisy"));
+    let mut noisy_again = Box::pin(share.take("noisy"));
+    assert!(pending(&mut noisy).await, "no slot is free");
+    assert!(pending(&mut noisy_again).await);
+    let mut quiet = Box::pin(share.take("quiet"));
+    assert!(pending(&mut quiet).await);
+    assert_eq!(share.waiting(), 3);
+
+    drop(first);
+    let _noisy = noisy.await;
+    drop(second);
+    // quiet came after both of noisy's waiters, yet is served before the second.
+    let _quiet = quiet.await;
+    assert!(pending(&mut noisy_again).await);
+    assert_eq!(share.waiting(), 1);
+}
+
+#[tokio::test]
+async fn a_wait_given_up_frees_the_slot_it_was_handed() {
+    let share = FairShare::new(1);
+    let held = share.take("a").await;
+    let mut gives_up = Box::pin(share.take("b"));
+    assert!(pending(&mut gives_up).await);
+    let mut waits = Box::pin(share.take("c"));
+    assert!(pending(&mut waits).await);
+    drop(gives_up);
+    assert_eq!(share.waiting(), 1);
+    drop(held);
+    let _c = waits.await;
+    assert_eq!(share.waiting(), 0);
+}
