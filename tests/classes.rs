@@ -304,3 +304,55 @@ async fn a_pool_scaled_past_its_class_maximum_keeps_the_maximum() {
         .unwrap();
     assert_eq!(members.items.len(), 1, "one member, not three");
 }
+
+#[tokio::test]
+async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_when_one_ends() {
+    let stack = Platform::new("cls-cap").await;
+    let class = stack
+        .class(
+            "capped",
+            json!({ "perNamespace": { "maxRunningExecutions": 1 } }),
+        )
+        .await;
+    for name in ["a", "b"] {
+        support::create_executor(&stack.tenant, name, json!({ "className": class })).await;
+    }
+    wait_ready(&stack.tenant, "a").await;
+    wait_ready(&stack.tenant, "b").await;
+    // `a` runs until the test lets it end.
+    let release = tempfile::tempdir().unwrap();
+    let marker = release.path().join("end");
+    let blocking = format!(
+        "import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.05)\n'a'",
+        marker.to_str().unwrap()
+    );
+    let spec = json!({ "executorRef": { "name": "a" }, "code": blocking, "timeoutSeconds": 40 });
+    support::create_execution_from(&stack.tenant, "long", spec).await;
+    let executions = stack.tenant.api::<briq_operator::crd::Execution>();
+    wait_for(&executions, "long", 30, |e| {
+        e.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+    })
+    .await;
+
+    support::create_execution(&stack.tenant, "next", "b", "'b'").await;
+    let waiting = wait_for(&executions, "next", 30, |e| {
+        condition(e, "Succeeded").1 == "WaitingForCapacity"
+    })
+    .await;
+    let message = condition(&waiting, "Succeeded").2;
+    assert!(
+        message.contains(&format!("Executions of class {class} at once")),
+        "{message}"
+    );
+    assert!(waiting.status.unwrap().attempt_id.is_none(), "nothing sent");
+
+    std::fs::write(&marker, b"").unwrap();
+    let long = finished(&stack.tenant, "long", RUN_SECONDS).await;
+    assert_eq!(output(&long), "'a'");
+    // Woken by the end of `long`: within the wait, not at a recheck.
+    let next = finished(&stack.tenant, "next", 8).await;
+    assert_eq!(
+        (reason(&next), output(&next)),
+        ("Completed".into(), "'b'".into())
+    );
+}

@@ -23,6 +23,7 @@
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
 //! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
 //! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`] |
+//! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`] |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |
@@ -80,6 +81,8 @@ pub enum Wait {
     PoolFilling,
     /// An executor waiting for its class to be created, or to allow it.
     Class,
+    /// An Execution waiting for a place under its class's `maxRunningExecutions`.
+    Capacity,
     /// A deleted executor whose Executions have not concluded, `left` of its drain limit.
     Drain { left: Duration },
     /// An Execution whose outcome briq left unknown, `waited` since its attempt started and
@@ -100,6 +103,7 @@ pub fn recheck(wait: Wait) -> Duration {
         Wait::KeySecret { waited } => key_recheck(waited),
         Wait::PoolFilling => POOL_FILLING,
         Wait::Class => CLASS_RECHECK,
+        Wait::Capacity => SAFETY_NET,
         Wait::Drain { left } => DRAIN.min(left),
         Wait::Briq {
             waited,

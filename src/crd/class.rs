@@ -89,6 +89,22 @@ pub struct BriqExecutorClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = super::MAX_POOL_REPLICAS))]
     pub max_pool_replicas: Option<i32>,
+
+    /// What one namespace may use of this class at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_namespace: Option<NamespaceLimits>,
+}
+
+/// Limits of one namespace's use of a class.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceLimits {
+    /// Executions of the class's executors that run at once in one namespace. One more waits
+    /// (`WaitingForCapacity`) until one of them ends: a namespace cannot take more than this of
+    /// the platform's capacity, however many executors it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_running_executions: Option<u32>,
 }
 
 impl BriqExecutorClass {

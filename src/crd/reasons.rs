@@ -97,6 +97,10 @@ reasons! {
         /// The executor already had `maxQueuedExecutions` Executions waiting: this one was
         /// refused without running. Create it again once the queue drains.
         QueueFull,
+        /// Its namespace already runs as many Executions of its executor's class as the class
+        /// allows at once (`perNamespace.maxRunningExecutions`): it runs as soon as one of them
+        /// ends.
+        WaitingForCapacity,
     }
 }
 
@@ -117,7 +121,7 @@ impl ExecutionReason {
     pub const fn phase(self) -> Phase {
         use ExecutionReason::*;
         match self {
-            Queued | ExecutorNotFound | ExecutorNotReady => Phase::Waiting,
+            Queued | ExecutorNotFound | ExecutorNotReady | WaitingForCapacity => Phase::Waiting,
             Running | WaitingForBriq => Phase::Running,
             Completed | FinalAnswer => Phase::Succeeded,
             CodeError
@@ -282,6 +286,7 @@ mod tests {
             (Queued, Phase::Waiting),
             (ExecutorNotFound, Phase::Waiting),
             (ExecutorNotReady, Phase::Waiting),
+            (WaitingForCapacity, Phase::Waiting),
             (Running, Phase::Running),
             (WaitingForBriq, Phase::Running),
             (Completed, Phase::Succeeded),

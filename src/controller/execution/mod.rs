@@ -11,6 +11,7 @@
 
 mod bookkeeping;
 mod budget;
+mod capacity;
 mod decide;
 mod trace;
 
@@ -86,6 +87,8 @@ pub struct Context<S> {
     /// The controller's work slots, shared fairly across namespaces; a reconcile holds one
     /// except while it only waits (for briq to run its code, for its executor's turn).
     work: Arc<FairShare>,
+    /// Each namespace's places under its classes' `maxRunningExecutions`.
+    capacity: capacity::Capacity,
 }
 
 impl<S> Context<S> {
@@ -103,6 +106,7 @@ impl<S> Context<S> {
             executors,
             wake,
             kept: Bookkeeping::default(),
+            capacity: capacity::Capacity::default(),
         }
     }
 
@@ -113,6 +117,7 @@ impl<S> Context<S> {
         }
         self.backoff.forget(&object_key(execution));
         self.wake_next(execution);
+        self.wake_waiting_for_capacity(execution);
     }
 
     /// An executor is gone: what was kept of it goes.
@@ -123,7 +128,7 @@ impl<S> Context<S> {
     }
 
     pub fn bookkeeping(&self) -> usize {
-        self.kept.len() + self.backoff.len()
+        self.kept.len() + self.backoff.len() + self.capacity.len()
     }
 
     /// Writes the execution counts that changed since the last time, one status write per
@@ -254,6 +259,76 @@ impl<S> Context<S> {
             self.kept.finished(&uid);
         }
         self.wake_next(execution);
+        self.wake_waiting_for_capacity(execution);
+    }
+
+    /// `execution` ended or went: the Executions of its namespace waiting for a place under
+    /// their class's `maxRunningExecutions` look again.
+    fn wake_waiting_for_capacity(&self, execution: &Execution) {
+        let namespace = execution.namespace().unwrap_or_default();
+        let uid = execution.uid().unwrap_or_default();
+        for waiting in self.capacity.ended(&namespace, &uid) {
+            let _ = self.wake.send(waiting);
+        }
+    }
+
+    /// Whether `execution`, on `executor`, may start now under its class's
+    /// `maxRunningExecutions` in its namespace: `Err(message)` when the namespace has no place.
+    fn place(&self, execution: &Execution, executor: &BriqExecutor) -> Result<(), String> {
+        let shared = self.shared.as_ref();
+        let Some(class) = made_under(shared, executor) else {
+            return Ok(());
+        };
+        let Some(max) = class
+            .spec
+            .per_namespace
+            .as_ref()
+            .and_then(|limits| limits.max_running_executions)
+        else {
+            return Ok(());
+        };
+        let namespace = execution.namespace().unwrap_or_default();
+        let class_name = class.name_any();
+        let of_class = |e: &Execution| {
+            self.cached_executor(&namespace, &e.spec.executor_ref.name)
+                .and_then(|executor| made_under(shared, &executor))
+                .is_some_and(|c| c.name_any() == class_name)
+        };
+        let executions: Vec<Arc<Execution>> = self
+            .store
+            .state()
+            .into_iter()
+            .filter(|e| e.namespace().as_deref() == Some(namespace.as_str()))
+            .collect();
+        let running: std::collections::HashSet<String> = executions
+            .iter()
+            .filter(|e| {
+                e.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+                    && !self.is_finished(e)
+                    && of_class(e)
+            })
+            .filter_map(|e| e.uid())
+            .collect();
+        let settled = |uid: &str| {
+            executions
+                .iter()
+                .find(|e| e.uid().as_deref() == Some(uid))
+                .is_none_or(|e| self.is_finished(e))
+        };
+        let uid = execution.uid().unwrap_or_default();
+        if self
+            .capacity
+            .admit(&namespace, &uid, max as usize, &running, settled)
+        {
+            return Ok(());
+        }
+        self.capacity
+            .wait(&namespace, ObjectRef::from_obj(execution));
+        Err(format!(
+            "namespace {namespace} runs {} Executions of class {class_name} at once, its \
+             perNamespace.maxRunningExecutions; this one runs when one of them ends",
+            running.len().max(max as usize)
+        ))
     }
 
     /// Reconciles the head of the queue `execution` was in, now that it has left it (finished
@@ -557,6 +632,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         // Another Execution may have made the executor unusable while this one waited.
         if let Some(verdict) = decide::unable(executor, self.ctx.is_unusable(executor)) {
             return self.conclude(self.status(), &verdict, None).await;
+        }
+        if let Err(message) = self.ctx.place(self.execution, executor) {
+            self.wait(ExecutionReason::WaitingForCapacity, message)
+                .await?;
+            return Ok(Action::requeue(wake::recheck(Wait::Capacity)));
         }
         self.run(executor, version).await
     }
