@@ -320,12 +320,8 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
     wait_ready(&stack.tenant, "a").await;
     wait_ready(&stack.tenant, "b").await;
     // `a` runs until the test lets it end.
-    let release = tempfile::tempdir().unwrap();
-    let marker = release.path().join("end");
-    let blocking = format!(
-        "import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.05)\n'a'",
-        marker.to_str().unwrap()
-    );
+    let gate = support::Gate::new();
+    let blocking = gate.code("'a'");
     let spec = json!({ "executorRef": { "name": "a" }, "code": blocking, "timeoutSeconds": 40 });
     support::create_execution_from(&stack.tenant, "long", spec).await;
     let executions = stack.tenant.api::<briq_operator::crd::Execution>();
@@ -346,7 +342,7 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
     );
     assert!(waiting.status.unwrap().attempt_id.is_none(), "nothing sent");
 
-    std::fs::write(&marker, b"").unwrap();
+    gate.open();
     let long = finished(&stack.tenant, "long", RUN_SECONDS).await;
     assert_eq!(output(&long), "'a'");
     // Woken by the end of `long`: within the wait, not at a recheck.

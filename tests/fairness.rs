@@ -9,8 +9,8 @@ use briq_dev::stack::Controllers;
 use briq_operator::crd::Execution;
 use serde_json::json;
 use support::{
-    TestEnv, condition, create_execution, create_execution_from, create_executor, finished, output,
-    reason, sandbox_server, settings, wait_for, wait_ready,
+    Gate, TestEnv, condition, create_execution, create_execution_from, create_executor, finished,
+    output, reason, sandbox_server, settings, wait_for, wait_ready,
 };
 
 /// The operator's work slots (`--max-concurrent-executions`), fewer than the noisy actions.
@@ -37,12 +37,8 @@ async fn long_actions_of_a_noisy_namespace_beyond_the_work_slots_do_not_hold_up_
 
     // Each noisy action runs until the test lets it end: it cannot end on its own while the
     // quiet one is looked at.
-    let release = tempfile::tempdir().unwrap();
-    let marker = release.path().join("end");
-    let blocking = format!(
-        "import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.05)\n'done'",
-        marker.to_str().unwrap()
-    );
+    let gate = Gate::new();
+    let blocking = gate.code("'done'");
     for i in 0..NOISY {
         create_executor(&noisy, &format!("py-{i}"), json!({})).await;
     }
@@ -81,7 +77,7 @@ async fn long_actions_of_a_noisy_namespace_beyond_the_work_slots_do_not_hold_up_
         );
     }
 
-    std::fs::write(&marker, b"").unwrap();
+    gate.open();
     for i in 0..NOISY {
         let long = finished(&noisy, &format!("long-{i}"), 30).await;
         assert_eq!(
@@ -89,5 +85,4 @@ async fn long_actions_of_a_noisy_namespace_beyond_the_work_slots_do_not_hold_up_
             ("Completed".into(), "'done'".into())
         );
     }
-    drop(release);
 }

@@ -409,3 +409,30 @@ pub async fn may(
         .expect("SubjectAccessReview");
     answer.status.is_some_and(|s| s.allowed)
 }
+
+/// Code that runs in its kernel until the test lets it end ([`Gate::open`]): an action that
+/// cannot end on its own while the test looks at what happens meanwhile.
+pub struct Gate {
+    dir: tempfile::TempDir,
+}
+
+impl Gate {
+    pub fn new() -> Gate {
+        Gate {
+            dir: tempfile::tempdir().expect("a directory for the gate"),
+        }
+    }
+
+    /// Python that waits until the gate opens, then evaluates `result`.
+    pub fn code(&self, result: &str) -> String {
+        let marker = self.dir.path().join("open");
+        format!(
+            "import os, time\nwhile not os.path.exists({:?}):\n    time.sleep(0.05)\n{result}",
+            marker.to_str().expect("a UTF-8 path")
+        )
+    }
+
+    pub fn open(&self) {
+        std::fs::write(self.dir.path().join("open"), b"").expect("opening the gate");
+    }
+}
