@@ -352,3 +352,36 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
         ("Completed".into(), "'b'".into())
     );
 }
+
+#[tokio::test]
+async fn a_namespace_at_its_class_executor_cap_makes_the_next_wait_until_one_goes() {
+    let stack = Platform::new("cls-execs").await;
+    let class = stack
+        .class("few", json!({ "perNamespace": { "maxExecutors": 1 } }))
+        .await;
+    support::create_executor(&stack.tenant, "first", json!({ "className": class })).await;
+    wait_ready(&stack.tenant, "first").await;
+    support::create_executor(&stack.tenant, "second", json!({ "className": class })).await;
+    let executors = stack.tenant.api::<BriqExecutor>();
+    let waiting = wait_for(&executors, "second", 30, |e| {
+        ready_reason(e) == "WaitingForCapacity"
+    })
+    .await;
+    let message = condition(&waiting, "Ready").2;
+    assert!(
+        message.contains("perNamespace.maxExecutors is 1") && message.contains(&class),
+        "{message}"
+    );
+    assert_eq!(stack.creates().await, 1, "no sandbox for the second");
+
+    executors
+        .delete("first", &Default::default())
+        .await
+        .unwrap();
+    // Woken by the first one's going, far sooner than its recheck (a minute).
+    wait_for(&executors, "second", 30, |e| {
+        ready_reason(e) == "KernelReady"
+    })
+    .await;
+    assert_eq!(stack.creates().await, 2);
+}

@@ -265,6 +265,31 @@ pub fn namespace_violation(
     })
 }
 
+/// An executor, as [`executors_ahead`] counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Whether it holds or makes a sandbox under the class.
+    pub holds: bool,
+    /// Not made yet, of the class, waiting: when it was created, and its name (the order in
+    /// which waiting executors make their sandboxes).
+    pub waits_since: Option<(String, String)>,
+}
+
+/// How many executors of a namespace come before one created at `created` named `name` under
+/// the class's `maxExecutors`: those holding a sandbox, and those waiting created before it.
+pub fn executors_ahead(others: &[Holder], created: &str, name: &str) -> usize {
+    others
+        .iter()
+        .filter(|other| {
+            other.holds
+                || other
+                    .waits_since
+                    .as_ref()
+                    .is_some_and(|(at, n)| (at.as_str(), n.as_str()) < (created, name))
+        })
+        .count()
+}
+
 /// The limit of class `name` a pool keeping `replicas` members breaks, if it breaks one.
 pub fn pool_violation(name: &str, class: &BriqExecutorClassSpec, replicas: i32) -> Option<String> {
     let max = class.max_pool_replicas?;

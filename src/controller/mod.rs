@@ -809,6 +809,7 @@ pub async fn run_observed<S>(
         executions: execution_store.clone(),
         wake_execution: wake::sender(wake_tx.clone()),
         wake_pool: wake::sender(pool_wake_tx),
+        wake_executor: wake::sender(class_wake_tx.clone()),
     };
     let (on_executor_deleted, wake_sweeper) = (executor_ctx.clone(), orphan_sweep.clone());
     let forget_executor = execution_ctx.clone();

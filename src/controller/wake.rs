@@ -23,6 +23,7 @@
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
 //! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
 //! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`] |
+//! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`] |
 //! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`] |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
@@ -152,6 +153,7 @@ pub struct ExecutorTriggers {
     pub executions: Store<Execution>,
     pub wake_execution: Wake<Execution>,
     pub wake_pool: Wake<BriqExecutorPool>,
+    pub wake_executor: Wake<BriqExecutor>,
 }
 
 impl ExecutorTriggers {
@@ -178,6 +180,11 @@ impl ExecutorTriggers {
         }
         if let Some(pool) = pool {
             (self.wake_pool)(pool);
+        }
+        // A place under a class's maxExecutors may have come free (an executor went, or gave
+        // its sandbox back).
+        for waiting in waiting_for_a_place(&self.executors.state(), executor) {
+            (self.wake_executor)(waiting);
         }
     }
 }
@@ -238,24 +245,49 @@ where
         })
 }
 
-/// The executors waiting on a class: those that report `ClassNotFound` or `ClassRefused`.
+/// The executors waiting on a class: those that report `ClassNotFound`, `ClassRefused` or
+/// `WaitingForCapacity` (a class change may raise its limit).
 pub fn waiting_on_a_class(
     executors: &[std::sync::Arc<BriqExecutor>],
 ) -> Vec<ObjectRef<BriqExecutor>> {
     let waits = [
-        ExecutorReason::ClassNotFound.as_str(),
-        ExecutorReason::ClassRefused.as_str(),
+        ExecutorReason::ClassNotFound,
+        ExecutorReason::ClassRefused,
+        ExecutorReason::WaitingForCapacity,
     ];
     executors
         .iter()
         .filter(|executor| {
-            executor.status.as_ref().is_some_and(|status| {
-                super::conditions::find(&status.conditions, super::conditions::READY)
-                    .is_some_and(|ready| waits.contains(&ready.reason.as_str()))
-            })
+            waits
+                .iter()
+                .any(|reason| ready_reason_is(executor, *reason))
         })
         .map(|executor| ObjectRef::from_obj(executor.as_ref()))
         .collect()
+}
+
+/// The executors of `changed`'s namespace waiting for a place under their class's
+/// `maxExecutors` (`WaitingForCapacity`), other than `changed`.
+pub fn waiting_for_a_place(
+    executors: &[std::sync::Arc<BriqExecutor>],
+    changed: &BriqExecutor,
+) -> Vec<ObjectRef<BriqExecutor>> {
+    executors
+        .iter()
+        .filter(|executor| {
+            executor.namespace() == changed.namespace()
+                && executor.uid() != changed.uid()
+                && ready_reason_is(executor, ExecutorReason::WaitingForCapacity)
+        })
+        .map(|executor| ObjectRef::from_obj(executor.as_ref()))
+        .collect()
+}
+
+fn ready_reason_is(executor: &BriqExecutor, reason: ExecutorReason) -> bool {
+    executor.status.as_ref().is_some_and(|status| {
+        super::conditions::find(&status.conditions, super::conditions::READY)
+            .is_some_and(|ready| ready.reason == reason.as_str())
+    })
 }
 
 /// What a change of `executor` wakes: the Executions that wait on it (or whose time to live is

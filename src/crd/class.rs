@@ -99,6 +99,13 @@ pub struct BriqExecutorClassSpec {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespaceLimits {
+    /// Executors of the class (pool members included) that hold or make a sandbox at once in
+    /// one namespace. One more waits (`WaitingForCapacity`) and makes its sandbox when one of
+    /// them goes (deleted, or its sandbox given back), oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_executors: Option<u32>,
+
     /// Executions of the class's executors that run at once in one namespace. One more waits
     /// (`WaitingForCapacity`) until one of them ends: a namespace cannot take more than this of
     /// the platform's capacity, however many executors it has.

@@ -180,6 +180,10 @@ reasons! {
         /// not use the class (the message names which); nothing is created. Looked at again
         /// when the class changes.
         ClassRefused,
+        /// Its namespace already has as many executors of its class holding a sandbox as the
+        /// class allows (`perNamespace.maxExecutors`): it makes its sandbox when one of them
+        /// goes, oldest waiting first.
+        WaitingForCapacity,
         /// briq refused to create the sandbox.
         BriqRefused,
         /// The kernel answers: Executions run.

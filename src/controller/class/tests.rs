@@ -435,3 +435,30 @@ fn an_idle_timeout_raised_after_admission_runs_within_the_class_maximum() {
         Some(3600)
     );
 }
+
+#[test]
+fn executors_wait_for_a_place_oldest_first() {
+    let holds = Holder {
+        holds: true,
+        waits_since: None,
+    };
+    let waiting = |at: &str, name: &str| Holder {
+        holds: false,
+        waits_since: Some((at.to_owned(), name.to_owned())),
+    };
+    let gone = Holder {
+        holds: false,
+        waits_since: None,
+    };
+    let others = [
+        holds.clone(),
+        holds,
+        gone,
+        waiting("2026-01-01T00:00:01Z", "b"),
+        waiting("2026-01-01T00:00:02Z", "a"),
+    ];
+    // With a maximum of 3: the one created first of those waiting may go on (2 + 0 < 3).
+    assert_eq!(executors_ahead(&others, "2026-01-01T00:00:01Z", "a"), 2);
+    assert_eq!(executors_ahead(&others, "2026-01-01T00:00:01Z", "c"), 3);
+    assert_eq!(executors_ahead(&others, "2026-01-01T00:00:03Z", "z"), 4);
+}

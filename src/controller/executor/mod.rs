@@ -364,6 +364,12 @@ impl<S: SandboxApi> Actor<'_, S> {
             &labels,
         );
         if broken.is_empty() {
+            if let Some(message) = self.at_capacity(executor, &class, &labels) {
+                let waiting = state("False", false, ExecutorReason::WaitingForCapacity, message);
+                self.report(executor, waiting, sandbox_fields(executor))
+                    .await?;
+                return Ok(Err(Action::requeue(wake::recheck(Wait::Class))));
+            }
             return Ok(Ok(Some(class)));
         }
         let message = format!(
@@ -374,6 +380,48 @@ impl<S: SandboxApi> Actor<'_, S> {
         self.report(executor, refused, sandbox_fields(executor))
             .await?;
         Ok(Err(Action::requeue(wake::recheck(Wait::Class))))
+    }
+
+    /// Why `executor`, not made yet, must wait for a place under `class`'s `maxExecutors` in
+    /// its namespace (labelled `labels`), if it must: the executors of the class holding a
+    /// sandbox there, and those waiting since before it, fill the places.
+    fn at_capacity(
+        &self,
+        executor: &BriqExecutor,
+        made_under: &BriqExecutorClass,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Option<String> {
+        let max = made_under
+            .spec
+            .per_namespace
+            .as_ref()
+            .and_then(|limits| limits.max_executors)?;
+        let name = made_under.name_any();
+        let namespace = executor.namespace().unwrap_or_default();
+        let classes = self.shared.classes.state();
+        let others: Vec<class::Holder> = self
+            .executors
+            .state()
+            .iter()
+            .filter(|other| {
+                other.namespace().as_deref() == Some(namespace.as_str())
+                    && other.uid() != executor.uid()
+                    && other.metadata.deletion_timestamp.is_none()
+                    && !other.annotations().contains_key(CLAIMED_BY_ANNOTATION)
+            })
+            .map(|other| holder(other, &name, &classes, labels))
+            .collect();
+        let created = creation(executor);
+        let ahead = class::executors_ahead(&others, &created, &executor.name_any());
+        (ahead >= max as usize).then(|| {
+            let holding = others.iter().filter(|o| o.holds).count();
+            format!(
+                "namespace {namespace} has {holding} executors of class {name} holding a sandbox \
+                 and {} waiting before this one, its perNamespace.maxExecutors is {max}; this one \
+                 makes its sandbox when one of them goes",
+                ahead - holding
+            )
+        })
     }
 
     /// Applies the executor controller's part of the status, unless it already says that.
@@ -402,6 +450,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let class_waits = [
             ExecutorReason::ClassNotFound.as_str(),
             ExecutorReason::ClassRefused.as_str(),
+            ExecutorReason::WaitingForCapacity.as_str(),
         ];
         if conditions::find(&status_of(executor).conditions, conditions::READY)
             .is_some_and(|ready| !class_waits.contains(&ready.reason.as_str()))
@@ -1271,6 +1320,40 @@ impl<S: SandboxApi> Actor<'_, S> {
 }
 
 /// When an executor waiting for its key Secret looks for it again.
+/// `other`, as the `maxExecutors` of class `name` counts it (its namespace labelled `labels`).
+fn holder(
+    other: &BriqExecutor,
+    name: &str,
+    classes: &[Arc<BriqExecutorClass>],
+    labels: &std::collections::BTreeMap<String, String>,
+) -> class::Holder {
+    let recorded = class::recorded(other.annotations());
+    let holds = recorded == class::Recorded::Class(name)
+        && (other.annotations().contains_key(SANDBOX_ID_ANNOTATION)
+            || other.annotations().contains_key(CREATE_PENDING_ANNOTATION));
+    let stalled = conditions::find(&status_of(other).conditions, conditions::STALLED)
+        .is_some_and(|c| c.status == "True");
+    let of_class = matches!(
+        class::resolve(&other.spec, recorded, classes, labels),
+        class::Resolved::Class(c) if c.name_any() == name
+    );
+    let waits = recorded == class::Recorded::NotYet && of_class && !stalled;
+    class::Holder {
+        holds,
+        waits_since: waits.then(|| (creation(other), other.name_any())),
+    }
+}
+
+/// When `executor` was created, as text that sorts in time.
+fn creation(executor: &BriqExecutor) -> String {
+    executor
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default()
+}
+
 fn key_recheck(executor: &BriqExecutor) -> Action {
     Action::requeue(wake::recheck(Wait::KeySecret {
         waited: waited(executor),

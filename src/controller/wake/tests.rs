@@ -52,6 +52,7 @@ async fn wake_ups(
     };
     let (on_execution, cache) = (heard.clone(), executors.clone());
     let (on_pool, pool_cache) = (heard.clone(), executors.clone());
+    let on_executor = heard.clone();
     let triggers = ExecutorTriggers {
         executors: executors.clone(),
         executions,
@@ -66,6 +67,12 @@ async fn wake_ups(
                 .lock()
                 .unwrap()
                 .push((format!("pool {woken}"), shown(&pool_cache)));
+        }),
+        wake_executor: Box::new(move |woken| {
+            on_executor
+                .lock()
+                .unwrap()
+                .push((format!("executor {woken}"), None));
         }),
     };
     let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -177,4 +184,43 @@ fn every_wait_has_a_recheck_of_seconds() {
     for (wait, expected) in table {
         assert_eq!(recheck(wait), expected, "{wait:?}");
     }
+}
+
+#[test]
+fn an_executors_change_wakes_those_of_its_namespace_waiting_for_a_place() {
+    let executor = |namespace: &str, name: &str, reason: &str| -> Arc<BriqExecutor> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+                "metadata": { "name": name, "namespace": namespace, "uid": format!("{namespace}-{name}") },
+                "spec": {},
+                "status": { "conditions": [{
+                    "type": "Ready", "status": "False", "reason": reason, "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }]},
+            }))
+            .unwrap(),
+        )
+    };
+    let all = [
+        executor("team", "gone", "Terminating"),
+        executor("team", "waits", "WaitingForCapacity"),
+        executor("team", "ready", "KernelReady"),
+        executor("other", "waits", "WaitingForCapacity"),
+    ];
+    let woken: Vec<String> = waiting_for_a_place(&all, &all[0])
+        .into_iter()
+        .map(|r| format!("{r}"))
+        .collect();
+    assert_eq!(
+        woken,
+        vec![format!(
+            "{}",
+            ObjectRef::<BriqExecutor>::new("waits").within("team")
+        )]
+    );
+    assert!(
+        waiting_for_a_place(&all, &all[1]).is_empty(),
+        "a waiting executor does not wake itself"
+    );
 }
