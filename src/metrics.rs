@@ -2,8 +2,10 @@
 //!
 //! Every label comes from a small fixed set: `controller` is `executor`, `execution` or `pool`;
 //! `reason` is an [`ExecutionReason`] that ends an Execution, or on the ended-executors counter
-//! one of [`EXECUTOR_ENDINGS`]. Names, namespaces, UIDs and error strings never become labels,
-//! so the number of series does not grow with the number of objects.
+//! one of [`EXECUTOR_ENDINGS`]; `class` is the name of a `BriqExecutorClass`, which the platform
+//! team makes (a handful, cluster-scoped), and whose series go with it. Names, namespaces, UIDs
+//! and error strings never become labels, so the number of series does not grow with the
+//! number of objects or tenants.
 
 use std::{future::Future, sync::Mutex, time::Instant};
 
@@ -53,7 +55,7 @@ pub const EXECUTOR_ENDINGS: [ExecutorReason; 4] = [
 ];
 
 /// What the controllers hold right now, read from their caches at scrape time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Live {
     /// Unfinished Executions that have not started yet.
     pub queued: i64,
@@ -70,6 +72,13 @@ pub struct Live {
     pub waiting_for_briq: i64,
     /// API keys with which briq answers no call now (`briq::health`).
     pub briq_unreachable_keys: i64,
+    /// What each class (by name) is used for, across namespaces.
+    pub classes: std::collections::BTreeMap<String, crate::controller::class::Usage>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: String,
 }
 
 type LiveSource = Box<dyn Fn() -> Live + Send + Sync>;
@@ -93,6 +102,10 @@ pub struct Metrics {
     bookkeeping: Gauge,
     leader: Gauge,
     waiting_for_briq: Gauge,
+    class_executors: Family<ClassLabels, Gauge>,
+    class_executors_waiting: Family<ClassLabels, Gauge>,
+    class_running: Family<ClassLabels, Gauge>,
+    class_executions_waiting: Family<ClassLabels, Gauge>,
     briq_unreachable: Gauge,
     live: Mutex<Option<LiveSource>>,
 }
@@ -218,6 +231,30 @@ impl Default for Metrics {
              briq is probed by one call at a time (0 when briq answers)",
             briq_unreachable.clone(),
         );
+        let class_executors = Family::<ClassLabels, Gauge>::default();
+        let class_executors_waiting = Family::<ClassLabels, Gauge>::default();
+        let class_running = Family::<ClassLabels, Gauge>::default();
+        let class_executions_waiting = Family::<ClassLabels, Gauge>::default();
+        registry.register(
+            "class_executors",
+            "BriqExecutors holding a sandbox under each BriqExecutorClass",
+            class_executors.clone(),
+        );
+        registry.register(
+            "class_executors_waiting_for_capacity",
+            "BriqExecutors waiting for a place under their class's perNamespace.maxExecutors",
+            class_executors_waiting.clone(),
+        );
+        registry.register(
+            "class_executions_running",
+            "Executions running on executors of each BriqExecutorClass",
+            class_running.clone(),
+        );
+        registry.register(
+            "class_executions_waiting_for_capacity",
+            "Executions waiting for a place under their class's perNamespace.maxRunningExecutions",
+            class_executions_waiting.clone(),
+        );
         registry.register(
             "leader",
             "1 while this replica runs the controllers (holds the lease, or runs without leader election)",
@@ -264,6 +301,10 @@ impl Default for Metrics {
             leader,
             waiting_for_briq,
             briq_unreachable,
+            class_executors,
+            class_executors_waiting,
+            class_running,
+            class_executions_waiting,
             live: Mutex::default(),
         }
     }
@@ -360,6 +401,30 @@ impl Metrics {
         self.bookkeeping.set(live.bookkeeping);
         self.waiting_for_briq.set(live.waiting_for_briq);
         self.briq_unreachable.set(live.briq_unreachable_keys);
+        // A deleted class's series go with it.
+        let families = [
+            &self.class_executors,
+            &self.class_executors_waiting,
+            &self.class_running,
+            &self.class_executions_waiting,
+        ];
+        for family in families {
+            family.clear();
+        }
+        for (class, usage) in &live.classes {
+            let labels = ClassLabels {
+                class: class.clone(),
+            };
+            let values = [
+                usage.executors,
+                usage.executors_waiting,
+                usage.running,
+                usage.executions_waiting,
+            ];
+            for (family, value) in families.iter().zip(values) {
+                family.get_or_create(&labels).set(value as i64);
+            }
+        }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String never fails");
         out
@@ -369,6 +434,38 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_class_has_series_while_it_is_used_and_none_after() {
+        use crate::controller::class::Usage;
+        let metrics = std::sync::Arc::new(Metrics::default());
+        let classes = std::sync::Arc::new(Mutex::new(std::collections::BTreeMap::from([(
+            "standard".to_owned(),
+            Usage {
+                executors: 3,
+                executors_waiting: 1,
+                running: 2,
+                executions_waiting: 4,
+            },
+        )])));
+        let source = classes.clone();
+        metrics.set_live(Some(Box::new(move || Live {
+            classes: source.lock().unwrap().clone(),
+            ..Live::default()
+        })));
+        let text = metrics.render();
+        for line in [
+            "briq_operator_class_executors{class=\"standard\"} 3",
+            "briq_operator_class_executors_waiting_for_capacity{class=\"standard\"} 1",
+            "briq_operator_class_executions_running{class=\"standard\"} 2",
+            "briq_operator_class_executions_waiting_for_capacity{class=\"standard\"} 4",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        classes.lock().unwrap().clear();
+        let text = metrics.render();
+        assert!(!text.contains("class=\"standard\""), "{text}");
+    }
 
     #[tokio::test]
     async fn series_stay_bounded_whatever_the_reasons() {

@@ -603,6 +603,7 @@ fn live(
             }
         }
     }
+    live.classes = class::usage(&executors.state(), &executions.state());
     // A handed-over member records its claimer's sandbox too: counted once, with the claimer.
     live.sandboxes = executors
         .state()

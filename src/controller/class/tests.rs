@@ -462,3 +462,95 @@ fn executors_wait_for_a_place_oldest_first() {
     assert_eq!(executors_ahead(&others, "2026-01-01T00:00:01Z", "c"), 3);
     assert_eq!(executors_ahead(&others, "2026-01-01T00:00:03Z", "z"), 4);
 }
+
+#[test]
+fn the_use_of_each_class_as_the_operator_counts_it() {
+    let executor =
+        |name: &str, annotations: Value, spec: Value, ready: &str| -> Arc<BriqExecutor> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+                    "metadata": { "name": name, "namespace": "team", "annotations": annotations },
+                    "spec": spec,
+                    "status": { "conditions": [{
+                        "type": "Ready", "status": "False", "reason": ready, "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }]},
+                }))
+                .unwrap(),
+            )
+        };
+    let execution = |name: &str, on: &str, reason: &str, attempt: Option<&str>| -> Arc<Execution> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "briq.cloud/v1alpha1", "kind": "Execution",
+                "metadata": { "name": name, "namespace": "team" },
+                "spec": { "executorRef": { "name": on }, "code": "1" },
+                "status": {
+                    "attemptId": attempt,
+                    "conditions": [{
+                        "type": "Succeeded",
+                        "status": if reason == "Completed" { "True" } else { "Unknown" },
+                        "reason": reason, "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }],
+                },
+            }))
+            .unwrap(),
+        )
+    };
+    let executors = vec![
+        executor(
+            "a",
+            json!({ CLASS_ANNOTATION: "std", SANDBOX_ID_ANNOTATION: "bq_1" }),
+            json!({}),
+            "KernelReady",
+        ),
+        executor(
+            "b",
+            json!({}),
+            json!({ "className": "std" }),
+            "WaitingForCapacity",
+        ),
+        // A handed-over member: its sandbox is counted with its claimer.
+        executor(
+            "m",
+            json!({ CLASS_ANNOTATION: "std", SANDBOX_ID_ANNOTATION: "bq_2", CLAIMED_BY_ANNOTATION: "uid-c" }),
+            json!({}),
+            "Claimed",
+        ),
+        executor(
+            "c",
+            json!({ CLASS_ANNOTATION: "std", SANDBOX_ID_ANNOTATION: "bq_2" }),
+            json!({}),
+            "KernelReady",
+        ),
+        executor(
+            "own",
+            json!({ SANDBOX_ID_ANNOTATION: "bq_3" }),
+            json!({}),
+            "KernelReady",
+        ),
+    ];
+    let executions = vec![
+        execution("run", "a", "Running", Some("x1")),
+        execution("briq", "c", "WaitingForBriq", Some("x2")),
+        execution("wait", "c", "WaitingForCapacity", None),
+        execution("queued", "a", "Queued", None),
+        execution("done", "a", "Completed", Some("x0")),
+        execution("elsewhere", "own", "Running", Some("x3")),
+    ];
+    let got = usage(&executors, &executions);
+    assert_eq!(
+        got,
+        BTreeMap::from([(
+            "std".to_owned(),
+            Usage {
+                executors: 2,
+                executors_waiting: 1,
+                running: 2,
+                executions_waiting: 1
+            },
+        )])
+    );
+}
