@@ -250,6 +250,24 @@ async fn an_executor_beyond_its_class_that_admission_did_not_see_makes_no_sandbo
         0,
         "no sandbox for a refused executor"
     );
+    let events = stack
+        .tenant
+        .api::<k8s_openapi::api::events::v1::Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events.items.iter().any(|event| {
+            event.reason.as_deref() == Some("ClassRefused")
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("miner")
+                && event
+                    .note
+                    .as_deref()
+                    .is_some_and(|note| note.contains("evil/miner"))
+        }),
+        "a Warning Event says why: {:?}",
+        events.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
+    );
 
     // One that leaves its image and timeout at their defaults gets the class's.
     support::create_executor(&stack.tenant, "py", json!({ "className": class })).await;

@@ -346,10 +346,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             class::Resolved::Class(class) => class,
             class::Resolved::Missing(name) => {
                 let message = format!("no BriqExecutorClass {name}; waiting for it to be created");
-                let waiting = state("False", false, ExecutorReason::ClassNotFound, message);
-                self.report(executor, waiting, sandbox_fields(executor))
-                    .await?;
-                return Ok(Err(Action::requeue(wake::recheck(Wait::Class))));
+                return self
+                    .wait_for_class(executor, ExecutorReason::ClassNotFound, message)
+                    .await;
             }
         };
         if recorded != class::Recorded::NotYet {
@@ -365,10 +364,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         );
         if broken.is_empty() {
             if let Some(message) = self.at_capacity(executor, &class, &labels) {
-                let waiting = state("False", false, ExecutorReason::WaitingForCapacity, message);
-                self.report(executor, waiting, sandbox_fields(executor))
-                    .await?;
-                return Ok(Err(Action::requeue(wake::recheck(Wait::Class))));
+                return self
+                    .wait_for_class(executor, ExecutorReason::WaitingForCapacity, message)
+                    .await;
             }
             return Ok(Ok(Some(class)));
         }
@@ -376,8 +374,33 @@ impl<S: SandboxApi> Actor<'_, S> {
             "{}; no sandbox is made (create an executor within the class's limits)",
             broken.join("; ")
         );
-        let refused = state("False", true, ExecutorReason::ClassRefused, message);
-        self.report(executor, refused, sandbox_fields(executor))
+        self.wait_for_class(executor, ExecutorReason::ClassRefused, message)
+            .await
+    }
+
+    /// Says the executor waits on its class for `reason` (`ClassRefused` is `Stalled`: only a
+    /// change of the class ends it), with an Event when it starts to; woken by a change of a
+    /// class or of an executor of its namespace, else rechecked.
+    async fn wait_for_class<T>(
+        &self,
+        executor: &BriqExecutor,
+        reason: ExecutorReason,
+        message: String,
+    ) -> Result<Result<T, Action>> {
+        let already = conditions::find(&status_of(executor).conditions, conditions::READY)
+            .is_some_and(|ready| ready.reason == reason.as_str());
+        // The Event first: whoever sees the status can find it.
+        if !already {
+            let type_ = match reason {
+                ExecutorReason::WaitingForCapacity => EventType::Normal,
+                _ => EventType::Warning,
+            };
+            self.event(executor, type_, reason.as_str(), "Admit", message.clone())
+                .await;
+        }
+        let stalled = reason == ExecutorReason::ClassRefused;
+        let waiting = state("False", stalled, reason, message);
+        self.report(executor, waiting, sandbox_fields(executor))
             .await?;
         Ok(Err(Action::requeue(wake::recheck(Wait::Class))))
     }
