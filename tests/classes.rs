@@ -359,6 +359,20 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
         "{message}"
     );
     assert!(waiting.status.unwrap().attempt_id.is_none(), "nothing sent");
+    // What the namespace uses, as the platform's tenants see it.
+    let usage = std::process::Command::new(env!("CARGO_BIN_EXE_briq-operator"))
+        .env("KUBECONFIG", &stack.tenant.kubeconfig)
+        .args(["usage", "-n", &stack.tenant.namespace])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&usage.stdout);
+    let row: Vec<&str> = table
+        .lines()
+        .find(|line| line.starts_with(&class))
+        .unwrap_or_else(|| panic!("a row for {class}: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row, vec![class.as_str(), "2", "0", "1/1", "1"], "{table}");
 
     gate.open();
     let long = finished(&stack.tenant, "long", RUN_SECONDS).await;

@@ -13,6 +13,7 @@ mod get;
 mod logs;
 mod progress;
 mod table;
+mod usage;
 
 pub use error::Error;
 
@@ -54,6 +55,11 @@ pub enum Command {
     Get(get::Args),
     /// Show one BriqExecutor: spec, sandbox, conditions, queue, recent Executions and Events.
     Describe(describe::Args),
+    /// Show what a namespace uses of each BriqExecutorClass, against the class's limits.
+    ///
+    /// Executors holding a sandbox and Executions running (each of the most the class allows
+    /// one namespace), and how many of each wait for a place, counted as the operator counts.
+    Usage(usage::Args),
 }
 
 /// `kubectl briq ...`: the same commands, at the top level.
@@ -91,6 +97,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Logs(args) => logs::run(args).await,
         Command::Get(args) => get::run(args).await,
         Command::Describe(args) => describe::run(args).await,
+        Command::Usage(args) => usage::run(args).await,
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {}", printable(&error.to_string()));
