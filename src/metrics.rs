@@ -106,6 +106,7 @@ pub struct Metrics {
     class_executors_waiting: Family<ClassLabels, Gauge>,
     class_running: Family<ClassLabels, Gauge>,
     class_executions_waiting: Family<ClassLabels, Gauge>,
+    class_queued: Family<ClassLabels, Gauge>,
     briq_unreachable: Gauge,
     live: Mutex<Option<LiveSource>>,
 }
@@ -235,6 +236,12 @@ impl Default for Metrics {
         let class_executors_waiting = Family::<ClassLabels, Gauge>::default();
         let class_running = Family::<ClassLabels, Gauge>::default();
         let class_executions_waiting = Family::<ClassLabels, Gauge>::default();
+        let class_queued = Family::<ClassLabels, Gauge>::default();
+        registry.register(
+            "class_executions_queued",
+            "Executions of executors of each BriqExecutorClass not started yet",
+            class_queued.clone(),
+        );
         registry.register(
             "class_executors",
             "BriqExecutors holding a sandbox under each BriqExecutorClass",
@@ -305,6 +312,7 @@ impl Default for Metrics {
             class_executors_waiting,
             class_running,
             class_executions_waiting,
+            class_queued,
             live: Mutex::default(),
         }
     }
@@ -407,6 +415,7 @@ impl Metrics {
             &self.class_executors_waiting,
             &self.class_running,
             &self.class_executions_waiting,
+            &self.class_queued,
         ];
         for family in families {
             family.clear();
@@ -420,6 +429,7 @@ impl Metrics {
                 usage.executors_waiting,
                 usage.running,
                 usage.executions_waiting,
+                usage.queued,
             ];
             for (family, value) in families.iter().zip(values) {
                 family.get_or_create(&labels).set(value as i64);
@@ -446,6 +456,7 @@ mod tests {
                 executors_waiting: 1,
                 running: 2,
                 executions_waiting: 4,
+                queued: 5,
             },
         )])));
         let source = classes.clone();
@@ -459,6 +470,7 @@ mod tests {
             "briq_operator_class_executors_waiting_for_capacity{class=\"standard\"} 1",
             "briq_operator_class_executions_running{class=\"standard\"} 2",
             "briq_operator_class_executions_waiting_for_capacity{class=\"standard\"} 4",
+            "briq_operator_class_executions_queued{class=\"standard\"} 5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in {text}");
         }

@@ -372,7 +372,7 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
         .unwrap_or_else(|| panic!("a row for {class}: {table}"))
         .split_whitespace()
         .collect();
-    assert_eq!(row, vec![class.as_str(), "2", "0", "1/1", "1"], "{table}");
+    assert_eq!(row, vec![class.as_str(), "2", "0", "1/1", "1", "1"], "{table}");
 
     gate.open();
     let long = finished(&stack.tenant, "long", RUN_SECONDS).await;
@@ -416,4 +416,47 @@ async fn a_namespace_at_its_class_executor_cap_makes_the_next_wait_until_one_goe
     })
     .await;
     assert_eq!(stack.creates().await, 2);
+}
+
+#[tokio::test]
+async fn a_namespace_beyond_its_class_queue_is_refused_without_running() {
+    let stack = Platform::new("cls-queue").await;
+    let class = stack
+        .class(
+            "short",
+            json!({ "perNamespace": { "maxQueuedExecutions": 1 } }),
+        )
+        .await;
+    support::create_executor(&stack.tenant, "py", json!({ "className": class })).await;
+    wait_ready(&stack.tenant, "py").await;
+    let gate = support::Gate::new();
+    let spec = json!({ "executorRef": { "name": "py" }, "code": gate.code("'long'"), "timeoutSeconds": 40 });
+    support::create_execution_from(&stack.tenant, "long", spec).await;
+    let executions = stack.tenant.api::<briq_operator::crd::Execution>();
+    wait_for(&executions, "long", 30, |e| {
+        e.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+    })
+    .await;
+    support::create_execution(&stack.tenant, "waits", "py", "'waited'").await;
+    wait_for(&executions, "waits", 30, |e| {
+        condition(e, "Succeeded").1 == "Queued"
+    })
+    .await;
+
+    support::create_execution(&stack.tenant, "refused", "py", "'never'").await;
+    let refused = finished(&stack.tenant, "refused", 30).await;
+    assert_eq!(reason(&refused), "QueueFull");
+    let message = condition(&refused, "Succeeded").2;
+    assert!(
+        message.contains(&format!("1 Executions of class {class} waiting")),
+        "{message}"
+    );
+    assert!(refused.status.unwrap().attempt_id.is_none(), "never sent");
+
+    gate.open();
+    let waited = finished(&stack.tenant, "waits", RUN_SECONDS).await;
+    assert_eq!(
+        (reason(&waited), output(&waited)),
+        ("Completed".into(), "'waited'".into())
+    );
 }

@@ -76,7 +76,8 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
 }
 
 /// One row per class: executors holding a sandbox (of the most allowed), those waiting for a
-/// place, Executions running (of the most allowed), those waiting for a place.
+/// place, Executions running (of the most allowed), those waiting for a place, and those not
+/// started yet (of the most allowed).
 pub fn rows(
     usage: &BTreeMap<String, Usage>,
     limits: &BTreeMap<String, Limits>,
@@ -99,6 +100,7 @@ pub fn rows(
                 used.executors_waiting.to_string(),
                 of(used.running, |l| l.max_running_executions),
                 used.executions_waiting.to_string(),
+                of(used.queued, |l| l.max_queued_executions),
             ]
         })
         .collect()
@@ -118,6 +120,7 @@ mod tests {
                     executors_waiting: 1,
                     running: 4,
                     executions_waiting: 3,
+                    queued: 5,
                 },
             ),
             ("gone".to_owned(), Usage::default()),
@@ -136,6 +139,7 @@ mod tests {
                 Limits::Known(NamespaceLimits {
                     max_executors: Some(2),
                     max_running_executions: Some(4),
+                    max_queued_executions: Some(10),
                 }),
             ),
             ("gone".to_owned(), Limits::Missing),
@@ -150,10 +154,17 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                vec!["capped", "2/2", "1", "4/4", "3"],
-                vec!["gone", "0 (no such class)", "0", "0 (no such class)", "0"],
-                vec!["hidden", "0/?", "0", "0/?", "0"],
-                vec!["open", "0", "0", "7", "0"],
+                vec!["capped", "2/2", "1", "4/4", "3", "5/10"],
+                vec![
+                    "gone",
+                    "0 (no such class)",
+                    "0",
+                    "0 (no such class)",
+                    "0",
+                    "0 (no such class)"
+                ],
+                vec!["hidden", "0/?", "0", "0/?", "0", "0/?"],
+                vec!["open", "0", "0", "7", "0", "0"],
             ]
         );
     }

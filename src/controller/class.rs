@@ -311,6 +311,9 @@ pub struct Usage {
     pub running: usize,
     /// Executions waiting for a place under its `maxRunningExecutions`.
     pub executions_waiting: usize,
+    /// Executions not started yet (those waiting for a place among them), as its
+    /// `maxQueuedExecutions` counts them.
+    pub queued: usize,
 }
 
 /// The class `executor` counts under: the one its sandbox was made under, else the one it names.
@@ -369,7 +372,10 @@ pub fn usage(
         let entry = usage.entry(class.clone()).or_default();
         if status.attempt_id.is_some() {
             entry.running += 1;
-        } else if succeeded.reason == ExecutionReason::WaitingForCapacity.as_str() {
+            continue;
+        }
+        entry.queued += 1;
+        if succeeded.reason == ExecutionReason::WaitingForCapacity.as_str() {
             entry.executions_waiting += 1;
         }
     }

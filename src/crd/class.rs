@@ -112,6 +112,13 @@ pub struct NamespaceLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub max_running_executions: Option<u32>,
+
+    /// Executions of the class's executors that wait (not started) at once in one namespace.
+    /// One created beyond them fails at once with `QueueFull`, without running: every waiting
+    /// Execution costs the operator memory and the API server watch events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub max_queued_executions: Option<u32>,
 }
 
 impl BriqExecutorClass {

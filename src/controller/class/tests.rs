@@ -549,7 +549,8 @@ fn the_use_of_each_class_as_the_operator_counts_it() {
                 executors: 2,
                 executors_waiting: 1,
                 running: 2,
-                executions_waiting: 1
+                executions_waiting: 1,
+                queued: 2
             },
         )])
     );

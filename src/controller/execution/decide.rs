@@ -125,6 +125,17 @@ pub struct Observed<'a> {
     /// How many unfinished Executions of the executor come before it in the cached queue (the
     /// running one among them).
     pub ahead: usize,
+    /// Its namespace's queue under its executor's class, when the class limits it.
+    pub namespace_queue: Option<NamespaceQueue>,
+}
+
+/// The Executions waiting in a namespace under a class with `perNamespace.maxQueuedExecutions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceQueue {
+    pub class: String,
+    pub max: u32,
+    /// Executions not started yet, of the namespace's executors of the class, before this one.
+    pub waiting_before: usize,
 }
 
 /// An attempt recorded in an Execution's status.
@@ -228,6 +239,9 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
     if let Some(verdict) = queue_full(executor, observed.ahead) {
         return Err(Refusal::Fail(verdict));
     }
+    if let Some(verdict) = namespace_queue_full(observed) {
+        return Err(Refusal::Fail(verdict));
+    }
     let conditions = executor
         .status
         .as_ref()
@@ -308,6 +322,24 @@ pub fn queue_full(executor: &BriqExecutor, ahead: usize) -> Option<Verdict> {
             ),
         )
     })
+}
+
+/// Why an Execution not started yet may not wait in its namespace's queue under its class, if
+/// it may not: `perNamespace.maxQueuedExecutions` wait before it.
+pub fn namespace_queue_full(observed: &Observed) -> Option<Verdict> {
+    let queue = observed.namespace_queue.as_ref()?;
+    if observed.attempt.is_some() || queue.waiting_before < queue.max as usize {
+        return None;
+    }
+    Some(Verdict::new(
+        ExecutionReason::QueueFull,
+        format!(
+            "namespace {} already has {} Executions of class {} waiting (its \
+             perNamespace.maxQueuedExecutions is {}); this one was not run: create it again once \
+             they drain",
+            observed.namespace, queue.waiting_before, queue.class, queue.max
+        ),
+    ))
 }
 
 pub use crate::crd::RunOrder;

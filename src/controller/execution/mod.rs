@@ -272,6 +272,55 @@ impl<S> Context<S> {
         }
     }
 
+    /// `execution`'s namespace queue under `executor`'s class, when the class limits it and
+    /// `execution` has not started: how many of the namespace's Executions on executors of the
+    /// class wait (not started, not finished) before it, in run order.
+    fn namespace_queue(
+        &self,
+        execution: &Execution,
+        executor: &BriqExecutor,
+    ) -> Option<decide::NamespaceQueue> {
+        if execution
+            .status
+            .as_ref()
+            .is_some_and(|s| s.attempt_id.is_some())
+        {
+            return None;
+        }
+        let shared = self.shared.as_ref();
+        let class = made_under(shared, executor)?;
+        let max = class
+            .spec
+            .per_namespace
+            .as_ref()
+            .and_then(|limits| limits.max_queued_executions)?;
+        let namespace = execution.namespace().unwrap_or_default();
+        let class_name = class.name_any();
+        let order = run_order(execution);
+        let waiting_before = self
+            .store
+            .state()
+            .iter()
+            .filter(|e| {
+                e.namespace().as_deref() == Some(namespace.as_str())
+                    && e.uid() != execution.uid()
+                    && e.metadata.deletion_timestamp.is_none()
+                    && e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
+                    && !self.is_finished(e)
+                    && run_order(e) < order
+                    && self
+                        .cached_executor(&namespace, &e.spec.executor_ref.name)
+                        .and_then(|executor| made_under(shared, &executor))
+                        .is_some_and(|c| c.name_any() == class_name)
+            })
+            .count();
+        Some(decide::NamespaceQueue {
+            class: class_name,
+            max,
+            waiting_before,
+        })
+    }
+
     /// Whether `execution`, on `executor`, may start now under its class's
     /// `maxRunningExecutions` in its namespace: `Err(message)` when the namespace has no place.
     fn place(&self, execution: &Execution, executor: &BriqExecutor) -> Result<(), String> {
@@ -554,6 +603,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
             heads_queue: ahead == Some(0),
             ahead: ahead.unwrap_or_default(),
+            namespace_queue: executor.and_then(|e| self.ctx.namespace_queue(self.execution, e)),
         }
     }
 

@@ -53,6 +53,7 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor_known_unusable: false,
         heads_queue: true,
         ahead: 0,
+        namespace_queue: None,
     }
 }
 
@@ -276,6 +277,38 @@ fn decide_table() {
                 QueueFull,
                 "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
                  this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "the last place in its namespace's queue under its class",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 2,
+                }),
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "beyond its namespace's queue under its class",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 3,
+                }),
+                heads_queue: true,
+                ..observed(Some(&ready))
+            },
+            fail(
+                QueueFull,
+                "namespace ns already has 3 Executions of class std waiting (its \
+                 perNamespace.maxQueuedExecutions is 3); this one was not run: create it again \
+                 once they drain",
             ),
         ),
         (
