@@ -14,6 +14,7 @@
 mod agent;
 mod audit;
 mod cold_start;
+mod fairness;
 mod latency;
 mod memory;
 mod objects;
@@ -83,7 +84,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-9, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-10, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -119,6 +120,10 @@ pub struct Counts {
     pub pool_real_kernels: usize,
     /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
     pub pool_bound_seconds: u64,
+    /// Scenario 10: long actions of one namespace in flight (more than the work slots), and
+    /// one-line actions of another, one at a time.
+    pub fairness_noisy: usize,
+    pub fairness_quiet: usize,
 }
 
 impl Counts {
@@ -143,6 +148,8 @@ impl Counts {
                 pool_burst: 20,
                 pool_real_kernels: 3,
                 pool_bound_seconds: 120,
+                fairness_noisy: 300,
+                fairness_quiet: 5,
             }
         } else {
             Counts {
@@ -164,6 +171,8 @@ impl Counts {
                 pool_burst: 100,
                 pool_real_kernels: 3,
                 pool_bound_seconds: 120,
+                fairness_noisy: 300,
+                fairness_quiet: 20,
             }
         }
     }
@@ -210,6 +219,7 @@ pub struct Report {
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,
     pub traces: Option<traces::Traces>,
+    pub fairness: Option<fairness::Fairness>,
     /// Scenarios that failed, with why; the others still ran.
     pub errors: BTreeMap<String, String>,
 }
@@ -231,11 +241,14 @@ enum Outcome {
     /// Scenario 8's phases, and the labelled errors of those that failed.
     Pools(Box<pools::Pools>, Vec<(String, String)>),
     Traces(traces::Traces),
+    Fairness(fairness::Fairness),
 }
 
-/// The order scenarios run in. Simulated scale and memory leave thousands of objects behind and
-/// scaling can leave the API server saturated: they come last. Warm pools delete what they made.
-const ORDER: [u8; 8] = [1, 2, 6, 8, 9, 7, 5, 3];
+/// The order scenarios run in. Fairness watches every namespace: it comes first, while no other
+/// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
+/// thousands of objects behind and scaling can leave the API server saturated: they come last.
+/// Warm pools delete what they made.
+const ORDER: [u8; 9] = [10, 1, 2, 6, 8, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -305,6 +318,15 @@ async fn scenario(
             Outcome::Pools(Box::new(pools), failures)
         }
         9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
+        10 => Outcome::Fairness(
+            fairness::run(
+                stack,
+                progress,
+                counts.fairness_noisy,
+                counts.fairness_quiet,
+            )
+            .await?,
+        ),
         other => anyhow::bail!("no scenario {other}"),
     })
 }
@@ -350,6 +372,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         api_ceiling: None,
         pools: None,
         traces: None,
+        fairness: None,
         errors: BTreeMap::new(),
     };
     let mut interrupt = std::pin::pin!(interrupted());
@@ -387,6 +410,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
             Ok(Outcome::Traces(traces)) => report.traces = Some(traces),
+            Ok(Outcome::Fairness(fairness)) => report.fairness = Some(fairness),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),
             Ok(Outcome::Simulated(points, failures, ceiling)) => {
                 report.simulated = Some(points);

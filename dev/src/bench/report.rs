@@ -557,6 +557,20 @@ pub fn table(report: &Report) -> String {
             pool_rows(&mut rows, c, false);
         }
     }
+    if let Some(f) = &report.fairness {
+        let target = format!(
+            "target ≤ {:.0} ms; {} long actions of another namespace in flight, {} work slots",
+            super::fairness::TARGET_QUIET_MS,
+            f.noisy_in_flight,
+            f.work_slots
+        );
+        rows.push(timing(
+            "10",
+            "a quiet namespace's one-line action, create → end, with more long actions of a noisy namespace in flight than work slots",
+            f.quiet_ms.as_ref(),
+            target,
+        ));
+    }
     for (scenario, error) in &report.errors {
         let line: String = error.split_whitespace().collect::<Vec<_>>().join(" ");
         let short: String = line.chars().take(300).collect();
