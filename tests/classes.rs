@@ -372,7 +372,11 @@ async fn a_namespace_at_its_class_running_cap_waits_with_the_reason_and_runs_whe
         .unwrap_or_else(|| panic!("a row for {class}: {table}"))
         .split_whitespace()
         .collect();
-    assert_eq!(row, vec![class.as_str(), "2", "0", "1/1", "1", "1"], "{table}");
+    assert_eq!(
+        row,
+        vec![class.as_str(), "2", "0", "1/1", "1", "1"],
+        "{table}"
+    );
 
     gate.open();
     let long = finished(&stack.tenant, "long", RUN_SECONDS).await;

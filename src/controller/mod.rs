@@ -78,6 +78,11 @@ pub enum Error {
     ApiKey(String),
     #[error("no BriqExecutorClass {0}")]
     ClassMissing(String),
+    #[error(
+        "BriqExecutorClasses are not listed yet (are the CRDs and the operator's RBAC current? \
+         kubectl apply --server-side -f crds/)"
+    )]
+    ClassesUnknown,
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("{0}")]
@@ -317,6 +322,9 @@ async fn class_key<S>(shared: &Shared<S>, class: &BriqExecutorClass) -> Result<A
     )
 }
 
+/// How long a reconcile waits for the first list of classes.
+const CLASSES_WAIT: Duration = Duration::from_secs(10);
+
 /// The class `executor` takes ([`class::resolve`]), as `recorded`, from the class cache, with
 /// its namespace's labels, which are read only when they can matter (empty otherwise).
 async fn class_of<S>(
@@ -325,8 +333,12 @@ async fn class_of<S>(
     recorded: class::Recorded<'_>,
 ) -> Result<(class::Resolved, BTreeMap<String, String>)> {
     // Before their first list, no class is known, and an executor could be taken for one
-    // without a class.
-    let _ = shared.classes.wait_until_ready().await;
+    // without a class. A list that does not come (CRDs or RBAC older than the operator) fails
+    // the reconcile, retried with backoff, rather than holding its work slot for good.
+    let listed = tokio::time::timeout(CLASSES_WAIT, shared.classes.wait_until_ready()).await;
+    if !matches!(listed, Ok(Ok(()))) {
+        return Err(Error::ClassesUnknown);
+    }
     let classes = shared.classes.state();
     let labels = if class::needs_namespace_labels(&executor.spec, recorded, &classes) {
         let namespace = executor.namespace().unwrap_or_default();
