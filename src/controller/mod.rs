@@ -184,6 +184,8 @@ pub struct Shared<S> {
     pub settings: Settings,
     /// Every `BriqExecutorClass`, from its watch.
     classes: Store<BriqExecutorClass>,
+    /// True once the class watch has listed every class.
+    classes_listed: tokio::sync::watch::Receiver<bool>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
@@ -335,8 +337,14 @@ async fn class_of<S>(
     // Before their first list, no class is known, and an executor could be taken for one
     // without a class. A list that does not come (CRDs or RBAC older than the operator) fails
     // the reconcile, retried with backoff, rather than holding its work slot for good.
-    let listed = tokio::time::timeout(CLASSES_WAIT, shared.classes.wait_until_ready()).await;
-    if !matches!(listed, Ok(Ok(()))) {
+    // (Not the store's own readiness future: a store wakes only its latest waiter, and the
+    // reconciles waiting at once would all but one wait for good.)
+    let mut listed = shared.classes_listed.clone();
+    let listed = matches!(
+        tokio::time::timeout(CLASSES_WAIT, listed.wait_for(|listed| *listed)).await,
+        Ok(Ok(_))
+    );
+    if !listed {
         return Err(Error::ClassesUnknown);
     }
     let classes = shared.classes.state();
@@ -744,8 +752,10 @@ pub async fn run_observed<S>(
     let classes_api: Api<BriqExecutorClass> = Api::all(client.clone());
     let (class_store, class_writer) = reflector::store::<BriqExecutorClass>();
     let (class_wake_tx, class_wake_rx) = mpsc::unbounded_channel::<ObjectRef<BriqExecutor>>();
+    let (classes_listed_tx, classes_listed) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
         classes: class_store.clone(),
+        classes_listed,
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -840,6 +850,7 @@ pub async fn run_observed<S>(
         wake::class_events(
             watcher(classes_api, watcher::Config::default().any_semantic()),
             class_writer,
+            classes_listed_tx,
             executor_store.clone(),
             wake::sender(class_wake_tx),
         )

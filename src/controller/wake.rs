@@ -214,12 +214,14 @@ where
 }
 
 /// The watch of classes (`watch`): each event is applied to the class cache (`writer`), then,
-/// with the cache showing it, wakes the executors that wait on a class ([`waiting_on_a_class`]).
+/// with the cache showing it, wakes the executors that wait on a class ([`waiting_on_a_class`]);
+/// `listed` turns true once the first list is in the cache.
 /// A watch that fails (the class CRD not installed: CRDs older than the operator) is logged and
 /// retried with backoff; executors that would take a class wait meanwhile.
 pub fn class_events<St>(
     watch: St,
     writer: Writer<BriqExecutorClass>,
+    listed: tokio::sync::watch::Sender<bool>,
     executors: Store<BriqExecutor>,
     wake_executor: Wake<BriqExecutor>,
 ) -> impl Stream<Item = ()> + Send
@@ -231,7 +233,15 @@ where
         .modify(super::cache::compact)
         .reflect(writer)
         .map(move |event| match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+            Ok(
+                event @ (watcher::Event::Apply(_)
+                | watcher::Event::Delete(_)
+                | watcher::Event::InitDone),
+            ) => {
+                if matches!(event, watcher::Event::InitDone) {
+                    // The cache holds every class now (a relist swaps its list in here).
+                    listed.send_replace(true);
+                }
                 for executor in waiting_on_a_class(&executors.state()) {
                     wake_executor(executor);
                 }

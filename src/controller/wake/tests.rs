@@ -224,3 +224,31 @@ fn an_executors_change_wakes_those_of_its_namespace_waiting_for_a_place() {
         "a waiting executor does not wake itself"
     );
 }
+
+#[tokio::test]
+async fn every_reconcile_waiting_for_the_first_class_list_hears_of_it() {
+    // A reflector store's own readiness wakes only its latest waiter: at start-up, reconciles
+    // waiting for it at once all but one waited for good (the killed-operator tests hung so).
+    let (classes, writer) = reflector::store::<crate::crd::BriqExecutorClass>();
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let mut listed = listed.clone();
+            tokio::spawn(async move { listed.wait_for(|listed| *listed).await.is_ok() })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let (executors, _) = reflector::store::<BriqExecutor>();
+    let events = stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)]);
+    class_events(events, writer, listed_tx, executors, Box::new(|_| {}))
+        .collect::<Vec<()>>()
+        .await;
+    for waiter in waiters {
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
+        assert!(
+            matches!(heard, Ok(Ok(true))),
+            "a waiter never heard of the list"
+        );
+    }
+    assert!(classes.wait_until_ready().await.is_ok());
+}
