@@ -1,7 +1,8 @@
 //! Scenario 10: tenants share the operator fairly. At the default work slots
 //! (`--max-concurrent-executions`, 256), on simulated sandboxes: a noisy namespace with more
-//! long actions in flight than there are slots, then a quiet namespace's one-line actions, one
-//! at a time: how long each takes from its create to its end. One operator serves both
+//! long actions (20 s) than there are slots, and once a slot's worth of them is in flight, a
+//! quiet namespace's one-line actions, one after another: how long each takes from its create
+//! to its end, while the noisy ones run. One operator serves both
 //! namespaces (all namespaces): the scenario runs first, while no other scenario's objects
 //! exist, and deletes what it made.
 
@@ -35,7 +36,7 @@ pub struct Fairness {
     /// The operator's work slots (the default).
     pub work_slots: u16,
     /// Noisy actions created, and how many were in flight (attempt recorded, not finished)
-    /// when the first quiet action was created.
+    /// when the quiet actions were created.
     pub noisy_actions: usize,
     pub noisy_in_flight: usize,
     /// Create → finished of each quiet action.
@@ -94,17 +95,18 @@ pub async fn run(
     );
 
     let in_flight = FirstSeen::start(noisy_executions.clone(), running).await?;
+    let noisy_done = FirstSeen::start(noisy_executions.clone(), objects::finished).await?;
     let plan = names
         .iter()
         .map(|name| objects::execution(&format!("{name}-long"), name, NOISY_CODE))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let sent = Instant::now();
     objects::create_all(&noisy_executions, plan, None).await?;
-    // More in flight than slots (all of them, with the work slots given back while they run);
-    // before, at most as many as slots ran and the rest waited.
-    let wanted = noisy.min(work_slots as usize + 1);
+    // Every work slot's worth of noisy actions in flight (reached whether or not a running
+    // action holds a slot); the quiet actions come now, long before the first noisy one ends.
+    let wanted = noisy.min(work_slots as usize);
     in_flight.wait_for(wanted, sent, BOUND).await;
-    let noisy_in_flight = in_flight.count();
+    let noisy_in_flight = in_flight.count().saturating_sub(noisy_done.count());
 
     let done = FirstSeen::start(quiet_executions.clone(), objects::finished).await?;
     let mut quiet_ms = Vec::new();
@@ -122,6 +124,7 @@ pub async fn run(
         let ended = done.seen(&name).unwrap_or_else(Instant::now);
         quiet_ms.push(super::stats::millis(ended - created));
     }
+    drop(noisy_done);
     drop((ready, quiet_ready, in_flight, done));
 
     objects::delete_executors(&noisy_executors).await?;

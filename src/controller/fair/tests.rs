@@ -84,3 +84,20 @@ async fn a_wait_given_up_frees_the_slot_it_was_handed() {
     let _c = waits.await;
     assert_eq!(share.waiting(), 0);
 }
+
+#[tokio::test]
+async fn a_reconcile_that_only_waits_holds_no_slot() {
+    let share = FairShare::new(1);
+    let waiting = Held::take(&share, "noisy").await;
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let long = tokio::spawn(async move {
+        waiting.without(released).await.ok();
+        waiting
+    });
+    // While the noisy one only waits, the quiet one gets the slot.
+    let quiet = tokio::time::timeout(Duration::from_secs(5), Held::take(&share, "quiet")).await;
+    assert!(quiet.is_ok(), "the waiting reconcile kept its slot");
+    drop(quiet);
+    release.send(()).unwrap();
+    let _noisy = long.await.unwrap();
+}
