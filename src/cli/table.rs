@@ -10,6 +10,11 @@ use crate::crd::Execution;
 
 /// Left-aligned columns, three spaces apart, headers first. Cells are made [`printable`].
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    // A cell without its header would be dropped without a word.
+    debug_assert!(
+        rows.iter().all(|row| row.len() == headers.len()),
+        "every row has one cell per header"
+    );
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|row| {

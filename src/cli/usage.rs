@@ -31,7 +31,15 @@ pub enum Limits {
     Unreadable,
 }
 
-const HEADERS: &[&str] = &["CLASS", "EXECUTORS", "WAITING", "RUNNING", "WAITING"];
+/// One per column of [`rows`]: a header for every column, or the table drops the last.
+const HEADERS: &[&str] = &[
+    "CLASS",
+    "EXECUTORS",
+    "WAITING",
+    "RUNNING",
+    "WAITING",
+    "QUEUED",
+];
 
 pub async fn run(args: Args) -> Result<Exit, Error> {
     let cluster = Cluster::connect(args.namespace).await?;
@@ -147,6 +155,7 @@ mod tests {
             ("open".to_owned(), Limits::Known(NamespaceLimits::default())),
         ]);
         let got = rows(&usage, &limits);
+        assert!(got.iter().all(|row| row.len() == HEADERS.len()));
         let got: Vec<Vec<&str>> = got
             .iter()
             .map(|r| r.iter().map(String::as_str).collect())
