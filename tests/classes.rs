@@ -57,7 +57,13 @@ impl Platform {
 
     /// Creates class `<prefix>-<random>` with the platform's key and `rules`; returns its name.
     async fn class(&self, prefix: &str, rules: Value) -> String {
-        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let name = unique(prefix);
+        self.class_named(&name, rules).await;
+        name
+    }
+
+    /// Creates class `name` with the platform's key and `rules`.
+    async fn class_named(&self, name: &str, rules: Value) {
         let mut spec = json!({ "apiKeySecretRef": { "name": "briq-key" } });
         for (field, value) in rules.as_object().unwrap() {
             spec[field] = value.clone();
@@ -68,13 +74,17 @@ impl Platform {
             .create(&PostParams::default(), &class)
             .await
             .unwrap();
-        name
     }
 
     async fn creates(&self) -> u64 {
         let stats = self.operator.server.admin().stats().await.unwrap();
         stats.calls(Operation::Create)
     }
+}
+
+/// `<prefix>-<random>`: classes are cluster-scoped, shared by every test of this binary.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
 fn classes(env: &TestEnv) -> Api<BriqExecutorClass> {
@@ -321,6 +331,42 @@ async fn a_pool_scaled_past_its_class_maximum_keeps_the_maximum() {
         .await
         .unwrap();
     assert_eq!(members.items.len(), 1, "one member, not three");
+}
+
+#[tokio::test]
+async fn a_pool_created_before_its_class_makes_no_member_until_the_class_caps_it() {
+    // As when a pool and its class are applied together and the pool is seen first: members
+    // made meanwhile could exceed the class's maxPoolReplicas.
+    let stack = Platform::new("cls-pool-first").await;
+    let class = unique("later");
+    let pool: BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": "early" },
+        "spec": { "replicas": 3, "template": { "className": class } },
+    }))
+    .unwrap();
+    let pools = stack.tenant.api::<BriqExecutorPool>();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let waiting = wait_for(&pools, "early", 30, |p| {
+        condition(p, "Ready").1 == "ClassNotFound"
+    })
+    .await;
+    assert!(
+        condition(&waiting, "Ready").2.contains(&class),
+        "{:?}",
+        condition(&waiting, "Ready")
+    );
+    let executors = stack.tenant.api::<BriqExecutor>();
+    let made = executors.list(&ListParams::default()).await.unwrap();
+    assert_eq!(made.items.len(), 0, "no member before the class");
+
+    stack
+        .class_named(&class, json!({ "maxPoolReplicas": 1 }))
+        .await;
+    // Woken by the class, far sooner than the pool's recheck.
+    wait_for(&pools, "early", 60, |p| condition(p, "Ready").0 == "True").await;
+    let made = executors.list(&ListParams::default()).await.unwrap();
+    assert_eq!(made.items.len(), 1, "the class's maximum, never more");
+    assert_eq!(stack.creates().await, 1);
 }
 
 #[tokio::test]

@@ -327,6 +327,19 @@ async fn class_key<S>(shared: &Shared<S>, class: &BriqExecutorClass) -> Result<A
 /// How long a reconcile waits for the first list of classes.
 const CLASSES_WAIT: Duration = Duration::from_secs(10);
 
+/// Waits for the first list of classes: before it, no class is known, and an executor (or a
+/// pool) could be taken for one without a class. A list that does not come (CRDs or RBAC older
+/// than the operator) fails the reconcile, retried with backoff, rather than holding its work
+/// slot for good. (Not the store's own readiness future: a store wakes only its latest waiter,
+/// and the reconciles waiting at once would all but one wait for good.)
+async fn classes_known<S>(shared: &Shared<S>) -> Result<()> {
+    let mut listed = shared.classes_listed.clone();
+    match tokio::time::timeout(CLASSES_WAIT, listed.wait_for(|listed| *listed)).await {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(Error::ClassesUnknown),
+    }
+}
+
 /// The class `executor` takes ([`class::resolve`]), as `recorded`, from the class cache, with
 /// its namespace's labels, which are read only when they can matter (empty otherwise).
 async fn class_of<S>(
@@ -334,19 +347,7 @@ async fn class_of<S>(
     executor: &BriqExecutor,
     recorded: class::Recorded<'_>,
 ) -> Result<(class::Resolved, BTreeMap<String, String>)> {
-    // Before their first list, no class is known, and an executor could be taken for one
-    // without a class. A list that does not come (CRDs or RBAC older than the operator) fails
-    // the reconcile, retried with backoff, rather than holding its work slot for good.
-    // (Not the store's own readiness future: a store wakes only its latest waiter, and the
-    // reconciles waiting at once would all but one wait for good.)
-    let mut listed = shared.classes_listed.clone();
-    let listed = matches!(
-        tokio::time::timeout(CLASSES_WAIT, listed.wait_for(|listed| *listed)).await,
-        Ok(Ok(_))
-    );
-    if !listed {
-        return Err(Error::ClassesUnknown);
-    }
+    classes_known(shared).await?;
     let classes = shared.classes.state();
     let labels = if class::needs_namespace_labels(&executor.spec, recorded, &classes) {
         let namespace = executor.namespace().unwrap_or_default();
@@ -831,7 +832,7 @@ pub async fn run_observed<S>(
         executors: executor_store.clone(),
         executions: execution_store.clone(),
         wake_execution: wake::sender(wake_tx.clone()),
-        wake_pool: wake::sender(pool_wake_tx),
+        wake_pool: wake::sender(pool_wake_tx.clone()),
         wake_executor: wake::sender(class_wake_tx.clone()),
     };
     let (on_executor_deleted, wake_sweeper) = (executor_ctx.clone(), orphan_sweep.clone());
@@ -846,6 +847,7 @@ pub async fn run_observed<S>(
             forget_executor.executor_deleted(gone);
         },
     );
+    let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
     let class_watch = AbortOnDrop(tokio::spawn(
         wake::class_events(
             watcher(classes_api, watcher::Config::default().any_semantic()),
@@ -853,6 +855,8 @@ pub async fn run_observed<S>(
             classes_listed_tx,
             executor_store.clone(),
             wake::sender(class_wake_tx),
+            pool_store.clone(),
+            wake::sender(pool_wake_tx),
         )
         .for_each(|_| async {}),
     ));
@@ -863,8 +867,8 @@ pub async fn run_observed<S>(
             class_wake_rx,
         ));
     // Pools: woken by their own changes and by any change of a member (claimed ones too, which
-    // the pool no longer owns: a claim is what makes it refill), through the executor triggers.
-    let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
+    // the pool no longer owns: a claim is what makes it refill), through the executor triggers;
+    // and by any change of a class.
     let pool_ctx = Arc::new(pool::Context::new(
         shared.clone(),
         pool_store.clone(),

@@ -27,6 +27,7 @@
 //! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`] |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
+//! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`] |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |
 //! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
 //! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
@@ -214,7 +215,8 @@ where
 }
 
 /// The watch of classes (`watch`): each event is applied to the class cache (`writer`), then,
-/// with the cache showing it, wakes the executors that wait on a class ([`waiting_on_a_class`]);
+/// with the cache showing it, wakes the executors that wait on a class ([`waiting_on_a_class`])
+/// and every pool (a pool's size and members depend on its class);
 /// `listed` turns true once the first list is in the cache.
 /// A watch that fails (the class CRD not installed: CRDs older than the operator) is logged and
 /// retried with backoff; executors that would take a class wait meanwhile.
@@ -224,6 +226,8 @@ pub fn class_events<St>(
     listed: tokio::sync::watch::Sender<bool>,
     executors: Store<BriqExecutor>,
     wake_executor: Wake<BriqExecutor>,
+    pools: Store<BriqExecutorPool>,
+    wake_pool: Wake<BriqExecutorPool>,
 ) -> impl Stream<Item = ()> + Send
 where
     St: Stream<Item = watcher::Result<watcher::Event<BriqExecutorClass>>> + Send + 'static,
@@ -244,6 +248,9 @@ where
                 }
                 for executor in waiting_on_a_class(&executors.state()) {
                     wake_executor(executor);
+                }
+                for pool in pools.state() {
+                    wake_pool(ObjectRef::from_obj(pool.as_ref()));
                 }
             }
             Ok(_) => {}

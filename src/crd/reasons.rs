@@ -139,6 +139,14 @@ impl ExecutionReason {
         }
     }
 
+    /// Whether an Execution waiting with this reason already has its place in its queues: the
+    /// operator gives it (or refuses it, `QueueFull`) once the executor is known, and a place
+    /// once given is kept, whatever arrives later.
+    pub const fn holds_a_place(self) -> bool {
+        use ExecutionReason::*;
+        matches!(self, Queued | ExecutorNotReady | WaitingForCapacity)
+    }
+
     /// The reasons an Execution can end with: the `reason` label of the finished-Executions
     /// metric takes exactly these values.
     pub fn terminal() -> impl Iterator<Item = ExecutionReason> {
@@ -226,6 +234,9 @@ reasons! {
         MembersReady,
         /// Members are being created, provisioned or replaced.
         Filling,
+        /// The template names a `BriqExecutorClass` that does not exist (yet): no member is made
+        /// or removed until it does.
+        ClassNotFound,
     }
 }
 

@@ -122,8 +122,13 @@ pub struct Observed<'a> {
     /// This process made the executor unusable; its cache may not show it yet.
     pub executor_known_unusable: bool,
     pub heads_queue: bool,
-    /// How many unfinished Executions of the executor come before it in the cached queue (the
-    /// running one among them).
+    /// Whether it already holds its place in its queues ([`ExecutionReason::holds_a_place`]):
+    /// the queue limits judge only an Execution that does not.
+    pub placed: bool,
+    /// How many unfinished Executions of the executor hold a place before it: those before it
+    /// in the cached queue and those already placed (the running one among them). An
+    /// Execution created later in the same second may sort before one already queued; it
+    /// still comes after it for the queue's limit.
     pub ahead: usize,
     /// Its namespace's queue under its executor's class, when the class limits it.
     pub namespace_queue: Option<NamespaceQueue>,
@@ -134,7 +139,8 @@ pub struct Observed<'a> {
 pub struct NamespaceQueue {
     pub class: String,
     pub max: u32,
-    /// Executions not started yet, of the namespace's executors of the class, before this one.
+    /// Executions not started yet, of the namespace's executors of the class, that hold a place
+    /// before this one: before it in run order, or placed already.
     pub waiting_before: usize,
 }
 
@@ -236,11 +242,13 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
     if let Some(verdict) = unable(executor, observed.executor_known_unusable) {
         return Err(Refusal::Fail(verdict));
     }
-    if let Some(verdict) = queue_full(executor, observed.ahead) {
-        return Err(Refusal::Fail(verdict));
-    }
-    if let Some(verdict) = namespace_queue_full(observed) {
-        return Err(Refusal::Fail(verdict));
+    if !observed.placed {
+        if let Some(verdict) = queue_full(executor, observed.ahead) {
+            return Err(Refusal::Fail(verdict));
+        }
+        if let Some(verdict) = namespace_queue_full(observed) {
+            return Err(Refusal::Fail(verdict));
+        }
     }
     let conditions = executor
         .status

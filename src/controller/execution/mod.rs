@@ -206,6 +206,17 @@ impl<S> Context<S> {
             .position(|e| e.uid() == execution.uid())
     }
 
+    /// How many unfinished Executions of `execution`'s executor hold a place before it in the
+    /// cached queue ([`decide::Observed::ahead`]).
+    fn places_before(&self, execution: &Execution) -> usize {
+        let namespace = execution.namespace().unwrap_or_default();
+        let order = run_order(execution);
+        self.queue(&namespace, &execution.spec.executor_ref.name)
+            .iter()
+            .filter(|e| e.uid() != execution.uid() && (run_order(e) < order || holds_a_place(e)))
+            .count()
+    }
+
     /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
     /// executor): the watch cache may not hold yet an Execution created a moment ago.
     async fn turn(&self, api: &Api<Execution>, execution: &Execution) -> Result<Turn> {
@@ -274,7 +285,8 @@ impl<S> Context<S> {
 
     /// `execution`'s namespace queue under `executor`'s class, when the class limits it and
     /// `execution` has not started: how many of the namespace's Executions on executors of the
-    /// class wait (not started, not finished) before it, in run order.
+    /// class wait (not started, not finished) before it: before it in run order, or placed
+    /// already.
     fn namespace_queue(
         &self,
         execution: &Execution,
@@ -307,7 +319,7 @@ impl<S> Context<S> {
                     && e.metadata.deletion_timestamp.is_none()
                     && e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
                     && !self.is_finished(e)
-                    && run_order(e) < order
+                    && (run_order(e) < order || holds_a_place(e))
                     && self
                         .cached_executor(&namespace, &e.spec.executor_ref.name)
                         .and_then(|executor| made_under(shared, &executor))
@@ -404,6 +416,17 @@ fn sibling(metadata: &ObjectMeta, finished: bool) -> Sibling {
 
 fn run_order(execution: &Execution) -> RunOrder {
     crate::crd::run_order(&execution.metadata)
+}
+
+/// Whether `execution` holds its place in its queues: started, or given a place while it
+/// waits ([`ExecutionReason::holds_a_place`]).
+fn holds_a_place(execution: &Execution) -> bool {
+    execution.status.as_ref().is_some_and(|status| {
+        status.attempt_id.is_some()
+            || conditions::find(&status.conditions, SUCCEEDED)
+                .and_then(|c| ExecutionReason::parse(&c.reason))
+                .is_some_and(ExecutionReason::holds_a_place)
+    })
 }
 
 pub(super) fn finished(execution: &Execution) -> bool {
@@ -602,7 +625,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .unwrap_or(SignedDuration::MAX),
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
             heads_queue: ahead == Some(0),
-            ahead: ahead.unwrap_or_default(),
+            placed: holds_a_place(self.execution),
+            ahead: self.ctx.places_before(self.execution),
             namespace_queue: executor.and_then(|e| self.ctx.namespace_queue(self.execution, e)),
         }
     }

@@ -3,8 +3,13 @@
 
 use k8s_openapi::jiff::Timestamp;
 
+use kube::ResourceExt;
+
 use crate::{
-    controller::conditions::{Desired, READY, desired},
+    controller::{
+        class::{self, Resolved},
+        conditions::{Desired, READY, desired},
+    },
     crd::reasons::PoolReason,
 };
 
@@ -68,6 +73,55 @@ pub fn plan(desired: i32, members: &[Member]) -> Plan {
     }
 }
 
+/// How many members a pool keeps, from its replicas and its class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Size {
+    /// `desired` members; `capped` names the class limit that holds them below the replicas
+    /// (the scale subresource passes no admission check of the class).
+    Keep {
+        desired: i32,
+        capped: Option<String>,
+    },
+    /// The template names a class that does not exist (yet): members are neither made (their
+    /// number could break a limit the class sets) nor removed.
+    ClassMissing(String),
+}
+
+/// The size of a pool keeping `replicas` members under `class`, its template's class.
+pub fn size(replicas: i32, class: &Resolved) -> Size {
+    match class {
+        Resolved::Class(made_under) => {
+            match class::pool_violation(&made_under.name_any(), &made_under.spec, replicas) {
+                Some(broken) => Size::Keep {
+                    desired: made_under.spec.max_pool_replicas.unwrap_or(0),
+                    capped: Some(broken),
+                },
+                None => Size::Keep {
+                    desired: replicas,
+                    capped: None,
+                },
+            }
+        }
+        Resolved::Missing(name) => Size::ClassMissing(name.clone()),
+        Resolved::Unclassed => Size::Keep {
+            desired: replicas,
+            capped: None,
+        },
+    }
+}
+
+/// The pool's `Ready` condition while its template's class `name` does not exist.
+pub fn class_missing_condition(name: &str) -> Desired {
+    desired_condition(
+        "False",
+        PoolReason::ClassNotFound,
+        format!(
+            "the template names BriqExecutorClass {name}, which does not exist; no member is made \
+             or removed until it does"
+        ),
+    )
+}
+
 /// The pool's `Ready` condition.
 pub fn ready_condition(desired: i32, ready: i32) -> Desired {
     if ready >= desired {
@@ -106,6 +160,70 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn class(name: &str, spec: serde_json::Value) -> Resolved {
+        let class = serde_json::json!({
+            "apiVersion": "briq.cloud/v1alpha1",
+            "kind": "BriqExecutorClass",
+            "metadata": { "name": name },
+            "spec": spec,
+        });
+        Resolved::Class(std::sync::Arc::new(serde_json::from_value(class).unwrap()))
+    }
+
+    #[test]
+    fn size_table() {
+        let key = serde_json::json!({ "apiKeySecretRef": { "name": "k" } });
+        let mut capped = key.clone();
+        capped["maxPoolReplicas"] = 2.into();
+        let cases = [
+            (
+                "no class: its replicas",
+                5,
+                Resolved::Unclassed,
+                Size::Keep {
+                    desired: 5,
+                    capped: None,
+                },
+            ),
+            (
+                "a class without a pool limit: its replicas",
+                5,
+                class("std", key),
+                Size::Keep {
+                    desired: 5,
+                    capped: None,
+                },
+            ),
+            (
+                "within the class's maximum",
+                2,
+                class("small", capped.clone()),
+                Size::Keep {
+                    desired: 2,
+                    capped: None,
+                },
+            ),
+            (
+                "above the class's maximum: the maximum",
+                3,
+                class("small", capped),
+                Size::Keep {
+                    desired: 2,
+                    capped: Some("replicas 3 is above class small's maxPoolReplicas 2".into()),
+                },
+            ),
+            (
+                "a class not there (yet): nothing made or removed",
+                3,
+                Resolved::Missing("later".into()),
+                Size::ClassMissing("later".into()),
+            ),
+        ];
+        for (name, replicas, resolved, expected) in cases {
+            assert_eq!(size(replicas, &resolved), expected, "{name}");
+        }
     }
 
     #[test]

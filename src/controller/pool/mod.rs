@@ -27,8 +27,8 @@ use super::{
     object_key, prune_backoff, retry, settle, wake,
 };
 use crate::crd::{
-    BriqExecutor, BriqExecutorClass, BriqExecutorPool, BriqExecutorPoolStatus,
-    CLAIMED_BY_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
+    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, CLAIMED_BY_ANNOTATION, POOL_LABEL,
+    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
 };
 
 pub struct Context<S> {
@@ -224,37 +224,35 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
                 created: None,
             }),
     );
-    // Within its class's maximum, whatever set the replicas (the scale subresource passes no
-    // admission check of the class).
-    let (desired, capped) = match pool_class(&ctx.shared, pool) {
-        Some(made_under) => match class::pool_violation(
-            &made_under.name_any(),
-            &made_under.spec,
-            pool.spec.replicas,
-        ) {
-            Some(broken) => (made_under.spec.max_pool_replicas.unwrap_or(0), Some(broken)),
-            None => (pool.spec.replicas, None),
-        },
-        None => (pool.spec.replicas, None),
-    };
-    let plan = decide::plan(desired, &members);
-    for name in &plan.delete {
-        match executors.delete(name, &DeleteParams::default()).await {
-            Ok(_) => info!(member = %name, "deleted a pool member"),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(error) => return Err(error.into()),
+    super::classes_known(&ctx.shared).await?;
+    let (plan, ready) = match decide::size(pool.spec.replicas, &pool_class(&ctx.shared, pool)) {
+        decide::Size::Keep { desired, capped } => {
+            let plan = decide::plan(desired, &members);
+            for name in &plan.delete {
+                match executors.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => info!(member = %name, "deleted a pool member"),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            for _ in 0..plan.create {
+                let member = new_member(pool, &hash)?;
+                let made = executors.create(&PostParams::default(), &member).await?;
+                info!(member = %made.name_any(), "created a pool member");
+                ctx.created(&key, made.name_any());
+            }
+            let mut ready = decide::ready_condition(desired, plan.ready_replicas);
+            if let Some(broken) = capped {
+                ready.message = format!("{}; {broken}: kept at the maximum", ready.message);
+            }
+            (plan, ready)
         }
-    }
-    for _ in 0..plan.create {
-        let member = new_member(pool, &hash)?;
-        let made = executors.create(&PostParams::default(), &member).await?;
-        info!(member = %made.name_any(), "created a pool member");
-        ctx.created(&key, made.name_any());
-    }
-    let mut ready = decide::ready_condition(desired, plan.ready_replicas);
-    if let Some(broken) = capped {
-        ready.message = format!("{}; {broken}: kept at the maximum", ready.message);
-    }
+        decide::Size::ClassMissing(name) => {
+            // Woken when a class comes (class_events); the members there are only reported.
+            let plan = decide::plan(pool.spec.replicas, &members);
+            (plan, decide::class_missing_condition(&name))
+        }
+    };
     let filling = ready.status != "True";
     let current = pool.status.clone().unwrap_or_default();
     let status = BriqExecutorPoolStatus {
@@ -279,18 +277,15 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
 
 /// The class a pool's members take: the one its template names, else the default class (one
 /// whose selector leaves namespaces out counts for its members only).
-fn pool_class<S>(shared: &Shared<S>, pool: &BriqExecutorPool) -> Option<Arc<BriqExecutorClass>> {
+fn pool_class<S>(shared: &Shared<S>, pool: &BriqExecutorPool) -> class::Resolved {
     let classes = shared.classes.state();
     let empty = std::collections::BTreeMap::new();
-    match class::resolve(
+    class::resolve(
         &pool.spec.template,
         class::Recorded::NotYet,
         &classes,
         &empty,
-    ) {
-        class::Resolved::Class(made_under) => Some(made_under),
-        _ => None,
-    }
+    )
 }
 
 /// A member made from the pool's current template: owned by the pool (garbage collection

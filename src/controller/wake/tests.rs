@@ -239,10 +239,19 @@ async fn every_reconcile_waiting_for_the_first_class_list_hears_of_it() {
         .collect();
     tokio::task::yield_now().await;
     let (executors, _) = reflector::store::<BriqExecutor>();
+    let (pools, _) = reflector::store::<BriqExecutorPool>();
     let events = stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)]);
-    class_events(events, writer, listed_tx, executors, Box::new(|_| {}))
-        .collect::<Vec<()>>()
-        .await;
+    class_events(
+        events,
+        writer,
+        listed_tx,
+        executors,
+        Box::new(|_| {}),
+        pools,
+        Box::new(|_| {}),
+    )
+    .collect::<Vec<()>>()
+    .await;
     for waiter in waiters {
         let heard = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
         assert!(

@@ -52,6 +52,7 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor_wait: SignedDuration::from_secs(600),
         executor_known_unusable: false,
         heads_queue: true,
+        placed: false,
         ahead: 0,
         namespace_queue: None,
     }
@@ -323,6 +324,32 @@ fn decide_table() {
                 "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); \
                  this one was not run: create it again once the queue drains",
             ),
+        ),
+        (
+            "queued already in a queue of one, behind one created later that sorts first: \
+             keeps its place",
+            Observed {
+                heads_queue: false,
+                placed: true,
+                ahead: 2,
+                ..observed(Some(&queue_of_one))
+            },
+            Step::Queue,
+        ),
+        (
+            "queued already in its namespace's full queue under its class: keeps its place",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 3,
+                }),
+                heads_queue: false,
+                placed: true,
+                ahead: 1,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
         ),
         (
             "behind the running one in a queue of one",
