@@ -5,7 +5,12 @@
 //! per executor: the run takes it from the write that records its attempt), and the results of
 //! finished Executions (which are never written again).
 
-use kube::ResourceExt;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use kube::{ResourceExt, runtime::watcher};
 
 use super::execution::finished;
 use crate::crd::Execution;
@@ -28,6 +33,31 @@ pub fn compact_execution(execution: &mut Execution) {
         status.output = None;
         status.final_answer = None;
         status.error = None;
+    }
+}
+
+/// Whether a watch's cache is known to be current: listed, and its watch delivering. It is
+/// not while the first list or a relist is under way (the store keeps its old state until the
+/// list ends), nor after the watch failed until it delivers again. Then a cache may lag behind
+/// the API server by more than the watch's own delay, and what only the API server can settle
+/// is asked of it.
+#[derive(Debug, Clone, Default)]
+pub struct Freshness(Arc<AtomicBool>);
+
+impl Freshness {
+    /// What the watch delivered (after the store applied it).
+    pub fn heard<K>(&self, event: &watcher::Result<watcher::Event<K>>) {
+        let current = match event {
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                true
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_) => false,
+        };
+        self.0.store(current, Ordering::Release);
+    }
+
+    pub fn current(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -82,6 +112,29 @@ mod tests {
             (None, None, None, None)
         );
         assert_eq!(status.conditions.len(), 1);
+    }
+
+    #[test]
+    fn a_cache_is_current_once_listed_and_while_its_watch_delivers() {
+        use watcher::Event;
+        let freshness = Freshness::default();
+        let step = |event: watcher::Result<Event<Execution>>| {
+            freshness.heard(&event);
+            freshness.current()
+        };
+        assert!(!freshness.current(), "not listed yet");
+        assert!(!step(Ok(Event::Init)));
+        assert!(!step(Ok(Event::InitApply(execution("Unknown")))));
+        assert!(step(Ok(Event::InitDone)), "listed");
+        assert!(step(Ok(Event::Apply(execution("Unknown")))));
+        let failed = watcher::Error::NoResourceVersion;
+        assert!(!step(Err(failed)), "the watch failed");
+        assert!(
+            step(Ok(Event::Delete(execution("True")))),
+            "delivering again"
+        );
+        assert!(!step(Ok(Event::Init)), "relisting");
+        assert!(step(Ok(Event::InitDone)));
     }
 
     #[test]

@@ -789,9 +789,11 @@ pub async fn run_observed<S>(
     // A deleted Execution is not reconciled, but the one queued behind it must hear of it, and
     // what the controller kept of it goes.
     let on_execution_event = execution_ctx.clone();
+    let freshness = execution_ctx.freshness.clone();
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(cache::compact_execution)
         .reflect(execution_writer)
+        .inspect(move |event| freshness.heard(event))
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(gone) = event {
                 on_execution_event.deleted(gone);

@@ -80,6 +80,25 @@ pub enum Turn {
     Settling(Duration),
 }
 
+/// The turn of the Execution at the head of the cached queue, from the cache where it can
+/// decide; `None` where only the API server can (a LIST of its executor's Executions).
+///
+/// The cache never invents a sibling, so when it says to wait (one before it, or a burst still
+/// settling) the API server would say so too. When it says it is this one's turn, a sibling it
+/// lacks was stored after this one (the watch delivers in the order the API server stored
+/// them) within the same creationTimestamp second, sorting before it by name: when the cache is
+/// current, that is a sibling stored within the watch's own delay (milliseconds), a window a
+/// LIST would narrow but not close (one created a moment after the LIST is missed as well), and
+/// a sibling created after this one started runs after it in any case. So the cache decides,
+/// except when it is known to lag by more: listing, relisting, or its watch failed.
+pub fn turn_from_cache(cached: Turn, cache_current: bool) -> Option<Turn> {
+    match cached {
+        Turn::Behind | Turn::Settling(_) => Some(cached),
+        Turn::Mine if cache_current => Some(Turn::Mine),
+        Turn::Mine => None,
+    }
+}
+
 /// The next step of an unfinished Execution, judged from the caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {

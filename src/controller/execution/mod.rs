@@ -44,6 +44,7 @@ use super::{
     EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
     apply_status_at, apply_status_of,
     backoff::Backoff,
+    cache::Freshness,
     class,
     conditions::{self, SUCCEEDED},
     fair::{FairShare, Held},
@@ -89,6 +90,9 @@ pub struct Context<S> {
     work: Arc<FairShare>,
     /// Each namespace's places under its classes' `maxRunningExecutions`.
     capacity: capacity::Capacity,
+    /// Whether the Execution cache is current: the head's turn is then decided from it, without
+    /// a LIST ([`decide::turn_from_cache`]).
+    pub freshness: Freshness,
 }
 
 impl<S> Context<S> {
@@ -107,6 +111,7 @@ impl<S> Context<S> {
             wake,
             kept: Bookkeeping::default(),
             capacity: capacity::Capacity::default(),
+            freshness: Freshness::default(),
         }
     }
 
@@ -198,7 +203,7 @@ impl<S> Context<S> {
     /// it is not in it. The watch delivers Executions in the order the API server stored them,
     /// so a cached Execution comes with every one stored before it; but the run order breaks
     /// ties within one creationTimestamp second by name, so an Execution stored a moment later
-    /// may still come first: the head confirms with [`Context::turn`].
+    /// may still come first: the head confirms its turn ([`Actor::take_turn`]).
     fn ahead(&self, execution: &Execution) -> Option<usize> {
         let namespace = execution.namespace().unwrap_or_default();
         self.queue(&namespace, &execution.spec.executor_ref.name)
@@ -218,7 +223,8 @@ impl<S> Context<S> {
     }
 
     /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
-    /// executor): the watch cache may not hold yet an Execution created a moment ago.
+    /// executor): when the watch cache is known to lag (listing, or its watch failed), it may
+    /// not hold an Execution created a while ago.
     async fn turn(&self, api: &Api<Execution>, execution: &Execution) -> Result<Turn> {
         let selector = format!("spec.executorRef.name={}", execution.spec.executor_ref.name);
         let listed = api
@@ -677,21 +683,24 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         }
     }
 
-    /// At the head of the cached queue: confirm the turn afresh (the cache can lag behind a
-    /// sibling's creation, and order is a promise), then run under the executor's lock.
+    /// At the head of the cached queue: confirm the turn (from the cache where it can decide,
+    /// else asked of the API server: [`decide::turn_from_cache`]), then run under the
+    /// executor's lock.
     ///
     /// The executor is the cached one, admitted by [`decide::decide`]: a cache lagging behind
     /// its deletion at most lets this Execution run while the finalizer drains (it waits for
     /// it), its sandbox is confirmed with briq before any code goes to it, and an executor this
     /// process made unusable is known here before the cache says so.
     async fn take_turn(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        if let Turn::Settling(left) = self.ctx.cached_turn(self.execution) {
-            // Each event on the head of a settling burst would otherwise cost a LIST.
-            return self.queued(left).await;
-        }
-        let (turn, read) = traces::noted(self.ctx.turn(&self.api, self.execution)).await;
-        self.note(|t| t.turn_read = read);
-        let turn = turn?;
+        let cached = self.ctx.cached_turn(self.execution);
+        let turn = match decide::turn_from_cache(cached, self.ctx.freshness.current()) {
+            Some(turn) => turn,
+            None => {
+                let (turn, read) = traces::noted(self.ctx.turn(&self.api, self.execution)).await;
+                self.note(|t| t.turn_read = read);
+                turn?
+            }
+        };
         match turn {
             Turn::Mine => {}
             Turn::Behind => return self.queued(wake::recheck(Wait::Turn)).await,

@@ -459,6 +459,47 @@ fn turn_table() {
 }
 
 #[test]
+fn turn_from_cache_table() {
+    let settling = Turn::Settling(Duration::from_secs(1));
+    let cases = [
+        (
+            "its turn, the cache current: no LIST",
+            Turn::Mine,
+            true,
+            Some(Turn::Mine),
+        ),
+        (
+            "its turn, the cache listing or its watch failed: LIST",
+            Turn::Mine,
+            false,
+            None,
+        ),
+        ("one before it", Turn::Behind, true, Some(Turn::Behind)),
+        (
+            "one before it, even in a lagging cache",
+            Turn::Behind,
+            false,
+            Some(Turn::Behind),
+        ),
+        (
+            "a burst settling",
+            settling.clone(),
+            true,
+            Some(settling.clone()),
+        ),
+        (
+            "a burst settling, in a lagging cache",
+            settling.clone(),
+            false,
+            Some(settling),
+        ),
+    ];
+    for (name, cached, current, expected) in cases {
+        assert_eq!(turn_from_cache(cached, current), expected, "{name}");
+    }
+}
+
+#[test]
 fn timeout_table() {
     for (own, default, class_max, expected) in [
         (None, 30, None, 30),
