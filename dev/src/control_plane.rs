@@ -267,6 +267,14 @@ impl ControlPlane {
         &self.bin_dir
     }
 
+    /// The process id of `process` (`etcd` or `kube-apiserver`), to read its use in `/proc`.
+    pub fn pid(&self, process: &str) -> Option<u32> {
+        let index = ["etcd", "kube-apiserver"]
+            .iter()
+            .position(|name| *name == process)?;
+        self.processes.get(index).map(Child::id)
+    }
+
     /// The audit log (one JSON event per line), when started with [`Options::audit_log`].
     pub fn audit_log(&self) -> Option<&Path> {
         self.audit_log.as_deref()

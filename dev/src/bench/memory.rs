@@ -281,6 +281,10 @@ impl Operator {
         })
     }
 
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub(super) fn alive(&self) -> anyhow::Result<()> {
         if std::fs::metadata(format!("/proc/{}/status", self.pid)).is_err()
             || proc_field(self.pid, "State:").is_some_and(|s| s.starts_with('Z'))
@@ -348,8 +352,15 @@ fn proc_field(pid: u32, field: &str) -> Option<String> {
         .find_map(|line| line.strip_prefix(field).map(|v| v.trim().to_owned()))
 }
 
+/// Clock ticks per second, the unit of [`cpu_ticks`].
+pub(super) fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf only reads a system constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
 /// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
+pub(super) fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the parenthesised command name, which may contain spaces.
     let rest = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");

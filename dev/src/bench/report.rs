@@ -9,8 +9,8 @@ use super::{
     pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
     scaling::Burst,
     simulated::{
-        TARGET_EXECUTIONS_PER_SECOND, TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS,
-        TARGET_WRITES_PER_EXECUTION,
+        Cpu, TARGET_CEILING_SHARE, TARGET_EXECUTIONS_PER_SECOND, TARGET_OPERATOR_CORES,
+        TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS, TARGET_WRITES_PER_EXECUTION,
     },
     stats::Summary,
 };
@@ -137,7 +137,7 @@ fn burst_notes(b: &Burst, targets: bool) -> String {
     if targets {
         let _ = write!(
             notes,
-            " (targets ≤ {TARGET_READS_PER_EXECUTION:.0}, ≤ {TARGET_WRITES_PER_EXECUTION:.0})"
+            " (targets ≤ {TARGET_READS_PER_EXECUTION}, ≤ {TARGET_WRITES_PER_EXECUTION:.0})"
         );
     }
     if !b.complete {
@@ -154,6 +154,25 @@ fn burst_notes(b: &Burst, targets: bool) -> String {
     if let Some(why) = &b.unverified {
         let _ = write!(notes, "; outputs not checked ({why})");
     }
+    notes
+}
+
+/// The operator's and the API server's CPU per object of a phase (`count` of them); with the
+/// operator's targets when `targets`.
+fn cpu_notes(cpu: &Cpu, count: usize, targets: bool) -> String {
+    let mut notes = format!(
+        "operator **{:.2} ms** ({:.2} cores busy), API server (kube-apiserver + etcd) {:.2} ms",
+        cpu.operator_per(count),
+        cpu.operator_cores(),
+        cpu.api_server_per(count),
+    );
+    if targets {
+        let _ = write!(
+            notes,
+            " (targets: the operator below the API server, < {TARGET_OPERATOR_CORES:.0} core)"
+        );
+    }
+    let _ = write!(notes, "; over {:.1} s", cpu.wall_ms / 1000.0);
     notes
 }
 
@@ -522,14 +541,48 @@ pub fn table(report: &Report) -> String {
             "{} simulated executors × {} actions, all created at once",
             p.executors, p.actions_per_executor
         );
-        match &p.executions {
-            Some(burst) => rows.push(timing(
-                "7",
-                &figure,
-                burst.latency_ms.as_ref(),
-                burst_notes(burst, true),
-            )),
-            None => rows.push(plain(
+        rows.push(plain(
+            "7",
+            &format!("… CPU per Ready executor ({} at once)", p.executors),
+            cpu_notes(&p.ready_cpu, p.ready, false),
+        ));
+        match (&p.executions, &p.executions_cpu) {
+            (Some(burst), cpu) => {
+                rows.push(timing(
+                    "7",
+                    &figure,
+                    burst.latency_ms.as_ref(),
+                    burst_notes(burst, true),
+                ));
+                if let Some(cpu) = cpu {
+                    rows.push(plain(
+                        "7",
+                        &format!(
+                            "… CPU per Execution ({} × {})",
+                            p.executors, p.actions_per_executor
+                        ),
+                        cpu_notes(cpu, burst.finished, true),
+                    ));
+                }
+                if let Some(c) = &report.api_ceiling {
+                    let share = burst.executions_per_second / c.executions_per_second.max(1e-9);
+                    rows.push(plain(
+                        "7",
+                        &format!(
+                            "… share of the API server's ceiling ({} × {})",
+                            p.executors, p.actions_per_executor
+                        ),
+                        format!(
+                            "**{:.0}%** ({:.1} of {:.1} executions/s; target ≥ {:.0}% at 1,000 × 10)",
+                            share * 100.0,
+                            burst.executions_per_second,
+                            c.executions_per_second,
+                            TARGET_CEILING_SHARE * 100.0
+                        ),
+                    ));
+                }
+            }
+            (None, _) => rows.push(plain(
                 "7",
                 &figure,
                 "not measured: the executors were not all Ready".into(),
@@ -539,7 +592,7 @@ pub fn table(report: &Report) -> String {
     if let Some(c) = &report.api_ceiling {
         rows.push(plain(
             "7",
-            "the API server alone: each Execution's create, LIST and 2 status writes",
+            "the API server alone: each Execution's create and 2 status writes",
             format!(
                 "**{:.1} executions/s** ({} in {:.1} s, {} at once, no operator): the ceiling of the rows above on this machine",
                 c.executions_per_second, c.executions, c.seconds, c.concurrency

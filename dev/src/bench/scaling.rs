@@ -146,19 +146,20 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
         output: "2",
     };
     let executions = &namespace.executions;
-    let (burst, operator) = burst(
+    let burst = burst(
         stack,
-        namespace.operator,
         (executors, executions),
         names,
         &workload,
         scale.bound,
     )
     .await?;
-    if let Some(operator) = operator {
+    if burst.complete {
         objects::delete_executors(executors).await?;
-        operator.stop().await;
+        namespace.operator.stop().await;
     } else {
+        // Behind (the API server likely saturated): stopped at once.
+        drop(namespace.operator);
         // Destroy the sandboxes directly, so that their kernels do not outlive the point.
         let all = ListParams::default();
         for executor in retried(|| executors.list(&all)).await? {
@@ -181,17 +182,16 @@ pub async fn point(stack: &Stack, progress: &Progress, scale: Scale) -> anyhow::
 
 /// Creates the workload's Executions on the ready `executors` (round-robin, so that each has
 /// its first action early), all at once, and measures until every one finished or `bound`
-/// passed; checks that the finished ones gave the workload's output. Hands `operator` back
-/// when all finished; when the operator is behind (and the API server likely saturated), it is
-/// stopped at once.
+/// passed; checks that the finished ones gave the workload's output. An operator that did not
+/// finish them all (`complete` false) is behind, the API server likely saturated: the caller
+/// stops it at once.
 pub async fn burst(
     stack: &Stack,
-    operator: Controllers,
     (executor_api, executions): (&Api<BriqExecutor>, &Api<Execution>),
     names: &[String],
     workload: &Workload<'_>,
     bound: Duration,
-) -> anyhow::Result<(Burst, Option<Controllers>)> {
+) -> anyhow::Result<Burst> {
     let seen = FirstSeen::start(executions.clone(), objects::finished).await?;
     let total = names.len() * workload.per_executor;
     // Created as the agent client creates them: owned by their executor from the start.
@@ -225,7 +225,6 @@ pub async fn burst(
         drop(seen);
         times
     };
-    let operator = complete.then_some(operator);
     let requests = audit::count(&audit_log, from, audit::offset(&audit_log)?, OPERATOR_USER)?;
     let last = match complete {
         true => seen.values().max().copied().unwrap_or(first_create),
@@ -256,7 +255,7 @@ pub async fn burst(
         api_errors: requests.errors,
         unverified,
     };
-    Ok((burst, operator))
+    Ok(burst)
 }
 
 /// Start → end in milliseconds of every object that has both.
