@@ -5,8 +5,10 @@
 
 mod support;
 
+use std::time::Duration;
+
 use briq_dev::{
-    local_server::Operation,
+    local_server::{Fault, FaultRule, Operation},
     stack::{self, Controllers},
 };
 use briq_operator::crd::BriqExecutor;
@@ -70,4 +72,48 @@ async fn two_operators_at_once_create_one_sandbox_per_executor_and_run_each_exec
     let counted = finished(&env, "count", RUN_SECONDS).await;
     let expected = format!("'{}'", names.join(","));
     assert_eq!(output(&counted), expected, "every action ran exactly once");
+}
+
+#[tokio::test]
+async fn two_operators_sending_the_same_executions_attempt_at_the_same_moment_run_it_once() {
+    // briq holds every exec a second before it acts, so that both operators' deliveries of an
+    // action are in flight together: neither learns from the other's status write first, and
+    // only the attempt id, the same for any delivery of one Execution, keeps the sandbox's
+    // journal from running it twice.
+    let env = TestEnv::new("same-attempt").await;
+    let first = Operator::start(&env).await;
+    let settings = stack::settings(Some(&env.namespace), &first.server);
+    let _second = Controllers::start(env.client.clone(), &first.server, settings)
+        .expect("the second operator's controllers");
+    create_executor(&env, "py", json!({})).await;
+    wait_ready(&env, "py").await;
+    create_execution(&env, "setup", "py", "ran = []").await;
+    assert_eq!(
+        reason(&finished(&env, "setup", RUN_SECONDS).await),
+        "Completed"
+    );
+
+    let admin = first.admin();
+    let before = admin.stats().await.unwrap().calls(Operation::Exec);
+    let names: Vec<String> = (0..5).map(|i| format!("run-{i}")).collect();
+    let slow = FaultRule::on(Operation::Exec, Fault::delay(Duration::from_secs(1)))
+        .times(4 * names.len() as u32);
+    admin.add_fault(&slow).await.unwrap();
+    for name in &names {
+        create_execution(&env, name, "py", &format!("ran.append({name:?})")).await;
+    }
+    for name in &names {
+        let done = finished(&env, name, RUN_SECONDS).await;
+        assert_eq!(reason(&done), "Completed", "{name}: {:?}", done.status);
+    }
+    admin.clear_faults().await.unwrap();
+    let delivered = admin.stats().await.unwrap().calls(Operation::Exec) - before;
+    create_execution(&env, "count", "py", "','.join(ran)").await;
+    let counted = finished(&env, "count", RUN_SECONDS).await;
+    assert_eq!(
+        output(&counted),
+        format!("'{}'", names.join(",")),
+        "each action ran once, in order ({delivered} execs delivered {} actions)",
+        names.len()
+    );
 }

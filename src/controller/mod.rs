@@ -790,8 +790,12 @@ pub async fn run_observed<S>(
     // what the controller kept of it goes.
     let on_execution_event = execution_ctx.clone();
     let freshness = execution_ctx.freshness.clone();
+    let keep_code = execution_ctx.clone();
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
-        .modify(cache::compact_execution)
+        .modify(move |execution| {
+            keep_code.codes.heard(execution);
+            cache::compact_execution(execution);
+        })
         .reflect(execution_writer)
         .inspect(move |event| freshness.heard(event))
         .inspect_ok(move |event| {

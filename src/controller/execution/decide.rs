@@ -685,6 +685,24 @@ pub fn waiting_status(
     })
 }
 
+/// The attempt id of the Execution with `uid`: the same for every delivery of it — by this
+/// operator after a restart, by a second one racing — so the sandbox's journal, which accepts an
+/// attempt id once, runs it at most once whatever sends it. Its uid's 32 hex digits (the
+/// journal takes 16 to 64 lowercase hex digits); a uid of another shape is hashed to them.
+pub fn attempt_id(uid: &str) -> String {
+    let digits: String = uid
+        .chars()
+        .filter(|c| *c != '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if (16..=64).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return digits;
+    }
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(uid.as_bytes());
+    hash[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The status recorded before the code is sent: `attempt` identifies the one try.
 pub fn running_status(
     current: &ExecutionStatus,

@@ -12,6 +12,7 @@
 mod bookkeeping;
 mod budget;
 mod capacity;
+mod codes;
 mod decide;
 mod trace;
 
@@ -73,6 +74,10 @@ enum Access {
 /// After a conditional write lost to another writer: the watch brings the change; look again
 /// soon in any case.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
+/// How long an action sent with its code at hand runs before `Running` is written beside it:
+/// most agents' steps end sooner, and their result write is then the only one. Whoever watches
+/// sees `Running` this much later on longer actions.
+const RUNNING_WRITE_AFTER: Duration = Duration::from_millis(100);
 
 /// The execution controller's context: what it shares with the other controller, its caches
 /// and its own bookkeeping.
@@ -93,6 +98,8 @@ pub struct Context<S> {
     /// Whether the Execution cache is current: the head's turn is then decided from it, without
     /// a LIST ([`decide::turn_from_cache`]).
     pub freshness: Freshness,
+    /// The code of Executions not sent yet, within a budget (the cache drops it).
+    pub codes: codes::Codes,
 }
 
 impl<S> Context<S> {
@@ -112,6 +119,7 @@ impl<S> Context<S> {
             kept: Bookkeeping::default(),
             capacity: capacity::Capacity::default(),
             freshness: Freshness::default(),
+            codes: codes::Codes::default(),
         }
     }
 
@@ -119,6 +127,7 @@ impl<S> Context<S> {
     pub fn deleted(&self, execution: &Execution) {
         if let Some(uid) = execution.uid() {
             self.kept.execution_deleted(&uid);
+            self.codes.forget(&uid);
         }
         self.backoff.forget(&object_key(execution));
         self.wake_next(execution);
@@ -170,6 +179,7 @@ impl<S> Context<S> {
             |uid| executions.contains(uid),
             |uid| executors.contains(uid),
         );
+        self.codes.retain(|uid| executions.contains(uid));
         prune_backoff(&self.backoff, &self.store);
     }
 
@@ -274,6 +284,7 @@ impl<S> Context<S> {
     fn finish(&self, execution: &Execution) {
         if let Some(uid) = execution.uid() {
             self.kept.finished(&uid);
+            self.codes.forget(&uid);
         }
         self.wake_next(execution);
         self.wake_waiting_for_capacity(execution);
@@ -724,9 +735,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         self.run(executor, version).await
     }
 
-    /// Records the attempt, then sends the code: at most once. `version` is the Execution's
-    /// resourceVersion this run was decided on: the attempt is recorded only if the Execution
-    /// is still at that version, so of two operators that decided at once only one sends it.
+    /// Sends the code, at most once: its attempt id derives from the Execution
+    /// ([`decide::attempt_id`]), and the sandbox's journal runs an attempt id once, whoever
+    /// delivers it and however often. With its code at hand ([`codes`]) it goes at once, and
+    /// `Running` is written beside the exec once the action outlasts [`RUNNING_WRITE_AFTER`]
+    /// (an action that ends first has it folded into its result: one write); otherwise the
+    /// `Running` write comes first and brings the code back. `version` is the Execution's
+    /// resourceVersion this run was decided on: `Running` is recorded only at that version.
     async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
         let (access, checked) = traces::noted(self.sandbox(executor)).await;
         self.note(|t| t.sandbox_check = checked);
@@ -734,7 +749,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };
-        let attempt = format!("{:016x}", rand::random::<u64>());
+        let uid = self.execution.uid().unwrap_or_default();
+        let attempt = decide::attempt_id(&uid);
         let running = decide::running_status(
             &self.status(),
             self.execution.metadata.generation,
@@ -742,43 +758,30 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             attempt.clone(),
             conditions::now(),
         );
-        let running_status = serde_json::to_value(&running).expect("status serializes");
-        let (recorded, recording) = traces::noted(apply_status_at(
-            &self.api,
-            self.execution,
-            EXECUTOR_MANAGER,
-            running_status,
-            Some(version),
-        ))
-        .await;
-        self.note(|t| t.attempt_recorded = recording);
-        // The cache holds no code: the recorded Execution (the whole object, at the version
-        // decided on plus this status; the spec is immutable) brings it.
-        let recorded = match recorded {
-            Ok(recorded) => {
-                self.ctx
-                    .kept
-                    .forget_waiting(&recorded.uid().unwrap_or_default());
-                recorded
-            }
-            Err(error) if is_conflict(&error) => {
-                // Changed since the decision (another operator recorded its attempt, or anyone
-                // wrote it): decide again on what it is now.
-                info!("the Execution changed before its attempt was recorded; deciding again");
-                return Ok(Action::requeue(CONFLICT_RECHECK));
-            }
-            Err(error) => return Err(error),
-        };
         let timeout = self.timeout_seconds(executor);
+        let deadline = Duration::from_secs(timeout.into());
         let session = self.session(&key, &sandbox_id);
-        let (outcome, sent) = self
-            .slot
-            .without(traces::noted(session.run(
-                &attempt,
-                &recorded.spec.code,
-                Duration::from_secs(timeout.into()),
-            )))
-            .await;
+        let (outcome, sent) = match self.ctx.codes.get(&uid) {
+            Some(code) => {
+                self.ctx.kept.forget_waiting(&uid);
+                let exec = traces::noted(session.run(&attempt, &code, deadline));
+                self.slot
+                    .without(self.record_beside(exec, &running, version))
+                    .await
+            }
+            None => {
+                let Some(recorded) = self.record_first(&running, version).await? else {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                };
+                self.slot
+                    .without(traces::noted(session.run(
+                        &attempt,
+                        &recorded.spec.code,
+                        deadline,
+                    )))
+                    .await
+            }
+        };
         self.note(|t| {
             t.code = sent;
             t.kernel = outcome
@@ -795,6 +798,80 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             self.emit_trace(&attempt, &verdict);
         }
         action
+    }
+
+    /// Records `running` before the code goes (conditionally, at `version`): the recorded
+    /// Execution (the whole object, at the version decided on plus this status; the spec is
+    /// immutable) brings the code, which the cache does not hold. `None` when the Execution
+    /// changed since the decision (another operator recorded its attempt, or anyone wrote it):
+    /// it is decided again on what it is now.
+    async fn record_first(
+        &self,
+        running: &ExecutionStatus,
+        version: &str,
+    ) -> Result<Option<Execution>> {
+        let status = serde_json::to_value(running).expect("status serializes");
+        let (recorded, recording) = traces::noted(apply_status_at(
+            &self.api,
+            self.execution,
+            EXECUTOR_MANAGER,
+            status,
+            Some(version),
+        ))
+        .await;
+        self.note(|t| t.attempt_recorded = recording);
+        match recorded {
+            Ok(recorded) => {
+                self.ctx
+                    .kept
+                    .forget_waiting(&recorded.uid().unwrap_or_default());
+                Ok(Some(recorded))
+            }
+            Err(error) if is_conflict(&error) => {
+                info!("the Execution changed before its attempt was recorded; deciding again");
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Awaits `exec`, the code already sent, and records `running` beside it (conditionally,
+    /// at `version`) once the action outlasts [`RUNNING_WRITE_AFTER`]; an action that ends
+    /// first has it folded into its result write. The record informs, it does not guard: the
+    /// journal runs the attempt once, so a write that fails or finds the Execution changed (a
+    /// second operator recorded the same attempt) is only logged, and the result is written in
+    /// any case.
+    async fn record_beside<F, T>(&self, exec: F, running: &ExecutionStatus, version: &str) -> T
+    where
+        F: Future<Output = T>,
+    {
+        let mut exec = std::pin::pin!(exec);
+        tokio::select! {
+            done = &mut exec => return done,
+            () = tokio::time::sleep(RUNNING_WRITE_AFTER) => {}
+        }
+        let status = serde_json::to_value(running).expect("status serializes");
+        let record = traces::noted(apply_status_at(
+            &self.api,
+            self.execution,
+            EXECUTOR_MANAGER,
+            status,
+            Some(version),
+        ));
+        let (done, (recorded, recording)) = tokio::join!(exec, record);
+        self.note(|t| t.attempt_recorded = recording);
+        match recorded {
+            Ok(_) => {}
+            Err(error) if is_conflict(&error) => {
+                info!(
+                    "the Execution changed before its attempt was recorded; the journal runs it once"
+                )
+            }
+            Err(error) => {
+                warn!(%error, "recording the attempt beside its run failed; its result is written next")
+            }
+        }
+        done
     }
 
     /// briq did not answer whether the attempt in `base` ran: the Execution stays running, says

@@ -500,6 +500,25 @@ fn turn_from_cache_table() {
 }
 
 #[test]
+fn attempt_id_table() {
+    let cases = [
+        (
+            "a Kubernetes uid: its digits",
+            "0E1A2B3C-4D5E-6F70-8192-A3B4C5D6E7F8",
+            "0e1a2b3c4d5e6f708192a3b4c5d6e7f8",
+        ),
+        (
+            "any other shape: its hash",
+            "not-a-uid",
+            "911377bb4df2f3bbaec3f31dc8fed879",
+        ),
+    ];
+    for (name, uid, expected) in cases {
+        assert_eq!(attempt_id(uid), expected, "{name}");
+    }
+}
+
+#[test]
 fn timeout_table() {
     for (own, default, class_max, expected) in [
         (None, 30, None, 30),
