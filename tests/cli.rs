@@ -600,8 +600,15 @@ async fn exec_progress_shows_queued_then_running_on_stderr_and_stdout_keeps_only
     create_gated_execution(&env, "zz-gate", &gate).await;
 
     let mut queued = command(BINARY, &env.kubeconfig, &["exec", "py", "--progress"]);
+    // Long enough to be seen running: an action that ends within 100 ms of being sent has its
+    // `Running` folded into its result write, and goes from queued straight to its result.
     queued
-        .args(["-c", "6 * 7", "-n", &env.namespace])
+        .args([
+            "-c",
+            "import time; time.sleep(0.5); 6 * 7",
+            "-n",
+            &env.namespace,
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

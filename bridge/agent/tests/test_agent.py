@@ -380,7 +380,13 @@ def test_one_trace_holds_the_agent_step_the_client_span_and_the_operators_spans(
         exec_call: "run code",
         "kernel": exec_call,
     }
+    # Only where they happen: the LIST that confirms a turn while the operator's cache lags, and
+    # the `Running` write of an action that outlasts 100 ms (a shorter one's is folded into its
+    # result write).
+    optional = {"read queue", "record attempt"}
     for name, parent in parents.items():
+        if name in optional and name not in by_name:
+            continue
         assert name in by_name, f"no {name!r} span in the trace: {sorted(by_name)}"
         assert by_name[name].parent_span_id == by_name[parent].span_id, f"{name} under {parent}"
     assert by_name["agent step"].service == "agent-tests"
@@ -389,11 +395,14 @@ def test_one_trace_holds_the_agent_step_the_client_span_and_the_operators_spans(
     assert by_name["execution"].attributes["briq.execution"] == executor.last_execution
     assert by_name["execution"].attributes["briq.reason"] == "FinalAnswer"
     assert by_name[exec_call].attributes["briq.request_id"]
-    # Each step in its parent's time, in the order they happened.
-    steps = ["queued", "check sandbox", "record attempt", "run code", "write result"]
+    # Each step in its parent's time, in the order they happened (`record attempt` comes before
+    # the run or beside it).
+    steps = ["queued", "check sandbox", "run code", "write result"]
     starts = [by_name[name].start_ns for name in steps]
     assert starts == sorted(starts), steps
     for name, parent in parents.items():
+        if name not in by_name:
+            continue
         if by_name[parent].service == by_name[name].service:
             assert by_name[parent].start_ns <= by_name[name].start_ns, name
             assert by_name[name].end_ns <= by_name[parent].end_ns, name
