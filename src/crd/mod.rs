@@ -1,6 +1,7 @@
 //! Custom resources of the `briq.cloud` API group, and their generated CRDs.
 
 mod class;
+pub mod compat;
 mod execution;
 mod executor;
 mod pool;
