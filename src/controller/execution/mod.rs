@@ -214,22 +214,19 @@ impl<S> Context<S> {
     /// so a cached Execution comes with every one stored before it; but the run order breaks
     /// ties within one creationTimestamp second by name, so an Execution stored a moment later
     /// may still come first: the head confirms its turn ([`Actor::take_turn`]).
-    fn ahead(&self, execution: &Execution) -> Option<usize> {
-        let namespace = execution.namespace().unwrap_or_default();
-        self.queue(&namespace, &execution.spec.executor_ref.name)
-            .iter()
-            .position(|e| e.uid() == execution.uid())
-    }
-
-    /// How many unfinished Executions of `execution`'s executor hold a place before it in the
-    /// cached queue ([`decide::Observed::ahead`]).
-    fn places_before(&self, execution: &Execution) -> usize {
+    ///
+    /// Also how many of them hold a place before it ([`decide::Observed::ahead`]): those before
+    /// it in run order and those already placed. Both from one read of the cached queue.
+    fn queue_place(&self, execution: &Execution) -> (Option<usize>, usize) {
         let namespace = execution.namespace().unwrap_or_default();
         let order = run_order(execution);
-        self.queue(&namespace, &execution.spec.executor_ref.name)
+        let queue = self.queue(&namespace, &execution.spec.executor_ref.name);
+        let position = queue.iter().position(|e| e.uid() == execution.uid());
+        let places = queue
             .iter()
             .filter(|e| e.uid() != execution.uid() && (run_order(e) < order || holds_a_place(e)))
-            .count()
+            .count();
+        (position, places)
     }
 
     /// Whether it is `execution`'s turn, asked of the API server (metadata only, selected by
@@ -607,7 +604,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     fn observed<'b>(&'b self, executor: Option<&'b BriqExecutor>, uid: &str) -> Observed<'b> {
         let name = self.executor_name();
-        let ahead = self.ctx.ahead(self.execution);
+        let (position, places_before) = self.ctx.queue_place(self.execution);
         Observed {
             executor_name: name,
             namespace: &self.namespace,
@@ -641,9 +638,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executor_wait: SignedDuration::try_from(self.ctx.shared.settings.executor_wait)
                 .unwrap_or(SignedDuration::MAX),
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
-            heads_queue: ahead == Some(0),
+            heads_queue: position == Some(0),
             placed: holds_a_place(self.execution),
-            ahead: self.ctx.places_before(self.execution),
+            ahead: places_before,
             namespace_queue: executor.and_then(|e| self.ctx.namespace_queue(self.execution, e)),
         }
     }
@@ -810,17 +807,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         running: &ExecutionStatus,
         version: &str,
     ) -> Result<Option<Execution>> {
-        let status = serde_json::to_value(running).expect("status serializes");
-        let (recorded, recording) = traces::noted(apply_status_at(
-            &self.api,
-            self.execution,
-            EXECUTOR_MANAGER,
-            status,
-            Some(version),
-        ))
-        .await;
-        self.note(|t| t.attempt_recorded = recording);
-        match recorded {
+        match self.record_running(running, version).await {
             Ok(recorded) => {
                 self.ctx
                     .kept
@@ -850,16 +837,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             done = &mut exec => return done,
             () = tokio::time::sleep(RUNNING_WRITE_AFTER) => {}
         }
-        let status = serde_json::to_value(running).expect("status serializes");
-        let record = traces::noted(apply_status_at(
-            &self.api,
-            self.execution,
-            EXECUTOR_MANAGER,
-            status,
-            Some(version),
-        ));
-        let (done, (recorded, recording)) = tokio::join!(exec, record);
-        self.note(|t| t.attempt_recorded = recording);
+        let (done, recorded) = tokio::join!(exec, self.record_running(running, version));
         match recorded {
             Ok(_) => {}
             Err(error) if is_conflict(&error) => {
@@ -872,6 +850,21 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             }
         }
         done
+    }
+
+    /// Writes `running`, only if the Execution is still at `version`; noted in its trace.
+    async fn record_running(&self, running: &ExecutionStatus, version: &str) -> Result<Execution> {
+        let status = serde_json::to_value(running).expect("status serializes");
+        let (recorded, recording) = traces::noted(apply_status_at(
+            &self.api,
+            self.execution,
+            EXECUTOR_MANAGER,
+            status,
+            Some(version),
+        ))
+        .await;
+        self.note(|t| t.attempt_recorded = recording);
+        recorded
     }
 
     /// briq did not answer whether the attempt in `base` ran: the Execution stays running, says
