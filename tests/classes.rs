@@ -87,6 +87,23 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
+/// Creates pool `name` of `replicas` members of class `class`; returns the pools' API.
+async fn create_pool(
+    env: &TestEnv,
+    name: &str,
+    replicas: i32,
+    class: &str,
+) -> Api<BriqExecutorPool> {
+    let pool: BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "replicas": replicas, "template": { "className": class } },
+    }))
+    .unwrap();
+    let pools = env.api::<BriqExecutorPool>();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    pools
+}
+
 fn classes(env: &TestEnv) -> Api<BriqExecutorClass> {
     Api::all(env.client.clone())
 }
@@ -308,13 +325,7 @@ async fn a_pool_scaled_past_its_class_maximum_keeps_the_maximum() {
     // Scaling goes through the scale subresource, which no admission check of the class sees.
     let stack = Platform::new("cls-pool").await;
     let class = stack.class("pools", json!({ "maxPoolReplicas": 1 })).await;
-    let pool: BriqExecutorPool = serde_json::from_value(json!({
-        "metadata": { "name": "warm" },
-        "spec": { "replicas": 3, "template": { "className": class } },
-    }))
-    .unwrap();
-    let pools = stack.tenant.api::<BriqExecutorPool>();
-    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let pools = create_pool(&stack.tenant, "warm", 3, &class).await;
     let full = wait_for(&pools, "warm", 60, |p| condition(p, "Ready").0 == "True").await;
     let message = condition(&full, "Ready").2;
     assert!(
@@ -339,13 +350,7 @@ async fn a_pool_created_before_its_class_makes_no_member_until_the_class_caps_it
     // made meanwhile could exceed the class's maxPoolReplicas.
     let stack = Platform::new("cls-pool-first").await;
     let class = unique("later");
-    let pool: BriqExecutorPool = serde_json::from_value(json!({
-        "metadata": { "name": "early" },
-        "spec": { "replicas": 3, "template": { "className": class } },
-    }))
-    .unwrap();
-    let pools = stack.tenant.api::<BriqExecutorPool>();
-    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let pools = create_pool(&stack.tenant, "early", 3, &class).await;
     let waiting = wait_for(&pools, "early", 30, |p| {
         condition(p, "Ready").1 == "ClassNotFound"
     })

@@ -19,13 +19,20 @@ use support::{
 
 const RUN_SECONDS: u64 = 120;
 
+/// Two operators on `env`'s namespace, leader election off: an operator process and a second
+/// set of controllers on the same sandbox server.
+async fn two_operators(env: &TestEnv) -> (Operator, Controllers) {
+    let first = Operator::start(env).await;
+    let settings = stack::settings(Some(&env.namespace), &first.server);
+    let second = Controllers::start(env.client.clone(), &first.server, settings)
+        .expect("the second operator's controllers");
+    (first, second)
+}
+
 #[tokio::test]
 async fn two_operators_at_once_create_one_sandbox_per_executor_and_run_each_execution_once() {
     let env = TestEnv::new("two-operators").await;
-    let first = Operator::start(&env).await;
-    let settings = stack::settings(Some(&env.namespace), &first.server);
-    let _second = Controllers::start(env.client.clone(), &first.server, settings)
-        .expect("the second operator's controllers");
+    let (first, _second) = two_operators(&env).await;
 
     let executors: Vec<String> = (0..5).map(|i| format!("py-{i}")).collect();
     for name in &executors {
@@ -81,10 +88,7 @@ async fn two_operators_sending_the_same_executions_attempt_at_the_same_moment_ru
     // only the attempt id, the same for any delivery of one Execution, keeps the sandbox's
     // journal from running it twice.
     let env = TestEnv::new("same-attempt").await;
-    let first = Operator::start(&env).await;
-    let settings = stack::settings(Some(&env.namespace), &first.server);
-    let _second = Controllers::start(env.client.clone(), &first.server, settings)
-        .expect("the second operator's controllers");
+    let (first, _second) = two_operators(&env).await;
     create_executor(&env, "py", json!({})).await;
     wait_ready(&env, "py").await;
     create_execution(&env, "setup", "py", "ran = []").await;
