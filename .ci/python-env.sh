@@ -81,7 +81,7 @@ print(os.path.realpath(origin))' "$1" 2>/dev/null || true)"
   fi
 }
 editable briq_sandbox "$root/bridge/sandbox/briq_sandbox.py" "$root/bridge/sandbox"
-editable briq_bridge "$root/bridge/agent/briq_bridge" "$root/bridge/agent"
+editable briq_operator_client "$root/bridge/agent/briq_operator_client" "$root/bridge/agent"
 editable briq_dev "$root/dev/python/briq_dev" "$root/dev/python"
 
 echo "$venv"

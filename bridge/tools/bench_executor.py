@@ -76,8 +76,8 @@ def main() -> None:
 
     from smolagents.monitoring import AgentLogger, LogLevel
 
-    from briq_bridge import KubernetesExecutor
     from briq_dev.local_stack import LocalStack
+    from briq_operator_client import KubernetesExecutor
 
     quiet = AgentLogger(level=LogLevel.OFF)
     stack = None

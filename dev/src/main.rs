@@ -43,7 +43,7 @@ enum Command {
     /// Measure briq-operator on this machine and print the figures (see `make bench`).
     Bench(bench::Args),
     /// Print the Python client's vocabulary (reasons and limits), generated from the operator's
-    /// Rust definitions: what `bridge/agent/briq_bridge/vocabulary.py` holds.
+    /// Rust definitions: what `bridge/agent/briq_operator_client/vocabulary.py` holds.
     Vocabulary,
 }
 

@@ -1,6 +1,6 @@
 //! The one vocabulary of condition reasons. The controllers write these, the metrics label by
 //! them, the CRD descriptions list them, and the Python client reads them from a file generated
-//! from this module (`bridge/agent/briq_bridge/vocabulary.py`, drift-tested like `crds/`).
+//! from this module (`bridge/agent/briq_operator_client/vocabulary.py`, drift-tested like `crds/`).
 
 use std::fmt;
 
@@ -249,7 +249,7 @@ pub fn describe<R: Copy + fmt::Display>(reasons: &[R], doc: impl Fn(R) -> String
         .join("\n")
 }
 
-/// The Python module `bridge/agent/briq_bridge/vocabulary.py`: the limits and reasons the
+/// The Python module `bridge/agent/briq_operator_client/vocabulary.py`: the limits and reasons the
 /// Python client shares with the operator, formatted as `ruff format` leaves it.
 pub fn python_module() -> String {
     use super::{DEFAULT_EXECUTION_TIMEOUT_SECONDS, MAX_CODE_CHARS, MAX_EXECUTION_TIMEOUT_SECONDS};

@@ -5,7 +5,8 @@ on an existing, Ready BriqExecutor, timed per call. Not a test: numbers depend o
     python tests/bench/agent_step.py --kubeconfig K --namespace NS --executor NAME --steps 50
 
 Prints one JSON line: {"available": true, "steps_ms": [...]} or, when
-`briq_bridge.kubernetes_executor` cannot be imported, {"available": false, "reason": "..."}.
+`briq_operator_client.kubernetes_executor` cannot be imported,
+{"available": false, "reason": "..."}.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main() -> int:
     args = parser.parse_args()
 
     try:
-        from briq_bridge.kubernetes_executor import KubernetesExecutor
+        from briq_operator_client.kubernetes_executor import KubernetesExecutor
     except ImportError as error:
         reason = f"KubernetesExecutor not installed ({error})"
         print(json.dumps({"available": False, "reason": reason}))

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from smolagents.monitoring import AgentLogger, LogLevel
 
-from briq_bridge import KubernetesExecutor
 from briq_dev.local_stack import LocalStack
+from briq_operator_client import KubernetesExecutor
 
 from .otlp_receiver import OtlpReceiver
 

@@ -15,17 +15,17 @@ from opentelemetry import trace
 from smolagents import CodeAgent, tool
 from smolagents.monitoring import LogLevel
 
-from briq_bridge import (
+from briq_dev.demo_agent import FIRST_20, scripted_model
+from briq_dev.local_stack import REPO
+from briq_dev.scripted_model import ScriptedModel, action, messages_text
+from briq_operator_client import (
     CodeExecutionError,
     ExecutorClosedError,
     ExecutorNotFoundError,
     ExecutorUnusableError,
     KubernetesExecutor,
 )
-from briq_bridge.vocabulary import TRACEPARENT_ANNOTATION
-from briq_dev.demo_agent import FIRST_20, scripted_model
-from briq_dev.local_stack import REPO
-from briq_dev.scripted_model import ScriptedModel, action, messages_text
+from briq_operator_client.vocabulary import TRACEPARENT_ANNOTATION
 
 from .conftest import NO_NETWORK_ENV, new_executor, quiet
 

@@ -15,7 +15,7 @@ from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.serialization import SerializationError
 from smolagents.utils import AgentError, AgentExecutionError
 
-from briq_bridge import (
+from briq_operator_client import (
     CodeExecutionError,
     ExecutorClosedError,
     FinalAnswerRejectedError,

@@ -1,4 +1,5 @@
-"""The agent-side distribution is for agent hosts: no Jupyter kernel, no sandbox bridge."""
+"""The agent-side distribution, briq-operator-client: for agent hosts (no Jupyter kernel, no
+sandbox bridge), importable under its former name."""
 
 from __future__ import annotations
 
@@ -22,11 +23,24 @@ def distribution_name(requirement: str) -> str:
     return name.strip().lower().replace("_", "-").replace(".", "-")
 
 
+def project() -> dict:
+    return tomllib.loads((AGENT / "pyproject.toml").read_text())["project"]
+
+
+def run_in_checkout(code: str) -> list:
+    """Runs `code` in a fresh interpreter whose cwd is the agent project, so this checkout's
+    packages are the ones imported; returns the JSON of its last printed line."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=AGENT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def test_agent_distribution_does_not_pull_the_kernel():
-    project = tomllib.loads((AGENT / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "briq-bridge"
-    requirements = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
+    assert project()["name"] == "briq-operator-client"
+    requirements = list(project().get("dependencies", []))
+    for extra in project().get("optional-dependencies", {}).values():
         requirements += extra
     names = {distribution_name(requirement) for requirement in requirements}
     assert names == {"smolagents", "kubernetes"}
@@ -34,19 +48,40 @@ def test_agent_distribution_does_not_pull_the_kernel():
 
 
 def test_importing_the_executor_loads_no_kernel_module():
-    code = (
+    location, modules = run_in_checkout(
         "import json, sys\n"
-        "import briq_bridge\n"
-        "from briq_bridge import KubernetesExecutor\n"
-        "print(json.dumps([briq_bridge.__file__, sorted(sys.modules)]))\n"
+        "import briq_operator_client\n"
+        "from briq_operator_client import KubernetesExecutor\n"
+        "print(json.dumps([briq_operator_client.__file__, sorted(sys.modules)]))\n"
     )
-    # cwd is the agent project, so this checkout's briq_bridge is the one imported.
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=AGENT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    location, modules = json.loads(done.stdout.splitlines()[-1])
-    assert Path(location).resolve() == AGENT / "briq_bridge" / "__init__.py"
+    assert Path(location).resolve() == AGENT / "briq_operator_client" / "__init__.py"
     loaded = {module.split(".")[0] for module in modules}
     assert not loaded & KERNEL_MODULES, sorted(loaded & KERNEL_MODULES)
-    assert "briq_bridge.kubernetes_executor" in modules
+    assert "briq_operator_client.kubernetes_executor" in modules
+
+
+def test_the_former_import_name_gives_the_same_objects():
+    # The old names imported first, submodules included, then the new ones: one module each.
+    same, public = run_in_checkout(
+        "import json, sys\n"
+        "import briq_bridge.kubernetes_executor\n"
+        "from briq_bridge import KubernetesExecutor, ExecutorUnusableError\n"
+        "from briq_bridge.vocabulary import TRACEPARENT_ANNOTATION, UNUSABLE_REASONS\n"
+        "import briq_bridge, briq_operator_client\n"
+        "from briq_operator_client import kubernetes_executor, vocabulary\n"
+        "same = {\n"
+        "    'KubernetesExecutor': KubernetesExecutor is briq_operator_client.KubernetesExecutor,\n"
+        "    'ExecutorUnusableError': ExecutorUnusableError\n"
+        "        is briq_operator_client.ExecutorUnusableError,\n"
+        "    'kubernetes_executor': briq_bridge.kubernetes_executor is kubernetes_executor\n"
+        "        and sys.modules['briq_bridge.kubernetes_executor'] is kubernetes_executor,\n"
+        "    'vocabulary': sys.modules['briq_bridge.vocabulary'] is vocabulary\n"
+        "        and UNUSABLE_REASONS is vocabulary.UNUSABLE_REASONS\n"
+        "        and TRACEPARENT_ANNOTATION == vocabulary.TRACEPARENT_ANNOTATION,\n"
+        "}\n"
+        "public = {name: getattr(briq_bridge, name) is getattr(briq_operator_client, name)\n"
+        "          for name in briq_operator_client.__all__}\n"
+        "print(json.dumps([same, public]))\n"
+    )
+    assert all(same.values()), same
+    assert public and all(public.values()), public

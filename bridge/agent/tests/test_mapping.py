@@ -10,7 +10,7 @@ from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.serialization import SerializationError
 from smolagents.utils import AgentError, AgentExecutionError
 
-from briq_bridge.kubernetes_executor import (
+from briq_operator_client.kubernetes_executor import (
     CodeExecutionError,
     ExecutorUnusableError,
     FinalAnswerRejectedError,

@@ -93,7 +93,7 @@ def main() -> int:
     from smolagents import ActionStep, CodeAgent
     from smolagents.monitoring import AgentLogger, LogLevel
 
-    from briq_bridge import KubernetesExecutor
+    from briq_operator_client import KubernetesExecutor
 
     spec = os.environ.get("BRIQ_DEMO_MODEL", "").strip()
     model = real_model(spec) if spec else scripted_model()

@@ -28,7 +28,7 @@ def execution_span(namespace: str, executor: str) -> Iterator[tuple[Any, dict[st
     if trace is None:
         yield None, {}
         return
-    tracer = trace.get_tracer("briq_bridge")
+    tracer = trace.get_tracer("briq_operator_client")
     attributes = {"k8s.namespace.name": namespace, "briq.executor": executor}
     with tracer.start_as_current_span(
         "briq execution", kind=trace.SpanKind.CLIENT, attributes=attributes

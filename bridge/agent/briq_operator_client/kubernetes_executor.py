@@ -1,7 +1,7 @@
 """A smolagents 1.26 remote executor whose actions run as briq-operator `Execution` objects.
 
     from smolagents import CodeAgent
-    from briq_bridge import KubernetesExecutor
+    from briq_operator_client import KubernetesExecutor
 
     with KubernetesExecutor(executor_name="py") as executor:  # an existing, Ready BriqExecutor
         agent = CodeAgent(tools=[], model=model, executor=executor)
