@@ -65,23 +65,31 @@ else
 fi
 
 # The venv is shared between checkouts, so point each editable install (the sandbox bridge, the
-# agent client, the dev helpers) at this checkout when it points elsewhere or is missing (-I: not
-# found through the current directory).
+# agent client, the dev helpers) at this checkout when it points elsewhere, is missing (-I: not
+# found through the current directory) or was installed at another version than its
+# pyproject.toml's (the agent client's follows Cargo.toml's: its metadata must follow a bump).
 # setuptools is pinned in the requirements: no build isolation, no network.
-editable() { # <import name> <expected path of the module or package> <project directory>
+editable() { # <distribution> <import name> <expected path of the module or package> <project>
   local found
-  found="$("$venv/bin/python" -I -c 'import importlib.util, os, sys
-spec = importlib.util.find_spec(sys.argv[1])
+  found="$("$venv/bin/python" -I -c 'import importlib.metadata, importlib.util, os, re, sys
+distribution, name, project = sys.argv[1:]
+spec = importlib.util.find_spec(name)
 origin = spec.origin if spec.submodule_search_locations is None else spec.submodule_search_locations[0]
-print(os.path.realpath(origin))' "$1" 2>/dev/null || true)"
-  if [ "$found" != "$(realpath "$2")" ]; then
-    log "installing $3 (editable)"
+with open(os.path.join(project, "pyproject.toml")) as pyproject:
+    wanted = re.search(r"^version = \"(.*)\"$", pyproject.read(), re.MULTILINE).group(1)
+installed = importlib.metadata.version(distribution)
+print(os.path.realpath(origin) if installed == wanted else f"version {installed}, not {wanted}")' \
+    "$1" "$2" "$4" 2>/dev/null || true)"
+  if [ "$found" != "$(realpath "$3")" ]; then
+    log "installing $4 (editable)"
     "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off \
-      --no-deps --no-build-isolation -e "$3" >&2
+      --no-deps --no-build-isolation -e "$4" >&2
   fi
 }
-editable briq_sandbox "$root/bridge/sandbox/briq_sandbox.py" "$root/bridge/sandbox"
-editable briq_operator_client "$root/bridge/agent/briq_operator_client" "$root/bridge/agent"
-editable briq_dev "$root/dev/python/briq_dev" "$root/dev/python"
+editable briq-sandbox-bridge briq_sandbox "$root/bridge/sandbox/briq_sandbox.py" \
+  "$root/bridge/sandbox"
+editable briq-operator-client briq_operator_client "$root/bridge/agent/briq_operator_client" \
+  "$root/bridge/agent"
+editable briq-dev-helpers briq_dev "$root/dev/python/briq_dev" "$root/dev/python"
 
 echo "$venv"

@@ -9,13 +9,15 @@ import sys
 from briq_operator_client import *  # noqa: F403
 from briq_operator_client import (  # noqa: F401
     __all__,
+    __version__,
     _trace,
+    _version,
     kubernetes_executor,
     vocabulary,
 )
 
 # The submodules under their old names: `import briq_bridge.vocabulary` finds them here instead
 # of loading a second copy (whose classes would differ from the new package's).
-for _submodule in ("_trace", "kubernetes_executor", "vocabulary"):
+for _submodule in ("_trace", "_version", "kubernetes_executor", "vocabulary"):
     sys.modules[f"{__name__}.{_submodule}"] = sys.modules[f"briq_operator_client.{_submodule}"]
 del _submodule

@@ -7,5 +7,6 @@ imports it. `import briq_bridge` (this package's former name) still works: it is
 this one, shipped in the same distribution.
 """
 
+from ._version import __version__  # noqa: F401
 from .kubernetes_executor import *  # noqa: F403
 from .kubernetes_executor import __all__  # noqa: F401

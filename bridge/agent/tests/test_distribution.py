@@ -1,5 +1,5 @@
 """The agent-side distribution, briq-operator-client: for agent hosts (no Jupyter kernel, no
-sandbox bridge), importable under its former name."""
+sandbox bridge), versioned as the crate, importable under its former name."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import tomllib
 
 AGENT = Path(__file__).resolve().parents[1]
+REPO = AGENT.parents[1]
 KERNEL_DISTRIBUTIONS = {"ipykernel", "jupyter-client"}
 KERNEL_MODULES = {"briq_sandbox", "ipykernel", "jupyter_client"}
 
@@ -25,6 +26,10 @@ def distribution_name(requirement: str) -> str:
 
 def project() -> dict:
     return tomllib.loads((AGENT / "pyproject.toml").read_text())["project"]
+
+
+def crate_version() -> str:
+    return tomllib.loads((REPO / "Cargo.toml").read_text())["package"]["version"]
 
 
 def run_in_checkout(code: str) -> list:
@@ -60,6 +65,18 @@ def test_importing_the_executor_loads_no_kernel_module():
     assert "briq_operator_client.kubernetes_executor" in modules
 
 
+def test_the_client_version_is_the_crates():
+    version = crate_version()
+    assert project()["version"] == version, (
+        f"bridge/agent/pyproject.toml has version {project()['version']}, Cargo.toml {version}: "
+        "change both together"
+    )
+    (installed,) = run_in_checkout(
+        "import json, briq_operator_client\nprint(json.dumps([briq_operator_client.__version__]))"
+    )
+    assert installed == version, "rerun .ci/python-env.sh: the editable install is stale"
+
+
 def test_the_former_import_name_gives_the_same_objects():
     # The old names imported first, submodules included, then the new ones: one module each.
     same, public = run_in_checkout(
@@ -78,6 +95,7 @@ def test_the_former_import_name_gives_the_same_objects():
         "    'vocabulary': sys.modules['briq_bridge.vocabulary'] is vocabulary\n"
         "        and UNUSABLE_REASONS is vocabulary.UNUSABLE_REASONS\n"
         "        and TRACEPARENT_ANNOTATION == vocabulary.TRACEPARENT_ANNOTATION,\n"
+        "    '__version__': briq_bridge.__version__ == briq_operator_client.__version__,\n"
         "}\n"
         "public = {name: getattr(briq_bridge, name) is getattr(briq_operator_client, name)\n"
         "          for name in briq_operator_client.__all__}\n"
