@@ -51,8 +51,9 @@ test: test-unit control-plane python-env tools
 	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
 # The Python tests that need neither a kernel nor a cluster, in seconds: the sandbox bridge's
-# pure helpers and its setup command (a fake pip), the executor's status mapping, and what the
-# agent distribution pulls in.
+# pure helpers and its setup command (a fake pip), the executor's status mapping, and the agent
+# distribution: what it pulls in, its version (the crate's), its former import name, and its
+# wheel and sdist as `make release` builds them (twine check --strict, contents).
 test-unit-python: python-env
 	venv=$$(bash .ci/python-env.sh)
 	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
@@ -79,14 +80,20 @@ bench: control-plane python-env
 
 # The release artifacts, versioned from Cargo.toml, in $(RELEASE_DIR): install.yaml (namespace,
 # CRDs, RBAC, Deployment, admission policy; `kubectl apply --server-side -f install.yaml`), the
-# packaged chart, the kubectl plugin's archive and its krew manifest (dev/release.sh;
-# tests/chart.rs and tests/image.rs check them against the API server, an OCI registry and krew).
+# packaged chart briq-operator-VERSION.tgz, the kubectl plugin's archive
+# kubectl-briq_vVERSION_linux_amd64.tar.gz and its krew manifest briq.yaml (dev/release.sh;
+# tests/chart.rs and tests/image.rs check them against the API server, an OCI registry and krew),
+# and the agent client's wheel briq_operator_client-VERSION-py3-none-any.whl and sdist
+# briq_operator_client-VERSION.tar.gz, built offline and checked by `twine check --strict`
+# (dev/release-python.sh; bridge/agent/tests/test_distribution.py checks what they hold).
 RELEASE_DIR ?= target/release-artifacts
-release: tools
+release: tools python-env
 	echo "building the release binary (first run: several minutes) …"
 	cargo build --release --locked -p briq-operator
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
 	bash dev/release.sh "$$tools/bin/helm" "$(RELEASE_DIR)" target/release/briq-operator
+	venv=$$(bash .ci/python-env.sh 2>/dev/null)
+	bash dev/release-python.sh "$$venv/bin/python" "$(RELEASE_DIR)"
 
 .PHONY: release
 

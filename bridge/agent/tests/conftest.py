@@ -8,6 +8,10 @@ here needs the network: the sandboxes run the test venv, and pip in them runs wi
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from kubernetes import client, config
 from opentelemetry import trace
@@ -17,12 +21,30 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from smolagents.monitoring import AgentLogger, LogLevel
 
-from briq_dev.local_stack import LocalStack
+from briq_dev.local_stack import REPO, LocalStack
 from briq_operator_client import KubernetesExecutor
 
 from .otlp_receiver import OtlpReceiver
 
 NO_NETWORK_ENV = [{"name": "PIP_NO_INDEX", "value": "1"}]
+
+
+@pytest.fixture(scope="session")
+def release_python(tmp_path_factory) -> dict[str, Path]:
+    """The agent client's wheel and sdist as `make release` builds them (dev/release-python.sh:
+    offline, with this venv's build and twine; it fails unless `twine check --strict` passes),
+    in a temporary directory: {"wheel": path, "sdist": path}."""
+    out = tmp_path_factory.mktemp("release")
+    done = subprocess.run(
+        ["bash", str(REPO / "dev" / "release-python.sh"), sys.executable, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.count("PASSED") == 2, done.stderr  # twine check, one line per file
+    wheel, sdist = (Path(line) for line in done.stdout.splitlines())
+    return {"wheel": wheel, "sdist": sdist}
 
 
 @pytest.fixture(scope="session")

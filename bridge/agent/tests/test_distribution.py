@@ -1,11 +1,15 @@
 """The agent-side distribution, briq-operator-client: for agent hosts (no Jupyter kernel, no
-sandbox bridge), versioned as the crate, importable under its former name."""
+sandbox bridge), versioned as the crate, importable under its former name, and released as a
+wheel and an sdist whose metadata PyPI would accept (dev/release-python.sh, `make release`)."""
 
 from __future__ import annotations
 
+import email.parser
 import json
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import tomllib
@@ -14,6 +18,7 @@ AGENT = Path(__file__).resolve().parents[1]
 REPO = AGENT.parents[1]
 KERNEL_DISTRIBUTIONS = {"ipykernel", "jupyter-client"}
 KERNEL_MODULES = {"briq_sandbox", "ipykernel", "jupyter_client"}
+IMPORT_PACKAGES = {"briq_operator_client", "briq_bridge"}
 
 
 def distribution_name(requirement: str) -> str:
@@ -103,3 +108,43 @@ def test_the_former_import_name_gives_the_same_objects():
     )
     assert all(same.values()), same
     assert public and all(public.values()), public
+
+
+def test_the_wheel_and_the_sdist_pass_twine_and_hold_the_client_only(release_python):
+    # `twine check --strict` passed on both (the fixture); here, what they hold.
+    version = crate_version()
+    wheel, sdist = release_python["wheel"], release_python["sdist"]
+    assert wheel.name == f"briq_operator_client-{version}-py3-none-any.whl"
+    assert sdist.name == f"briq_operator_client-{version}.tar.gz"
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        dist_info = f"briq_operator_client-{version}.dist-info"
+        metadata = email.parser.Parser().parsestr(archive.read(f"{dist_info}/METADATA").decode())
+    tops = {name.split("/")[0] for name in names}
+    assert tops == IMPORT_PACKAGES | {dist_info}, sorted(tops)
+    for package in IMPORT_PACKAGES:
+        assert f"{package}/__init__.py" in names
+    assert "briq_operator_client/vocabulary.py" in names
+    assert not [name for name in names if "test" in name.lower()], names
+
+    assert metadata["Name"] == "briq-operator-client"
+    assert metadata["Version"] == version
+    assert metadata["Summary"] == project()["description"]
+    assert metadata["License-Expression"] == "Apache-2.0"  # the crate's license (Cargo.toml)
+    assert metadata["Requires-Python"] == ">=3.10"
+    requires = {distribution_name(r) for r in metadata.get_all("Requires-Dist")}
+    assert requires == {"smolagents", "kubernetes"}
+    assert metadata["Description-Content-Type"] == "text/markdown"
+    assert metadata.get_payload().strip() == (AGENT / "README.md").read_text().strip()
+    assert "pip install briq-operator-client" in metadata.get_payload()
+
+    with tarfile.open(sdist) as archive:
+        members = [member.name for member in archive.getmembers()]
+        pkg_info = archive.extractfile(f"briq_operator_client-{version}/PKG-INFO").read()
+    root = f"briq_operator_client-{version}"
+    for package in IMPORT_PACKAGES:
+        assert f"{root}/{package}/__init__.py" in members
+    assert f"{root}/pyproject.toml" in members and f"{root}/README.md" in members
+    assert not [name for name in members if "/tests" in name], members
+    assert email.parser.Parser().parsestr(pkg_info.decode())["Version"] == version
