@@ -85,7 +85,8 @@ bench: control-plane python-env
 # tests/chart.rs and tests/image.rs check them against the API server, an OCI registry and krew),
 # and the agent client's wheel briq_operator_client-VERSION-py3-none-any.whl and sdist
 # briq_operator_client-VERSION.tar.gz, built offline and checked by `twine check --strict`
-# (dev/release-python.sh; bridge/agent/tests/test_distribution.py checks what they hold).
+# (dev/release-python.sh; bridge/agent/tests/test_distribution.py checks what they hold and
+# test_wheel.py installs the wheel into a fresh venv).
 RELEASE_DIR ?= target/release-artifacts
 release: tools python-env
 	echo "building the release binary (first run: several minutes) …"

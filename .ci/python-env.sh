@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Create (once) the Python venv for the bridge tests and the local sandbox server, install the
-# three Python parts editable (bridge/sandbox, bridge/agent, dev/python), and print the venv's
-# path as the last line on stdout. Progress goes to stderr.
+# three Python parts editable (bridge/sandbox, bridge/agent, dev/python), fill (once) the
+# wheelhouse of the agent client's dependencies, and print the venv's path as the last line on
+# stdout. Progress goes to stderr.
 #
 #   VENV="$(bash .ci/python-env.sh | tail -n 1)"
 #
 # The venv lives in ${BRIQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/briq-operator} and is named
 # after the hash of bridge/requirements-test.txt, so a change of pins gets a fresh venv while
-# every checkout (worktrees, CI's fresh clone) with the same pins shares one.
+# every checkout (worktrees, CI's fresh clone) with the same pins shares one. The wheelhouse is
+# beside it, named after the same hash: wheelhouse-HASH for venv-HASH.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,6 +64,31 @@ if [ ! -f "$venv/.briq-complete" ] || ! "$venv/bin/python" -c '' 2>/dev/null; th
   touch "$venv/.briq-complete"
 else
   log "reusing $venv"
+fi
+
+# The agent client's dependencies as wheels, at the pinned versions, for the test that installs
+# the built wheel into a fresh venv offline (`pip install --no-index --find-links WHEELHOUSE`,
+# bridge/agent/tests/test_wheel.py). The marker, written last, holds the requirements it was
+# filled for: a wheelhouse without it is a half-filled one, one for other requirements is stale.
+wheelhouse="$cache/wheelhouse-$hash"
+client_requirements="$("$venv/bin/python" -c 'import sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+with open(sys.argv[1], "rb") as pyproject:
+    print("\n".join(tomllib.load(pyproject)["project"]["dependencies"]))' \
+  "$root/bridge/agent/pyproject.toml")"
+if [ "$(cat "$wheelhouse/.briq-complete" 2>/dev/null)" != "$client_requirements" ]; then
+  log "filling $wheelhouse"
+  rm -rf "$wheelhouse"
+  mapfile -t requirement_args <<<"$client_requirements"
+  "$venv/bin/python" -m pip download --disable-pip-version-check --no-input --progress-bar off \
+    --only-binary=:all: --constraint "$requirements" --dest "$wheelhouse" \
+    "${requirement_args[@]}" >&2
+  printf '%s' "$client_requirements" >"$wheelhouse/.briq-complete"
+else
+  log "reusing $wheelhouse"
 fi
 
 # The venv is shared between checkouts, so point each editable install (the sandbox bridge, the
