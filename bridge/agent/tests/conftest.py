@@ -21,12 +21,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from smolagents.monitoring import AgentLogger, LogLevel
 
-from briq_dev.local_stack import REPO, LocalStack
+from briq_dev.local_stack import LocalStack
 from briq_operator_client import KubernetesExecutor
 
 from .otlp_receiver import OtlpReceiver
 
 NO_NETWORK_ENV = [{"name": "PIP_NO_INDEX", "value": "1"}]
+# This checkout (not necessarily the one the venv's editable briq_dev points at: a worktree).
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ from pathlib import Path
 import tomllib
 
 from briq_dev import scripted_model
-from briq_dev.local_stack import REPO
+
+from .conftest import REPO
 
 GROUP, VERSION = "briq.cloud", "v1alpha1"
 
