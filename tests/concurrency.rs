@@ -7,27 +7,14 @@ mod support;
 
 use std::time::Duration;
 
-use briq_dev::{
-    local_server::{Fault, FaultRule, Operation},
-    stack::{self, Controllers},
-};
+use briq_dev::local_server::{Fault, FaultRule, Operation};
 use briq_operator::crd::BriqExecutor;
 use serde_json::json;
 use support::{
-    Operator, TestEnv, create_execution, create_executor, finished, output, reason, wait_ready,
+    TestEnv, create_execution, create_executor, finished, output, reason, two_operators, wait_ready,
 };
 
 const RUN_SECONDS: u64 = 120;
-
-/// Two operators on `env`'s namespace, leader election off: an operator process and a second
-/// set of controllers on the same sandbox server.
-async fn two_operators(env: &TestEnv) -> (Operator, Controllers) {
-    let first = Operator::start(env).await;
-    let settings = stack::settings(Some(&env.namespace), &first.server);
-    let second = Controllers::start(env.client.clone(), &first.server, settings)
-        .expect("the second operator's controllers");
-    (first, second)
-}
 
 #[tokio::test]
 async fn two_operators_at_once_create_one_sandbox_per_executor_and_run_each_execution_once() {

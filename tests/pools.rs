@@ -11,8 +11,8 @@ use briq_dev::local_server::{Fault, FaultRule, Operation};
 use k8s_openapi::api::events::v1::Event;
 
 use briq_operator::crd::{
-    BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL, POOL_LABEL,
-    POOL_MEMBER_ANNOTATION,
+    BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
+    CLAIMED_MEMBER_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION,
 };
 use kube::{
     ResourceExt,
@@ -21,7 +21,7 @@ use kube::{
 use serde_json::{Value, json};
 use support::{
     Operator, READY_SECONDS, TestEnv, condition, create_executor, output, reason, run,
-    wait_deleted, wait_for, wait_ready,
+    two_operators, wait_deleted, wait_for, wait_ready,
 };
 
 /// A test namespace, its operator, and a pool `fast` (template `{}`) of `replicas` Ready members.
@@ -91,6 +91,19 @@ fn sandbox_of(executor: &BriqExecutor) -> String {
         .as_ref()
         .and_then(|s| s.sandbox_id.clone())
         .unwrap_or_default()
+}
+
+/// Every live sandbox's id, as briq (the local server) has them.
+async fn sandbox_ids(operator: &Operator) -> BTreeSet<String> {
+    operator
+        .admin()
+        .stats()
+        .await
+        .unwrap()
+        .sandboxes
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
 }
 
 /// Every live sandbox's name, as briq (the local server) has them.
@@ -527,6 +540,72 @@ async fn two_claimers_racing_for_one_member_never_share_it() {
         handed.len() <= 1,
         "one member, at most one claim: {handed:?}"
     );
+}
+
+#[tokio::test]
+async fn two_operators_claiming_for_the_same_claimers_at_once_leave_each_one_member() {
+    // Both operators see each claimer without a member and take one for it at the same moment:
+    // the members' preconditions let both win (each a different member), so only the claimer's
+    // record, conditional on the version both decided on, says which one it keeps; the other
+    // is one too many and goes, sandbox and all.
+    let env = TestEnv::new("pool-two-ops").await;
+    let (operator, _second) = two_operators(&env).await;
+    create_pool(&env, "fast", 4, json!({})).await;
+    pool_ready(&env, "fast", 4).await;
+    let first: BTreeSet<String> = unclaimed(&env, "fast")
+        .await
+        .iter()
+        .map(sandbox_of)
+        .collect();
+    let claimers = ["left", "right"];
+    for name in claimers {
+        create_executor(&env, name, json!({ "poolRef": { "name": "fast" } })).await;
+    }
+    for name in claimers {
+        wait_ready(&env, name).await;
+    }
+    let executors = env.api::<BriqExecutor>();
+    eventually(
+        READY_SECONDS,
+        "each claimer holds one member, the one it records",
+        || async {
+            let all = executors.list(&ListParams::default()).await.unwrap().items;
+            claimers.iter().all(|name| {
+                let claimer = all.iter().find(|e| e.name_any() == *name).unwrap();
+                let held: Vec<String> = all
+                    .iter()
+                    .filter(|e| {
+                        e.annotations().get(CLAIMED_BY_ANNOTATION) == claimer.uid().as_ref()
+                    })
+                    .map(|e| e.name_any())
+                    .collect();
+                held == [claimer.annotations()[CLAIMED_MEMBER_ANNOTATION].clone()]
+            })
+        },
+    )
+    .await;
+    // A member given back took its sandbox with it: every sandbox of the pool's first members
+    // that briq still has is one an executor records (refills of both operators' pools may
+    // overshoot on their own; they are not this test's).
+    eventually(
+        READY_SECONDS,
+        "no sandbox of a member given back is left",
+        || async {
+            let live = sandbox_ids(&operator).await;
+            let recorded: BTreeSet<String> = executors
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .map(sandbox_of)
+                .collect();
+            first
+                .iter()
+                .all(|id| !live.contains(id) || recorded.contains(id))
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

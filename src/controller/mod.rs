@@ -780,10 +780,12 @@ pub async fn run_observed<S>(
         executor_store.clone(),
         wake_tx.clone(),
     ));
+    let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
     let executor_ctx = Arc::new(executor::Context::new(
         shared.clone(),
         executor_store.clone(),
         execution_store.clone(),
+        pool_store.clone(),
     ));
 
     // A deleted Execution is not reconciled, but the one queued behind it must hear of it, and
@@ -844,7 +846,9 @@ pub async fn run_observed<S>(
     let (on_executor_deleted, wake_sweeper) = (executor_ctx.clone(), orphan_sweep.clone());
     let forget_executor = execution_ctx.clone();
     let executor_events = wake::executor_events(
-        watcher(executors, watcher::Config::default().any_semantic()),
+        // The first list is a consistent read, not the API server's watch cache: a restarted
+        // operator must see every handover its predecessor made (executor::handover).
+        watcher(executors, watcher::Config::default()),
         executor_writer,
         triggers,
         move |gone| {
@@ -853,7 +857,6 @@ pub async fn run_observed<S>(
             forget_executor.executor_deleted(gone);
         },
     );
-    let (pool_store, pool_writer) = reflector::store::<BriqExecutorPool>();
     let class_watch = AbortOnDrop(tokio::spawn(
         wake::class_events(
             watcher(classes_api, watcher::Config::default().any_semantic()),

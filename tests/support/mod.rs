@@ -436,3 +436,13 @@ impl Gate {
         std::fs::write(self.dir.path().join("open"), b"").expect("opening the gate");
     }
 }
+
+/// Two operators on `env`'s namespace, leader election off: an operator process and a second
+/// set of controllers on the same sandbox server.
+pub async fn two_operators(env: &TestEnv) -> (Operator, Controllers) {
+    let first = Operator::start(env).await;
+    let settings = stack::settings(Some(&env.namespace), &first.server);
+    let second = Controllers::start(env.client.clone(), &first.server, settings)
+        .expect("the second operator's controllers");
+    (first, second)
+}

@@ -63,7 +63,6 @@ impl Step {
             self,
             Step::CreateSandbox { .. }
                 | Step::Provision { .. }
-                | Step::Claim
                 | Step::Conclude {
                     leftover: Some(_),
                     ..
@@ -296,6 +295,50 @@ pub fn claim_plan(
             patience.as_secs()
         ),
         recheck: CLAIM_RECHECK.min(patience - waited),
+    }
+}
+
+/// Where a claim's knowledge of the claimer's handovers comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimLookup {
+    /// The executor cache and this process's own handovers decide.
+    Cache,
+    /// A list of the members labelled as the claimer's: a consistent read.
+    AskTheApiServer,
+}
+
+/// Whether a claim may go by the cache (`plan`, and whether an earlier write of a member to
+/// this claimer ended without an answer): the API server is asked only where the cache cannot
+/// decide. A write without an answer may have won, and the watch may not show it yet; a fallback
+/// makes a sandbox, which cannot be taken back. Taking a member needs no read: its write is
+/// conditional, and the claimer's record is too.
+pub fn claim_lookup(plan: &ClaimPlan, uncertain_write: bool) -> ClaimLookup {
+    if uncertain_write || matches!(plan, ClaimPlan::FallBack(_)) {
+        ClaimLookup::AskTheApiServer
+    } else {
+        ClaimLookup::Cache
+    }
+}
+
+/// What a claimer that took a member does next, from the member it records (`holds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStep {
+    /// Record the member (conditional on the claimer's version).
+    Write,
+    /// Recorded already: an earlier attempt's write landed.
+    Recorded,
+    /// It holds another member (taken by a second operator): the one just taken is too many.
+    GiveBack,
+    /// It is being deleted: the member it owns is deleted with it.
+    LeaveToCollector,
+}
+
+pub fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
+    match holds {
+        _ if deleting => RecordStep::LeaveToCollector,
+        None => RecordStep::Write,
+        Some(held) if held == taken => RecordStep::Recorded,
+        Some(_) => RecordStep::GiveBack,
     }
 }
 
@@ -1103,6 +1146,87 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_asks_the_api_server_only_where_the_cache_cannot_decide() {
+        let take = ClaimPlan::Take(vec!["m".into()]);
+        let wait = ClaimPlan::Wait {
+            message: "w".into(),
+            recheck: CLAIM_RECHECK,
+        };
+        let fall_back = ClaimPlan::FallBack("gone".into());
+        let mismatch = ClaimPlan::Mismatch("image".into());
+        let cases = [
+            (
+                "taking a member: conditional writes",
+                &take,
+                false,
+                ClaimLookup::Cache,
+            ),
+            ("waiting", &wait, false, ClaimLookup::Cache),
+            ("a mismatch", &mismatch, false, ClaimLookup::Cache),
+            (
+                "a fallback cannot be taken back",
+                &fall_back,
+                false,
+                ClaimLookup::AskTheApiServer,
+            ),
+            (
+                "a member's write ended without an answer: it may have won",
+                &take,
+                true,
+                ClaimLookup::AskTheApiServer,
+            ),
+            ("even to wait", &wait, true, ClaimLookup::AskTheApiServer),
+        ];
+        for (name, plan, uncertain, expected) in cases {
+            assert_eq!(claim_lookup(plan, uncertain), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn record_step_table() {
+        let cases = [
+            (
+                "nothing recorded: record it",
+                None,
+                "m1",
+                false,
+                RecordStep::Write,
+            ),
+            (
+                "an earlier attempt's write landed",
+                Some("m1"),
+                "m1",
+                false,
+                RecordStep::Recorded,
+            ),
+            (
+                "a second operator's member is recorded",
+                Some("m0"),
+                "m1",
+                false,
+                RecordStep::GiveBack,
+            ),
+            (
+                "deleted before the record",
+                None,
+                "m1",
+                true,
+                RecordStep::LeaveToCollector,
+            ),
+            (
+                "deleted holding another",
+                Some("m0"),
+                "m1",
+                true,
+                RecordStep::LeaveToCollector,
+            ),
+        ];
+        for (name, holds, taken, deleting, expected) in cases {
+            assert_eq!(record_step(holds, taken, deleting), expected, "{name}");
+        }
+    }
+
+    #[test]
     fn decide_table_for_pools() {
         let none = annotations(&[]);
         let fallen_back = annotations(&[(POOL_FALLBACK_ANNOTATION, "pool gone")]);
@@ -1205,6 +1329,8 @@ mod tests {
                 },
                 false,
             ),
+            // Its writes are conditional; where the cache cannot decide, see claim_lookup.
+            (Step::Claim, false),
         ];
         for (step, fresh) in table {
             assert_eq!(step.needs_fresh_read(), fresh, "{step:?}");

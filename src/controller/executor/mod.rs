@@ -6,6 +6,7 @@
 
 mod create_claim;
 mod decide;
+mod handover;
 mod trace;
 
 pub use decide::{Activity, CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
@@ -18,12 +19,12 @@ use std::{
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
     runtime::{
         controller::Action,
         events::EventType,
         finalizer::{Event as FinalizerEvent, finalizer},
-        reflector::Store,
+        reflector::{ObjectRef, Store},
     },
 };
 use serde_json::json;
@@ -34,8 +35,9 @@ use self::decide::{
     Adoption, ClaimPlan, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict,
     Step, state, unusable_state,
 };
+use self::handover::Handovers;
 use super::{
-    EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
+    EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status, apply_status_at,
     backoff::Backoff,
     class, class_key, class_of, conditions,
     fair::{FairShare, Held},
@@ -83,6 +85,10 @@ pub struct Context<S> {
     backoff: Backoff,
     /// The controller's work slots, shared fairly across namespaces (see fair.rs).
     work: Arc<FairShare>,
+    /// Read only: the pools claimers take members of.
+    pools: Store<BriqExecutorPool>,
+    /// Members this process is handing to claimers, until the cache shows the claims.
+    handovers: Handovers,
 }
 
 impl<S> Context<S> {
@@ -90,6 +96,7 @@ impl<S> Context<S> {
         shared: Arc<Shared<S>>,
         store: Store<BriqExecutor>,
         executions: Store<Execution>,
+        pools: Store<BriqExecutorPool>,
     ) -> Self {
         Context {
             backoff: shared.backoff(),
@@ -97,21 +104,28 @@ impl<S> Context<S> {
             shared,
             store,
             executions,
+            pools,
+            handovers: Handovers::default(),
         }
     }
 
     /// Drops what is kept of executors the cache no longer holds.
     pub fn sweep(&self) {
         prune_backoff(&self.backoff, &self.store);
+        let live = self.store.state().iter().filter_map(|e| e.uid()).collect();
+        self.handovers.retain(&live);
     }
 
     /// The executor is gone: nothing kept of it may outlive it.
     pub fn deleted(&self, executor: &BriqExecutor) {
         self.backoff.forget(&object_key(executor));
+        if let Some(uid) = executor.uid() {
+            self.handovers.settled(&uid);
+        }
     }
 
     pub fn bookkeeping(&self) -> usize {
-        self.backoff.len()
+        self.backoff.len() + self.handovers.len()
     }
 }
 
@@ -131,8 +145,26 @@ pub async fn reconcile<S: SandboxApi>(
         api: &api,
         executions: &ctx.executions,
         executors: &ctx.store,
+        pools: &ctx.pools,
+        handovers: &ctx.handovers,
         slot: Held::take(&ctx.work, &namespace).await,
     };
+    let claims = executor.spec.pool_ref.is_some();
+    let step = decide::decide(&status_of(&executor), executor.annotations(), claims);
+    if claims && !matches!(step, Step::Claim) {
+        // The cache shows the claim recorded (or the claimer needs no member).
+        ctx.handovers.settled(&executor.uid().unwrap_or_default());
+    }
+    // A claimer holds nothing of its own until it takes a member (whose own finalizer guards
+    // the member's sandbox), so its finalizer comes with the record of the claim: one write and
+    // one watch round trip less per claim (see `record_claim`).
+    if matches!(step, Step::Claim)
+        && executor.metadata.deletion_timestamp.is_none()
+        && !executor.finalizers().iter().any(|f| f == FINALIZER)
+    {
+        let claimed = actor.claim_step(&executor).await;
+        return settle(&ctx.backoff, &object, claimed);
+    }
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
     if executor.metadata.deletion_timestamp.is_some()
@@ -171,6 +203,8 @@ struct Actor<'a, S> {
     api: &'a Api<BriqExecutor>,
     executions: &'a Store<Execution>,
     executors: &'a Store<BriqExecutor>,
+    pools: &'a Store<BriqExecutorPool>,
+    handovers: &'a Handovers,
     /// Its work slot ([`FairShare`]), given back while a sandbox is set up.
     slot: Held,
 }
@@ -258,10 +292,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 };
                 self.provision(executor, &key, fields, None).await
             }
-            Step::Claim => match self.admit(executor, false).await? {
-                Ok(_) => self.claim(executor).await,
-                Err(wait) => Ok(wait),
-            },
+            Step::Claim => self.claim_step(executor).await,
             Step::HandedOver { claimer } => {
                 let to = executor
                     .owner_references()
@@ -1009,9 +1040,23 @@ impl<S: SandboxApi> Actor<'_, S> {
         Ok(expected_sandbox_name(executor, member.as_ref()))
     }
 
-    /// A claimer without a sandbox: resume a handover a crash interrupted, else take a Ready
-    /// member of its pool (the member's resourceVersion as precondition, so exactly one claimer
-    /// wins it), else wait or fall back to a sandbox of its own.
+    /// A claimer without a sandbox, once its class admits it: [`Actor::claim`].
+    async fn claim_step(&self, executor: &BriqExecutor) -> Result<Action> {
+        match self.admit(executor, false).await? {
+            Ok(_) => self.claim(executor).await,
+            Err(wait) => Ok(wait),
+        }
+    }
+
+    /// A claimer without a sandbox: resume a handover this process or a crashed one began, else
+    /// take a Ready member of its pool (the member's resourceVersion as precondition, so exactly
+    /// one claimer wins it), else wait or fall back to a sandbox of its own.
+    ///
+    /// The claimer and its pool come from the caches. What they cannot show is this process's
+    /// own handovers not seen yet, which [`Handovers`] remembers; the API server is asked only
+    /// where neither can decide ([`decide::claim_lookup`]): after a member's write whose outcome
+    /// is unknown, and before a fallback, which cannot be taken back. A claimer whose cached copy
+    /// was stale is caught by its record's precondition ([`Actor::record_claim`]).
     async fn claim(&self, executor: &BriqExecutor) -> Result<Action> {
         let pool_ref = executor
             .spec
@@ -1019,22 +1064,31 @@ impl<S: SandboxApi> Actor<'_, S> {
             .clone()
             .expect("a claimer has a poolRef");
         let uid = executor.uid().unwrap_or_default();
+        if let Some(member) = self.handovers.taken(&uid) {
+            return self.record_claim(executor, &pool_ref.name, member).await;
+        }
         let handed_to_it = |member: &BriqExecutor| {
             member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
                 && member.metadata.deletion_timestamp.is_none()
         };
-        // A handover a crash interrupted: a restarted operator's cache shows it.
+        // A handover a crash interrupted: a restarted operator's cache shows it (the executors'
+        // first list is a consistent read).
         let cached = self.executors.state().into_iter().find(|m| handed_to_it(m));
         if let Some(member) = cached {
-            return self.record_claim(executor, &pool_ref.name, &member).await;
+            return self
+                .record_claim(executor, &pool_ref.name, member.as_ref().clone())
+                .await;
         }
         let namespace = executor.namespace().unwrap_or_default();
-        let pools: Api<BriqExecutorPool> = Api::namespaced(self.shared.client.clone(), &namespace);
-        let pool = pools.get_opt(&pool_ref.name).await?;
-        let ready = pool
+        let pool = self.pool(&namespace, &pool_ref.name).await?;
+        let spoken_for = self.handovers.spoken_for(&uid);
+        let ready: Vec<BriqExecutor> = pool
             .as_ref()
             .map(|pool| pool::ready_members(self.executors, pool))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|member| !spoken_for.contains(&member.name_any()))
+            .collect();
         let waited = waited(executor);
         let plan = decide::claim_plan(
             &executor.spec,
@@ -1043,32 +1097,48 @@ impl<S: SandboxApi> Actor<'_, S> {
             ready.iter().map(|m| m.name_any()).collect(),
             waited,
         );
-        // Before anything that cannot be taken back (another member, a sandbox of its own), ask
-        // the API server too: this process's own claim may not be in its cache yet. A claimer
-        // that only waits costs no request for it.
-        if matches!(plan, ClaimPlan::Take(_) | ClaimPlan::FallBack(_)) {
+        let lookup = decide::claim_lookup(&plan, self.handovers.uncertain(&uid));
+        if lookup == decide::ClaimLookup::AskTheApiServer {
             let mine = ListParams::default().labels(&format!("{CLAIMED_BY_LABEL}={uid}"));
             let listed = self.api.list(&mine).await?.items;
             if let Some(member) = listed.into_iter().find(|m| handed_to_it(m)) {
-                return self.record_claim(executor, &pool_ref.name, &member).await;
+                self.handovers.won(&uid, member.clone());
+                return self.record_claim(executor, &pool_ref.name, member).await;
             }
+            self.handovers.lost(&uid);
         }
         match plan {
             ClaimPlan::Take(_) => {
                 for member in &decide::take_order(&ready, &uid) {
-                    if let Some(won) = self.take(executor, member).await? {
-                        return self.record_claim(executor, &pool_ref.name, &won).await;
+                    // Another claimer of this process took it since `spoken_for` was read.
+                    if !self.handovers.reserve(&uid, &member.name_any()) {
+                        continue;
                     }
+                    // An error leaves the reservation: the write may have won (see
+                    // `claim_lookup`).
+                    let Some(won) = self.take(executor, member).await? else {
+                        self.handovers.lost(&uid);
+                        continue;
+                    };
+                    self.handovers.won(&uid, won.clone());
+                    return self.record_claim(executor, &pool_ref.name, won).await;
                 }
                 Ok(Action::requeue(decide::CLAIM_RECHECK))
             }
             ClaimPlan::Wait { message, recheck } => {
                 let waiting = state("False", false, ExecutorReason::WaitingForPool, message);
-                self.report(executor, waiting, SandboxFields::default())
-                    .await?;
+                if !self.report_at(executor, waiting).await? {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                }
                 Ok(Action::requeue(recheck))
             }
             ClaimPlan::FallBack(why) => {
+                if !self
+                    .annotate_at(executor, json!({ POOL_FALLBACK_ANNOTATION: why }))
+                    .await?
+                {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                }
                 self.event(
                     executor,
                     EventType::Normal,
@@ -1077,27 +1147,71 @@ impl<S: SandboxApi> Actor<'_, S> {
                     format!("{why}: creating a sandbox of its own"),
                 )
                 .await;
-                self.annotate(executor, json!({ POOL_FALLBACK_ANNOTATION: why }))
-                    .await?;
                 Ok(Action::await_change())
             }
             ClaimPlan::Mismatch(message) => {
+                let stalled = state("False", true, ExecutorReason::PoolMismatch, message.clone());
+                if !self.report_at(executor, stalled).await? {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                }
                 self.event(
                     executor,
                     EventType::Warning,
                     "PoolMismatch",
                     "Claim",
-                    message.clone(),
+                    message,
                 )
                 .await;
-                let stalled = state("False", true, ExecutorReason::PoolMismatch, message);
-                self.report(executor, stalled, SandboxFields::default())
-                    .await?;
                 self.shared
                     .metrics
                     .executor_ended(ExecutorReason::PoolMismatch);
                 Ok(Action::await_change())
             }
+        }
+    }
+
+    /// The claimer's pool: from the cache, else (a pool created together with its claimer,
+    /// not seen yet) from the API server, so that a missing pool is never concluded from a
+    /// cache that has not caught up.
+    async fn pool(&self, namespace: &str, name: &str) -> Result<Option<BriqExecutorPool>> {
+        let key = ObjectRef::<BriqExecutorPool>::new(name).within(namespace);
+        if let Some(cached) = self.pools.get(&key) {
+            return Ok(Some(cached.as_ref().clone()));
+        }
+        let pools: Api<BriqExecutorPool> = Api::namespaced(self.shared.client.clone(), namespace);
+        Ok(pools.get_opt(name).await?)
+    }
+
+    /// Reports a claimer's state if it is still as the cache showed it; `false` when it
+    /// changed (decide again on the change).
+    async fn report_at(
+        &self,
+        executor: &BriqExecutor,
+        state: impl AsRef<[conditions::Desired]>,
+    ) -> Result<bool> {
+        let current = status_of(executor);
+        let Some(status) = decide::status_update(
+            &current,
+            executor.metadata.generation,
+            state.as_ref(),
+            SandboxFields::default(),
+        ) else {
+            return Ok(true);
+        };
+        let status = serde_json::to_value(status).expect("status serializes");
+        let version = executor.resource_version();
+        let written = apply_status_at(
+            self.api,
+            executor,
+            EXECUTOR_MANAGER,
+            status,
+            version.as_deref(),
+        )
+        .await;
+        match written {
+            Ok(_) => Ok(true),
+            Err(error) if is_conflict(&error) => Ok(false),
+            Err(error) => Err(error),
         }
     }
 
@@ -1139,33 +1253,100 @@ impl<S: SandboxApi> Actor<'_, S> {
         }
     }
 
-    /// The second half of a handover: the claimer records the member and its sandbox, and is
-    /// Ready at once (the member's kernel answered; the first Execution confirms the sandbox
-    /// with briq before any code goes there).
+    /// The second half of a handover: the claimer records the member and its sandbox, with its
+    /// finalizer, in one write conditional on the version it was decided on, and is Ready at
+    /// once (the member's kernel answered; the first Execution confirms the sandbox with briq
+    /// before any code goes there).
+    ///
+    /// A claimer that changed meanwhile is read afresh: recorded already (an earlier attempt),
+    /// it only reports; holding another member (a second operator's claim), the member taken
+    /// here is one too many and is deleted, sandbox and all, by its own finalizer.
     async fn record_claim(
         &self,
         executor: &BriqExecutor,
         pool: &str,
-        member: &BriqExecutor,
+        member: BriqExecutor,
     ) -> Result<Action> {
-        let member_status = status_of(member);
+        let member_status = status_of(&member);
         let Some(id) = decide::recorded_sandbox(&member_status, member.annotations()) else {
             return Err(Error::Invariant(format!(
                 "pool member {} was claimed without a sandbox",
                 member.name_any()
             )));
         };
+        let uid = executor.uid().unwrap_or_default();
         // The member's sandbox was made with its class's key, which is the claimer's from now on.
         let made_under = member.annotations().get(class::CLASS_ANNOTATION);
-        self.annotate(
-            executor,
-            json!({
-                CLAIMED_MEMBER_ANNOTATION: member.name_any(),
-                SANDBOX_ID_ANNOTATION: id,
-                class::CLASS_ANNOTATION: made_under,
-            }),
-        )
-        .await?;
+        let mut claimer = executor.clone();
+        let mut recorded = None;
+        for _ in 0..RECORD_ATTEMPTS {
+            let holds = claimer
+                .annotations()
+                .get(CLAIMED_MEMBER_ANNOTATION)
+                .cloned();
+            match decide::record_step(
+                holds.as_deref(),
+                &member.name_any(),
+                claimer.metadata.deletion_timestamp.is_some(),
+            ) {
+                decide::RecordStep::Write => {}
+                decide::RecordStep::Recorded => {
+                    recorded = Some(claimer);
+                    break;
+                }
+                decide::RecordStep::GiveBack => {
+                    self.handovers.settled(&uid);
+                    self.give_back_member(&member).await?;
+                    return Ok(Action::await_change());
+                }
+                decide::RecordStep::LeaveToCollector => {
+                    // Deleted before the record: the member it owns goes with it.
+                    self.handovers.settled(&uid);
+                    return Ok(Action::await_change());
+                }
+            }
+            let mut finalizers = claimer.finalizers().to_vec();
+            if !finalizers.iter().any(|f| f == FINALIZER) {
+                finalizers.push(FINALIZER.to_owned());
+            }
+            let patch = json!({ "metadata": {
+                "resourceVersion": claimer.resource_version(),
+                "finalizers": finalizers,
+                "annotations": {
+                    CLAIMED_MEMBER_ANNOTATION: member.name_any(),
+                    SANDBOX_ID_ANNOTATION: id,
+                    class::CLASS_ANNOTATION: made_under,
+                },
+            } });
+            let patched = self
+                .api
+                .patch(
+                    &claimer.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(Error::from);
+            match patched {
+                Ok(written) => {
+                    recorded = Some(written);
+                    break;
+                }
+                Err(error) if is_conflict(&error) => {
+                    match self.api.get_opt(&claimer.name_any()).await? {
+                        Some(fresh) => claimer = fresh,
+                        None => {
+                            self.handovers.settled(&uid);
+                            return Ok(Action::await_change());
+                        }
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let Some(claimer) = recorded else {
+            return Ok(Action::requeue(CONFLICT_RECHECK));
+        };
         let origin = decide::handover_text(pool, &member.name_any());
         let ready = decide::kernel_ready(Some(&origin));
         let fields = SandboxFields {
@@ -1173,15 +1354,29 @@ impl<S: SandboxApi> Actor<'_, S> {
             created: member_status.sandbox_created_time.clone(),
             ready: Some(conditions::now()),
         };
-        self.report(executor, ready, fields).await?;
+        self.report(&claimer, ready, fields).await?;
         let note = format!(
             "took sandbox {id} and its kernel from BriqExecutorPool {pool} (executor {})",
             member.name_any()
         );
-        self.event(executor, EventType::Normal, "Claimed", "Claim", note)
+        self.event(&claimer, EventType::Normal, "Claimed", "Claim", note)
             .await;
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
+    }
+
+    /// Deletes a member this claimer took one too many of; its finalizer destroys its sandbox.
+    async fn give_back_member(&self, member: &BriqExecutor) -> Result<()> {
+        warn!(member = %member.name_any(), "a claimer that holds another member took this one too: deleting it");
+        match self
+            .api
+            .delete(&member.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Destroys the sandbox of an executor that ended for good (`why`), if it is the
