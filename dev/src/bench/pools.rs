@@ -90,6 +90,10 @@ pub struct Claims {
     pub fill_seconds: Option<f64>,
     /// Create → Ready of each claimer Ready within the bound.
     pub claim_ms: Option<Summary>,
+    /// When all at once: each claimer's create call, sent → answered (the API server taking
+    /// the burst), and its answer → Ready (what is left for the operator).
+    pub create_call_ms: Option<Summary>,
+    pub after_create_ms: Option<Summary>,
     /// Claimers whose Ready message says the pool handed them a member's sandbox.
     pub handed_over: usize,
     /// Claimers that created a sandbox of their own instead (expected: none).
@@ -114,6 +118,8 @@ impl Claims {
             at_once,
             fill_seconds: None,
             claim_ms: None,
+            create_call_ms: None,
+            after_create_ms: None,
             handed_over: 0,
             fallbacks: 0,
             refill_ms: None,
@@ -338,19 +344,29 @@ impl Phase {
             .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
         let executors = &self.executors;
         let first = Instant::now();
-        let sent_at: HashMap<String, Instant> = stream::iter(plan)
+        let calls: Vec<(String, Instant, Instant)> = stream::iter(plan)
             .map(|executor| async move {
                 let at = Instant::now();
                 executors.create(&PostParams::default(), &executor).await?;
-                Ok::<_, anyhow::Error>((executor.name_any(), at))
+                Ok::<_, anyhow::Error>((executor.name_any(), at, Instant::now()))
             })
             .buffer_unordered(claims.max(1))
             .try_collect()
             .await?;
+        let sent_at: HashMap<String, Instant> = calls
+            .iter()
+            .map(|(name, sent, _)| (name.clone(), *sent))
+            .collect();
+        let answered_at: HashMap<String, Instant> = calls
+            .iter()
+            .map(|(name, _, answered)| (name.clone(), *answered))
+            .collect();
         let names: Vec<String> = sent_at.keys().cloned().collect();
         let all_ready = ready.wait_for_names(&names, first + self.bound).await;
         let ready_at = ready.times();
         figures.claim_ms = Summary::of_millis(&scaling::latencies(&sent_at, &ready_at));
+        figures.create_call_ms = Summary::of_millis(&scaling::latencies(&sent_at, &answered_at));
+        figures.after_create_ms = Summary::of_millis(&scaling::latencies(&answered_at, &ready_at));
         if all_ready {
             match self.full_at(claims, Instant::now() + self.bound).await? {
                 Some(full) => figures.refill_ms = Summary::of_millis(&[millis(full - first)]),

@@ -207,6 +207,15 @@ fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
             format!("p99 **{}**", ms(s.p99))
         });
     }
+    if let (Some(call), Some(after)) = (&c.create_call_ms, &c.after_create_ms) {
+        notes.push(format!(
+            "of which the create calls themselves p50 {}, p99 {}; answered → Ready p50 {}, p99 {}",
+            ms(call.median),
+            ms(call.p99),
+            ms(after.median),
+            ms(after.p99)
+        ));
+    }
     if targets {
         notes.push(format!(
             "target p50 ≤ {TARGET_CLAIM_P50_MS:.0} ms, p99 ≤ {:.0} s",
