@@ -20,6 +20,8 @@ enum Command {
     Run(Box<operator::Args>),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crd,
+    /// Print the API reference of the CRDs as Markdown (what docs/src/reference/api.md holds).
+    ApiReference,
 }
 
 #[tokio::main]
@@ -38,6 +40,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Cli(command) => cli::run(command).await.exit(),
         Command::Run(args) => operator::run(*args).await?,
         Command::Crd => print!("{}", crd::to_yaml()?),
+        Command::ApiReference => print!("{}", crd::reference::markdown()),
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod execution;
 mod executor;
 mod pool;
 pub mod reasons;
+pub mod reference;
 
 pub use class::*;
 pub use execution::*;
