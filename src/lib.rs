@@ -8,6 +8,8 @@ pub mod briq;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+#[cfg(test)]
+mod docs;
 pub mod http;
 pub mod leader;
 pub mod metrics;
