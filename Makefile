@@ -1,4 +1,5 @@
-# The two commands a new user needs are `make demo` and `make test` (see README.md).
+# The two commands a new user needs are `make demo` and `make test` (see README.md and the book in
+# docs/: `make docs`).
 SHELL := /bin/bash
 .ONESHELL:
 .SHELLFLAGS := -euo pipefail -c
@@ -13,8 +14,8 @@ python-env:
 
 # helm, the kstatus checker, promcheck (Prometheus' rule and PromQL parsers), crane, registry and
 # krew for the chart, GitOps and release tests
-# (built once from the Go module proxy, cached outside the repo) and the operator image's Debian
-# packages.
+# (built once from the Go module proxy, cached outside the repo), the operator image's Debian
+# packages, and mdbook for the docs book (cargo install from crates.io, cached likewise).
 tools:
 	bash tests/tools/build.sh >/dev/null
 
@@ -61,7 +62,7 @@ test-unit-python: python-env
 
 .PHONY: control-plane python-env tools lint test test-unit test-unit-python
 
-# The main job end to end on the embedded default (see README.md).
+# The main job end to end on the embedded default (see README.md, docs/src/getting-started.md).
 demo: control-plane python-env
 	echo "building briq-dev (first run: several minutes) …"
 	cargo run -p briq-dev -- demo
@@ -69,7 +70,7 @@ demo: control-plane python-env
 .PHONY: demo
 
 # Latency, throughput, API cost, memory and cold start, printed as a table and written as JSON
-# (see README.md, "Performance"). `make bench ARGS=--quick` for a smoke run of a few minutes.
+# (see docs/src/performance.md). `make bench ARGS=--quick` for a smoke run of a few minutes.
 BENCH_OUT ?= target/bench.json
 bench: control-plane python-env
 	# The memory scenario runs `briq-operator run` from the same target directory.
@@ -101,7 +102,7 @@ release: tools python-env
 # The operator image, built without a container engine (images/operator/build.py: Debian's
 # packages + the release binary, user 65532, no shell), as an OCI image layout in $(IMAGE_DIR)
 # with its SBOM (sbom.spdx.json) and digest; the same commit gives the same digest. Push it with
-# crane (built by `make tools`) or skopeo: see README.md, "Install".
+# crane (built by `make tools`) or skopeo: see docs/src/install.md.
 IMAGE_DIR ?= target/image
 image: tools
 	echo "building the release binary (first run: several minutes) …"
@@ -114,3 +115,14 @@ image: tools
 	echo "push: $$tools/bin/crane push $(IMAGE_DIR) REGISTRY/briq-operator:$$(sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)"
 
 .PHONY: image
+
+# The docs book (docs/, mdBook) in $(BOOK_DIR), with the mdbook of `make tools`. Its API reference
+# is generated: `cargo run -q -- api-reference > docs/src/reference/api.md` (a unit test fails
+# when it is stale; another checks every link and anchor, tests/docs.rs builds the book).
+BOOK_DIR ?= target/book
+docs: tools
+	tools=$$(bash tests/tools/build.sh 2>/dev/null)
+	"$$tools/bin/mdbook" build docs --dest-dir "$(CURDIR)/$(BOOK_DIR)"
+	echo "$(BOOK_DIR)/index.html"
+
+.PHONY: docs

@@ -4,7 +4,9 @@
 # (cli-utils' kstatus, the status library Flux uses), go-containerregistry's crane and registry
 # (the operator image's push, pull and a local registry), krew (installs the plugin manifest) and
 # tests/promcheck (Prometheus' own rule-file and PromQL parsers, for the dashboard and alerts);
-# and downloads the Debian packages of the operator image (debs/, `apt-get download`). Prints the
+# and downloads the Debian packages of the operator image (debs/, `apt-get download`); and mdbook
+# (the docs book, `cargo install` from crates.io) into a cache directory of its own, keyed by its
+# version, linked as bin/mdbook (so a new mdbook version rebuilds mdbook only). Prints the
 # directory holding bin/ and debs/ (last line on stdout); progress goes to stderr. The tests never build anything: they read BRIQ_TOOLS_DIR, or run
 # this script with --cached, which only prints the directory when it is already built.
 set -euo pipefail
@@ -12,6 +14,7 @@ set -euo pipefail
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 GGCR_VERSION="${GGCR_VERSION:-v0.22.1}"
 KREW_VERSION="${KREW_VERSION:-v0.4.3}"
+MDBOOK_VERSION="${MDBOOK_VERSION:-0.5.4}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE_ROOT="${BRIQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/briq-operator}"
 kstatus_src="$root/tests/kstatus"
@@ -23,13 +26,38 @@ debs_hash="$(sha256sum < "$root/images/operator/packages" | cut -c1-8)"
 OUT="$CACHE_ROOT/tools-helm-$HELM_VERSION-kstatus-$kstatus_hash-ggcr-$GGCR_VERSION-krew-$KREW_VERSION-promcheck-$promcheck_hash-debs-$debs_hash"
 tools=(helm kstatus crane registry krew promcheck)
 
+MDBOOK_OUT="$CACHE_ROOT/mdbook-$MDBOOK_VERSION"
+
 log() { printf '[tools build] %s\n' "$*" >&2; }
+
+# mdbook: its own directory, complete marker written last; linked into $OUT/bin once both exist.
+mdbook_built() { [[ -x "$MDBOOK_OUT/bin/mdbook" && -f "$MDBOOK_OUT/.complete" ]]; }
+build_mdbook() {
+  mdbook_built && return 0
+  command -v cargo >/dev/null || { log "cargo is required for mdbook"; exit 1; }
+  mkdir -p "$CACHE_ROOT"
+  local mtmp
+  mtmp="$(mktemp -d "$CACHE_ROOT/mdbook.XXXXXX")"
+  log "building mdbook $MDBOOK_VERSION (cargo install; a few minutes on a cold cache)"
+  cargo install mdbook --locked --version "$MDBOOK_VERSION" --no-default-features \
+    --features search --root "$mtmp" >&2 || { rm -rf "$mtmp"; exit 1; }
+  rm -rf "$MDBOOK_OUT"
+  mkdir -p "$MDBOOK_OUT"
+  mv "$mtmp/bin" "$MDBOOK_OUT/"
+  rm -rf "$mtmp"
+  touch "$MDBOOK_OUT/.complete"
+}
+link_mdbook() {
+  if mdbook_built && [[ -d "$OUT/bin" ]]; then ln -sfn "$MDBOOK_OUT/bin/mdbook" "$OUT/bin/mdbook"; fi
+}
 
 built() {
   for tool in "${tools[@]}"; do [[ -x "$OUT/bin/$tool" ]] || return 1; done
   [[ -f "$OUT/debs/.complete" ]]
 }
 if built; then
+  [[ "${1:-}" == "--cached" ]] || build_mdbook
+  link_mdbook
   log "cached: $OUT"
   echo "$OUT"
   exit 0
@@ -83,5 +111,7 @@ touch "$tmp/debs/.complete"
 mkdir -p "$OUT"
 rm -rf "$OUT/bin" "$OUT/debs"
 mv "$tmp/bin" "$tmp/debs" "$OUT/"
+build_mdbook
+link_mdbook
 log "built in $(( $(date +%s) - start )) s: $OUT"
 echo "$OUT"
