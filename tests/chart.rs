@@ -1240,7 +1240,7 @@ fn every_metric_the_dashboard_and_alerts_name_is_one_the_operator_exports() {
             let name = rule["alert"].as_str().expect("only alerts");
             alert_names.push(name);
             assert!(rule["for"].is_string(), "{name}: for");
-            for field in ["summary", "description", "runbook"] {
+            for field in ["summary", "description", "runbook", "runbook_url"] {
                 assert!(rule["annotations"][field].is_string(), "{name}: {field}");
             }
             assert!(
