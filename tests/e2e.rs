@@ -507,10 +507,16 @@ async fn an_uncertain_create_and_a_crash_still_make_exactly_one_sandbox() {
         settings.backoff_base = Duration::from_secs(2)
     })
     .await;
-    // The sandbox is created, but the answer is lost: the operator cannot know.
+    // The sandbox is created, but the answer never comes: the operator cannot know, and is
+    // killed while it waits. (With the answer dropped at once, the operator's own writes woke it
+    // again at once and it adopted the sandbox within a second: on a loaded machine the crash
+    // came after that, or the wait below began too late to see the pending create at all.)
     operator
         .admin()
-        .add_fault(&FaultRule::on(Operation::Create, Fault::DropAfterEffect))
+        .add_fault(&FaultRule::on(
+            Operation::Create,
+            Fault::hang_after_effect(Duration::from_secs(600)),
+        ))
         .await
         .unwrap();
     create_executor(&env, "py", json!({})).await;
