@@ -237,8 +237,8 @@ async fn kstatus_and_argo_cd_read_real_objects_as_documented() {
     support::wait_deleted(&executors, "gone", 30).await;
 }
 
-/// The imperative pattern the README shows: `generateName` + `kubectl create` runs anew each
-/// time; `kubectl apply` refuses a generated name.
+/// The imperative pattern docs/src/gitops.md shows: `generateName` + `kubectl create` runs
+/// anew each time; `kubectl apply` refuses a generated name.
 #[tokio::test]
 async fn generate_name_with_kubectl_create_makes_a_new_execution_each_time() {
     let env = TestEnv::new("gitops-create").await;

@@ -2,8 +2,8 @@
 //! registries: the image is reproducible and in step with its Dockerfile; image and chart go
 //! through a real OCI registry (go-containerregistry's `registry`) unchanged; the image, pulled
 //! back and unpacked, runs the operator from its own root filesystem as the ServiceAccount that
-//! `install.yaml` created (no admin credentials anywhere) until the README's example succeeds;
-//! krew installs the plugin from its manifest.
+//! `install.yaml` created (no admin credentials anywhere) until the example of
+//! docs/src/concepts.md succeeds; krew installs the plugin from its manifest.
 //!
 //! The tools (crane, registry, krew, the image's Debian packages) come from
 //! `tests/tools/build.sh`; where they are absent, or this is not root (chroot), the tests that need
@@ -617,7 +617,7 @@ async fn pulled_from_a_registry_the_image_runs_the_readme_example_as_install_yam
     .await;
     assert!(ready.is_ok(), "{ready:?}\noperator log:\n{}", log());
 
-    // The README's example, as `kubectl apply` / `kubectl create` give it.
+    // The example of docs/src/concepts.md, as `kubectl apply` / `kubectl create` give it.
     let examples = support::repo_root().join("examples");
     let (ok, _, stderr) = env.kubectl(&[
         "apply",

@@ -85,9 +85,10 @@ async fn delete_executors(env: &TestEnv, names: &[String]) {
     }
 }
 
-/// The README's flow under load: `kubectl create -f` of executors and their Executions in one
-/// manifest, 8 rounds of 4 pairs. The executor controller's Ready write wakes the Executions
-/// waiting on it; the wake-up must not be spent before the executor cache shows Ready.
+/// The flow of docs/src/concepts.md under load: `kubectl create -f` of executors and their
+/// Executions in one manifest, 8 rounds of 4 pairs. The executor controller's Ready write wakes
+/// the Executions waiting on it; the wake-up must not be spent before the executor cache shows
+/// Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executions_created_in_one_request_with_their_executors_run_as_soon_as_each_is_ready() {
     let env = TestEnv::new("live-pairs").await;

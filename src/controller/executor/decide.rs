@@ -402,7 +402,7 @@ pub fn idleness(
 }
 
 /// The Ready event's note: which sandbox, and whether setup had to pip-install anything (a
-/// prebuilt sandbox image makes no pip call; see README.md, "Sandbox image").
+/// prebuilt sandbox image makes no pip call; see docs/src/concepts.md, "Sandbox image").
 pub fn ready_note(sandbox: &str, provisioned: Provisioned) -> String {
     let setup = if provisioned.pip_installed {
         "setup pip-installed missing requirements"
