@@ -93,30 +93,12 @@ fn sandbox_of(executor: &BriqExecutor) -> String {
         .unwrap_or_default()
 }
 
-/// Every live sandbox's id, as briq (the local server) has them.
-async fn sandbox_ids(operator: &Operator) -> BTreeSet<String> {
-    operator
-        .admin()
-        .stats()
-        .await
-        .unwrap()
-        .sandboxes
-        .into_iter()
-        .map(|s| s.id)
-        .collect()
-}
-
-/// Every live sandbox's name, as briq (the local server) has them.
-async fn sandbox_names(operator: &Operator) -> BTreeSet<String> {
-    operator
-        .admin()
-        .stats()
-        .await
-        .unwrap()
-        .sandboxes
-        .into_iter()
-        .map(|s| s.name)
-        .collect()
+/// Every live sandbox's id and name, as briq (the local server) has them.
+async fn live_sandboxes(operator: &Operator) -> (BTreeSet<String>, BTreeSet<String>) {
+    let sandboxes = operator.admin().stats().await.unwrap().sandboxes;
+    let ids = sandboxes.iter().map(|s| s.id.clone()).collect();
+    let names = sandboxes.into_iter().map(|s| s.name).collect();
+    (ids, names)
 }
 
 #[tokio::test]
@@ -244,7 +226,7 @@ async fn assert_own_sandbox(env: &TestEnv, operator: &Operator, executor: &BriqE
     let name = executor.name_any();
     let own = briq_operator::briq::sandbox_name(&env.namespace, &name, &executor.uid().unwrap());
     assert!(
-        sandbox_names(operator).await.contains(&own),
+        live_sandboxes(operator).await.1.contains(&own),
         "{name} runs on a sandbox of its own"
     );
     assert!(
@@ -591,7 +573,7 @@ async fn two_operators_claiming_for_the_same_claimers_at_once_leave_each_one_mem
         READY_SECONDS,
         "no sandbox of a member given back is left",
         || async {
-            let live = sandbox_ids(&operator).await;
+            let (live, _) = live_sandboxes(&operator).await;
             let recorded: BTreeSet<String> = executors
                 .list(&ListParams::default())
                 .await

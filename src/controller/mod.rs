@@ -510,6 +510,16 @@ fn is_conflict(error: &Error) -> bool {
     matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409)
 }
 
+/// Whether a conditional write landed (`false`: it lost, see [`is_conflict`]); other errors
+/// stay errors.
+fn landed<T>(written: Result<T>) -> Result<bool> {
+    match written {
+        Ok(_) => Ok(true),
+        Err(error) if is_conflict(&error) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// Marks `executor` unusable, for good: it never runs code again.
 async fn mark_unusable<S>(shared: &Shared<S>, executor: &BriqExecutor, reason: &str) -> Result<()> {
     if executor.status.as_ref().is_some_and(|s| s.unusable) {

@@ -41,7 +41,7 @@ use super::{
     backoff::Backoff,
     class, class_key, class_of, conditions,
     fair::{FairShare, Held},
-    is_conflict, key_and_secret, made_under, mark_unusable, object_key, orphans, own_key,
+    is_conflict, key_and_secret, landed, made_under, mark_unusable, object_key, orphans, own_key,
     prune_backoff, publish, retry,
     session::{Provisioned, Session, SetupError},
     settle, waited,
@@ -660,11 +660,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             )
             .await
             .map_err(Error::from);
-        match patched {
-            Ok(_) => Ok(true),
-            Err(error) if is_conflict(&error) => Ok(false),
-            Err(error) => Err(error),
-        }
+        landed(patched)
     }
 
     /// Installs the bridge and its dependencies and starts the kernel; a failed setup destroys
@@ -1208,11 +1204,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             version.as_deref(),
         )
         .await;
-        match written {
-            Ok(_) => Ok(true),
-            Err(error) if is_conflict(&error) => Ok(false),
-            Err(error) => Err(error),
-        }
+        landed(written)
     }
 
     /// Marks `member` as this executor's, unless it changed since the cache saw it (another
