@@ -7,7 +7,10 @@ mod support;
 
 use std::{collections::BTreeSet, time::Duration};
 
-use briq_dev::local_server::{Fault, FaultRule, Operation};
+use briq_dev::{
+    local_server::{Fault, FaultRule, Operation},
+    stack::Controllers,
+};
 use k8s_openapi::api::events::v1::Event;
 
 use briq_operator::crd::{
@@ -20,7 +23,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_executor, output, reason, run,
+    Operator, READY_SECONDS, TestEnv, condition, create_executor, output, reason, run, sandbox_of,
     two_operators, wait_deleted, wait_for, wait_ready,
 };
 
@@ -83,14 +86,6 @@ async fn unclaimed(env: &TestEnv, pool: &str) -> Vec<BriqExecutor> {
         .await
         .unwrap()
         .items
-}
-
-fn sandbox_of(executor: &BriqExecutor) -> String {
-    executor
-        .status
-        .as_ref()
-        .and_then(|s| s.sandbox_id.clone())
-        .unwrap_or_default()
 }
 
 /// Every live sandbox's id and name, as briq (the local server) has them.
@@ -632,4 +627,30 @@ async fn a_copied_claimer_never_gets_the_members_sandbox() {
     let agent = executors.get("agent").await.unwrap();
     assert_eq!(sandbox_of(&agent), held);
     assert_eq!(output(&run(&env, "still", "agent", "secret").await), "42");
+}
+
+#[tokio::test]
+async fn a_restarted_operator_makes_no_members_before_its_executor_cache_shows_the_old_ones() {
+    let (env, mut operator) = with_ready_pool("pool-restart", 2).await;
+    operator.kill().await;
+    // The next process's executor cache shows the members a while after its pool cache shows
+    // the pool (a consistent list, after an upgrade's CRD update or with many executors).
+    let requests = support::RequestLog::default();
+    let client = requests
+        .client_with_slow_lists(&env, "briqexecutors", Duration::from_secs(2))
+        .await;
+    let settings = support::settings(&env, &operator.server);
+    let restarted = Controllers::start(client, &operator.server, settings).expect("controllers");
+    // A claim after the restart: the pool is reconciled by the new process (it refills), so
+    // whatever it would make of a cache that does not show its members yet has been made.
+    create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    wait_ready(&env, "agent").await;
+    pool_ready(&env, "fast", 2).await;
+    let created = requests.creates("briqexecutors");
+    assert_eq!(
+        created.len(),
+        1,
+        "one member made since the restart, the refill: {created:?}"
+    );
+    restarted.stop().await;
 }

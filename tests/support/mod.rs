@@ -71,6 +71,18 @@ pub struct RequestLog(Arc<Mutex<Vec<String>>>);
 impl RequestLog {
     /// An admin client, like [`TestEnv::client`], whose requests land in this log.
     pub async fn client(&self, env: &TestEnv) -> Client {
+        self.client_with_slow_lists(env, "", Duration::ZERO).await
+    }
+
+    /// [`RequestLog::client`], whose lists of `resource` (GET of the collection, not a watch)
+    /// answer `delay` late: a cache that takes its time to show what exists, as after an API
+    /// server restart or a CRD update, or with many objects.
+    pub async fn client_with_slow_lists(
+        &self,
+        env: &TestEnv,
+        resource: &'static str,
+        delay: Duration,
+    ) -> Client {
         let log = self.clone();
         let record = tower::util::MapRequestLayer::new(move |request: http::Request<_>| {
             log.0.lock().expect("request log").push(format!(
@@ -80,10 +92,32 @@ impl RequestLog {
             ));
             request
         });
+        let slow = tower::layer::layer_fn(move |inner| SlowLists {
+            inner,
+            resource,
+            delay,
+        });
         kube::client::ClientBuilder::try_from(config_for(&env.kubeconfig).await)
             .expect("kube client")
             .with_layer(&record)
+            .with_layer(&slow)
             .build()
+    }
+
+    /// The creates (POST) of `resource` logged so far.
+    pub fn creates(&self, resource: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .expect("request log")
+            .iter()
+            .filter(|request| {
+                request.strip_prefix("POST ").is_some_and(|target| {
+                    let path = target.split_once('?').map_or(target, |(path, _)| path);
+                    path.ends_with(&format!("/{resource}"))
+                })
+            })
+            .cloned()
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -103,6 +137,48 @@ impl RequestLog {
             })
             .cloned()
             .collect()
+    }
+}
+
+#[derive(Clone)]
+struct SlowLists<S> {
+    inner: S,
+    resource: &'static str,
+    delay: Duration,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for SlowLists<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let uri = request.uri();
+        let list = request.method() == http::Method::GET
+            && uri.path().ends_with(&format!("/{}", self.resource))
+            && !uri.query().unwrap_or_default().contains("watch=true");
+        let delay = if list && !self.resource.is_empty() {
+            self.delay
+        } else {
+            Duration::ZERO
+        };
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            answer.await
+        })
     }
 }
 
@@ -323,6 +399,15 @@ pub fn condition<K: serde::Serialize>(object: &K, type_: &str) -> (String, Strin
         .unwrap_or_default();
     let text = |key: &str| found[key].as_str().unwrap_or_default().to_owned();
     (text("status"), text("reason"), text("message"))
+}
+
+/// The sandbox id an executor's status records (empty before it has one).
+pub fn sandbox_of(executor: &BriqExecutor) -> String {
+    executor
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox_id.clone())
+        .unwrap_or_default()
 }
 
 pub fn reason(execution: &Execution) -> String {

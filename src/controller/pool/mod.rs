@@ -197,6 +197,12 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         // Garbage collection deletes the members it still owns; claimed ones are not its own.
         return Ok(Action::await_change());
     }
+    // Members are counted from the executor cache, which shows none before its first list (a
+    // consistent read, slower than the pools' own list): a restarted or upgraded operator would
+    // make a whole new set of members, each a sandbox, only to delete them once it sees the old.
+    if !super::until_ready(&ctx.executors).await {
+        return Ok(Action::await_change()); // the watch is gone: the operator is stopping
+    }
     let namespace = pool.namespace().unwrap_or_default();
     let executors: Api<BriqExecutor> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     let hash = template_hash(pool);
