@@ -19,6 +19,11 @@ python-env:
 tools:
 	bash tests/tools/build.sh >/dev/null
 
+# The previous release's operator (compat/<version>/commit), built once from this repository's
+# history and cached outside the repo, for the upgrade test (tests/upgrade.rs).
+previous-release:
+	bash compat/build.sh >/dev/null
+
 lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
@@ -38,7 +43,7 @@ test-unit: python-env
 
 # Every test: the fast tier, then Rust (contract, real kube-apiserver end to end) and Python
 # (sandbox bridge, agent client).
-test: test-unit control-plane python-env tools
+test: test-unit control-plane python-env tools previous-release
 	venv=$$(bash .ci/python-env.sh)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
@@ -60,7 +65,7 @@ test-unit-python: python-env
 	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
 	cd bridge/agent && "$$venv/bin/python" -m pytest -q tests/test_mapping.py tests/test_distribution.py
 
-.PHONY: control-plane python-env tools lint test test-unit test-unit-python
+.PHONY: control-plane python-env tools previous-release lint test test-unit test-unit-python
 
 # The main job end to end on the embedded default (see README.md, docs/src/getting-started.md).
 demo: control-plane python-env

@@ -8,6 +8,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde::Deserialize as _;
 
 /// The repository root (this crate lives in `dev/`). Development tooling only: the operator
 /// itself never looks for its sources.
@@ -15,6 +17,32 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("dev/ has a parent directory")
+}
+
+/// The CRDs of release `version` as clusters that run it store them (`compat/<version>/`).
+pub fn released_crds(version: &str) -> anyhow::Result<Vec<CustomResourceDefinition>> {
+    let path = repo_root()
+        .join("compat")
+        .join(version)
+        .join("briq.cloud.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|document| {
+            CustomResourceDefinition::deserialize(document)
+                .with_context(|| format!("a CRD of {}", path.display()))
+        })
+        .collect()
+}
+
+/// The operator binary of release `version`, built from its commit (`compat/<version>/commit`)
+/// by `compat/build.sh`: `BRIQ_PREVIOUS_OPERATOR`, else what the script has built and cached
+/// (`--cached`: it never builds here, `make test` builds it first).
+pub fn released_operator(version: &str) -> anyhow::Result<PathBuf> {
+    match std::env::var_os("BRIQ_PREVIOUS_OPERATOR") {
+        Some(binary) => Ok(PathBuf::from(binary)),
+        None => script_output("compat/build.sh", &["--cached", version]),
+    }
 }
 
 /// Runs `bash <repo>/<script> <args>` (its stderr goes to ours) and returns the last line it

@@ -61,10 +61,19 @@ pub struct Builder {
     sandbox_server: bool,
     simulated_sandbox_server: bool,
     controllers: bool,
+    /// A release whose CRDs to install instead of this tree's (`compat/<version>/`).
+    released_crds: Option<String>,
     progress: Progress,
 }
 
 impl Builder {
+    /// Installs the CRDs of release `version` as `compat/<version>/briq.cloud.yaml` holds them
+    /// instead of this tree's: a cluster that runs that release, for the upgrade test.
+    pub fn released_crds(mut self, version: &str) -> Self {
+        self.released_crds = Some(version.to_owned());
+        self
+    }
+
     /// kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
     pub fn audit_log(mut self) -> Self {
         self.audit_log = true;
@@ -136,7 +145,10 @@ impl Builder {
             }
         };
         let admin = client_for(&kubeconfig).await?;
-        crd::install(&admin).await?;
+        match &self.released_crds {
+            None => crd::install(&admin).await?,
+            Some(version) => crd::install_these(&admin, repo::released_crds(version)?).await?,
+        }
         let mut users = BTreeMap::new();
         for (name, groups) in &self.users {
             let plane = plane
@@ -231,6 +243,7 @@ impl Stack {
             sandbox_server: false,
             simulated_sandbox_server: false,
             controllers: false,
+            released_crds: None,
             progress: Progress::quiet(),
         }
     }

@@ -22,6 +22,9 @@ mod wake;
 
 pub use executor::{CREATE_PENDING_ANNOTATION, FINALIZER, SANDBOX_ID_ANNOTATION};
 pub use orphans::{KEY_IN_USE_FINALIZER, orphans};
+/// What a pool labels its members with: an upgrade that changed it would replace every unclaimed
+/// member (`tests/upgrade.rs`).
+pub use pool::template_hash;
 
 use std::{
     collections::BTreeMap,

@@ -114,15 +114,23 @@ pub fn to_yaml() -> Result<String, serde_yaml_ng::Error> {
 
 /// Server-side applies every CRD and waits until the API server serves them.
 pub async fn install(client: &kube::Client) -> Result<(), kube::Error> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition as Crd;
+    install_these(client, all()).await
+}
+
+/// Server-side applies `crds` (this tree's, or a release's as `compat/` holds them) and waits
+/// until the API server serves them.
+pub async fn install_these(
+    client: &kube::Client,
+    crds: Vec<CustomResourceDefinition>,
+) -> Result<(), kube::Error> {
     use kube::{
         Api, ResourceExt,
         api::{Patch, PatchParams},
         runtime::wait::{await_condition, conditions},
     };
-    let api: Api<Crd> = Api::all(client.clone());
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply("briq-operator").force();
-    for crd in all() {
+    for crd in crds {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(&crd)).await?;
         let established = await_condition(api.clone(), &name, conditions::is_crd_established());
