@@ -57,12 +57,13 @@ test: test-unit control-plane python-env tools previous-release
 	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
 
 # The Python tests that need neither a kernel nor a cluster, in seconds: the sandbox bridge's
-# pure helpers and its setup command (a fake pip), the executor's status mapping, and the agent
+# pure helpers, its setup command (a fake pip) and its compatibility with the previous release's
+# bridge (compat/<version>/bridge/), the executor's status mapping, and the agent
 # distribution: what it pulls in, its version (the crate's), its former import name, and its
 # wheel and sdist as `make release` builds them (twine check --strict, contents).
 test-unit-python: python-env
 	venv=$$(bash .ci/python-env.sh)
-	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py)
+	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q tests/test_units.py tests/test_setup.py tests/test_compat.py)
 	cd bridge/agent && "$$venv/bin/python" -m pytest -q tests/test_mapping.py tests/test_distribution.py
 
 .PHONY: control-plane python-env tools previous-release lint test test-unit test-unit-python

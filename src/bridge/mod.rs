@@ -3,6 +3,8 @@
 //! `bridge/PROTOCOL.md`). This module ships the program, builds its command lines and parses its
 //! one framed envelope strictly. Nothing the sandbox prints is ever evaluated.
 
+#[cfg(test)]
+mod compat;
 pub mod session;
 
 use std::time::Duration;

@@ -1,0 +1,2094 @@
+#!/usr/bin/env python3
+"""briq bridge: drives a Jupyter kernel inside a briq sandbox on behalf of briq-operator.
+
+This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
+
+    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run> [options]
+
+The nonce comes in the environment, never in argv (any process can read any command line).
+When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
+``/work/home``, and everything of the bridge's under ``.briq`` is root-only (PROTOCOL.md
+"Users and permissions").
+
+Every command prints exactly one framed JSON envelope on stdout (the contract is
+``bridge/PROTOCOL.md``); one too large for briq's stdout capture is written to
+``.briq/results/<nonce>.out`` and a small ``spilled`` envelope points at it. Only the standard
+library is imported at module level, because ``setup`` has to run before jupyter_client is
+installed.
+
+``start-kernel`` also starts the kernel's *runner* (the internal ``serve`` command): a detached
+process that keeps one connected kernel client and executes ``run`` requests it receives on the
+Unix socket ``<state-dir>/runner.sock``. ``run`` hands its action to the runner when one listens
+(without importing jupyter_client at all) and runs it over its own connection otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+NONCE_PATTERN = re.compile(r"[A-Za-z0-9]{16,64}")
+# The environment variable that carries the nonce; removed from os.environ before anything else
+# runs, so no child (pip, the kernel, the runner) inherits it.
+NONCE_ENV = "BRIQ_NONCE"
+
+# When the bridge runs as root, the kernel runs as this uid and gid (nobody / nogroup on Debian
+# images; no user needs to exist) with no supplementary groups, in USER_DIR (relative to the
+# cwd, i.e. /work/home), which is also its HOME.
+KERNEL_UID = 65534
+KERNEL_GID = 65534
+USER_DIR = "home"
+# Root-only: the bridge's directory and what is in it. BRIQ_DIR is traversable (0711) so that
+# the kernel can open its own connection file in KERNEL_DIR; nothing else there is readable.
+BRIQ_DIR = ".briq"
+ACTIONS_DIR = ".briq/actions"
+PRIVATE_DIRS = (".briq/state", ACTIONS_DIR, ".briq/results", ".briq/journal")
+KERNEL_DIR = ".briq/kernel"
+
+# Logs and output together, per action (PROTOCOL.md "Budgets").
+TEXT_BUDGET = 65_536
+# Serialized final answers, "safe:" prefix included.
+FINAL_ANSWER_LIMIT = 65_536
+PIP_TAIL_LIMIT = 4_000
+# Error messages and tracebacks are outside the shared budget but must not blow up the envelope.
+ERROR_TEXT_LIMIT = 65_536
+
+# briq keeps only the last 64 KB of a command's stdout: a framed envelope over this many bytes
+# goes to .briq/results/<nonce>.out instead, and stdout gets a small `spilled` envelope.
+SPILL_THRESHOLD = 32_768
+RESULTS_DIR = ".briq/results"
+# Spill files the operator did not remove are deleted by the next spill after this long.
+SPILL_MAX_AGE_S = 600.0
+
+# The result journal (PROTOCOL.md "Attempts"): one record per attempt id, written before the
+# code runs ("accepted") and once it has run ("finished"), so that an attempt delivered twice
+# runs once and its result can be asked for again. A record is acknowledged ("acked") when a
+# later attempt is accepted: the operator sends an executor's next attempt only once the result
+# of every earlier one is written. Only acknowledged records are ever removed, those older than
+# JOURNAL_MAX_AGE_S and all but the newest JOURNAL_KEEP, whenever an attempt is accepted; so a
+# record the operator has not learnt yet is kept whatever the clock and the count.
+JOURNAL_DIR = ".briq/journal"
+ATTEMPT_PATTERN = re.compile(r"[0-9a-f]{16,64}")
+JOURNAL_KEEP = 256
+JOURNAL_MAX_AGE_S = 3_600.0
+# How often a second delivery of a running attempt looks for its result.
+JOURNAL_POLL_S = 0.05
+
+# smolagents 1.26 serialization tags that the host would turn back into numpy arrays or PIL
+# images (serialization.py and the patched FinalAnswerTool.forward both emit exactly these).
+REJECTED_TAGS = frozenset({"ndarray", "PIL.Image"})
+REJECTED_HINT = "return arrays as lists and images as bytes"
+
+# How long an interrupted kernel gets to become idle again before we report the timeout.
+INTERRUPT_GRACE_S = 2.0
+# How long an existing kernel gets to answer kernel_info on its control channel.
+ANSWER_WAIT_S = 5.0
+# How often we look at the kernel's pid while waiting, so a dead kernel is noticed quickly.
+PID_CHECK_INTERVAL_S = 0.2
+
+# The runner (`serve`). How much longer than timeout + INTERRUPT_GRACE_S `run` waits for the
+# runner's answer before it reports the outcome as unknown (the operator allows 5 s in all).
+RUNNER_ANSWER_MARGIN_S = 1.5
+# Largest request the runner reads (a path and a few numbers) and largest answer `run` reads
+# (a result envelope is at most a few MB of escaped JSON).
+RUNNER_MAX_REQUEST_BYTES = 65_536
+# Largest action the run client may send (the operator's limit is far lower).
+RUNNER_MAX_CODE_BYTES = 16 * 1024 * 1024
+RUNNER_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# How long the runner waits for a connected client to send its request.
+RUNNER_REQUEST_WAIT_S = 5.0
+# How long a ping waits for the runner's answer.
+RUNNER_PING_WAIT_S = 1.0
+# How long start-kernel waits for a runner it started to answer.
+RUNNER_START_WAIT_S = 10.0
+# How long a new runner waits for an exiting one to release the runner lock.
+RUNNER_LOCK_WAIT_S = 3.0
+# How often an idle runner checks that its kernel is still the one in the state dir.
+RUNNER_CHECK_INTERVAL_S = 0.5
+
+# (import name, distribution, pip requirement, acceptable release tuple); mirrors the
+# requirements that setup installs so that "already importable" means "pip would do nothing".
+BASE_PACKAGES: tuple[tuple[str, str, str, Callable[[tuple[int, ...]], bool]], ...] = (
+    ("smolagents", "smolagents", "smolagents==1.26.0", lambda v: v[:3] == (1, 26, 0)),
+    ("numpy", "numpy", "numpy>=1.26,<3", lambda v: (1, 26) <= v < (3,)),
+    ("PIL", "pillow", "pillow", lambda v: True),
+    ("ipykernel", "ipykernel", "ipykernel>=6,<8", lambda v: (6,) <= v < (8,)),
+    ("jupyter_client", "jupyter-client", "jupyter-client>=8,<9", lambda v: (8,) <= v < (9,)),
+)
+
+# Lazy imports: every action is a new `run` process, so modules only some commands need
+# (importlib.metadata, tempfile, hashlib, secrets) are imported where they are used.
+
+# CSI sequences (colours, cursor moves), OSC sequences (titles, links) and two-byte escapes.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+# --------------------------------------------------------------------------------------------
+# Envelopes
+# --------------------------------------------------------------------------------------------
+
+
+def setup_envelope(ok: bool, installed: bool, message: str, pip_tail: str | None = None) -> dict:
+    return {
+        "kind": "setup",
+        "ok": ok,
+        "installed": installed,
+        "message": message,
+        "pip_tail": pip_tail,
+    }
+
+
+def kernel_envelope(alive: bool, started: bool, pid: int | None, message: str) -> dict:
+    return {"kind": "kernel", "alive": alive, "started": started, "pid": pid, "message": message}
+
+
+def result_envelope(
+    status: str,
+    *,
+    logs: str = "",
+    output: str | None = None,
+    truncated: bool = False,
+    final_answer: str | None = None,
+    error: dict | None = None,
+    display_dropped: int = 0,
+    duration_ms: int = 0,
+) -> dict:
+    return {
+        "kind": "result",
+        "status": status,
+        "logs": logs,
+        "output": output,
+        "truncated": truncated,
+        "final_answer": final_answer,
+        "error": error,
+        "display_dropped": display_dropped,
+        "duration_ms": duration_ms,
+    }
+
+
+def error_info(name: str, message: str, traceback: str = "") -> dict:
+    return {
+        "name": clip(strip_ansi(name), 200),
+        "message": clip(strip_ansi(message), ERROR_TEXT_LIMIT),
+        "traceback": clip(strip_ansi(traceback), ERROR_TEXT_LIMIT),
+    }
+
+
+def _valid_unicode(value: Any) -> Any:
+    """Replace lone surrogates: JSON parsers (serde_json among them) reject them as escapes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {key: _valid_unicode(item) for key, item in value.items()}
+    return value
+
+
+def frame(nonce: str, envelope: dict) -> str:
+    """The envelope as printed: markers around one JSON line."""
+    # ensure_ascii keeps the payload one pure-ASCII line whatever the user printed (newlines,
+    # NULs, U+2028 are all escaped), so text inside it can never look like a marker line.
+    payload = json.dumps(_valid_unicode(envelope), ensure_ascii=True, separators=(",", ":"))
+    # The leading newline puts the marker at a line start even after unterminated chatter.
+    return f"\n<<<BRIQ-ENVELOPE {nonce}>>>\n{payload}\n<<<END-BRIQ-ENVELOPE {nonce}>>>\n"
+
+
+def spilled_envelope(size: int, sha256: str) -> dict:
+    return {"kind": "spilled", "bytes": size, "sha256": sha256}
+
+
+def remove_stale_results(results_dir: Path, keep: Path, now: float) -> None:
+    """Delete files in `results_dir` older than SPILL_MAX_AGE_S, except `keep`."""
+    try:
+        entries = list(os.scandir(results_dir))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == keep.name:
+            continue
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if entry.is_file(follow_symlinks=False) and (
+                now - entry.stat(follow_symlinks=False).st_mtime > SPILL_MAX_AGE_S
+            ):
+                os.unlink(entry.path)
+
+
+def spill(results_dir: Path, nonce: str, data: bytes) -> dict:
+    """Write `data` to `<results_dir>/<nonce>.out` atomically; the `spilled` envelope for it."""
+    import hashlib
+    import tempfile
+
+    if split_users():
+        private_dir(results_dir)
+    else:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    target = results_dir / f"{nonce}.out"
+    remove_stale_results(results_dir, target, time.time())
+    # Same directory, then rename: the operator sees either no file or the whole file.
+    fd, tmp_name = tempfile.mkstemp(dir=results_dir, prefix=f".{nonce}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        # mkstemp makes it 0600: keep that when the kernel runs as another user, else make it
+        # readable like any other upload.
+        if not split_users():
+            os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    return spilled_envelope(len(data), hashlib.sha256(data).hexdigest())
+
+
+def envelope_text(nonce: str, envelope: dict, results_dir: str | os.PathLike = RESULTS_DIR) -> str:
+    """What goes on stdout: the framed envelope, or, when that is over SPILL_THRESHOLD bytes, a
+    framed `spilled` envelope pointing at the file that holds it (PROTOCOL.md "Large envelopes").
+    Raises OSError when the file cannot be written."""
+    text = frame(nonce, envelope)
+    data = text.encode("ascii")
+    if len(data) <= SPILL_THRESHOLD:
+        return text
+    return frame(nonce, spill(Path(results_dir), nonce, data))
+
+
+def stdout_text(nonce: str, kind: str, envelope: dict, exit_code: int) -> tuple[str, int]:
+    """What a command prints and its exit code: the envelope's text, or a framed bridge failure
+    when a large envelope could not be written to its file."""
+    try:
+        return envelope_text(nonce, envelope), exit_code
+    except OSError as exc:
+        problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
+        message = f"bridge error: could not write the large envelope to {RESULTS_DIR}: {problem}"
+        return frame(nonce, bridge_failure(kind, message)), 1
+
+
+def write_envelope(
+    stream: Any, nonce: str, envelope: dict, results_dir: str | os.PathLike = RESULTS_DIR
+) -> None:
+    stream.write(envelope_text(nonce, envelope, results_dir))
+    stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# Text helpers
+# --------------------------------------------------------------------------------------------
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)
+
+
+def truncation_marker(dropped: int) -> str:
+    return f"\n… [truncated {dropped} characters] …\n"
+
+
+class ClippedText:
+    """Append-only text that only remembers its first and last `keep` characters.
+
+    User code can print gigabytes; the envelope never needs more than a head and a tail, so the
+    middle is counted and forgotten as it arrives.
+    """
+
+    def __init__(self, keep: int = TEXT_BUDGET) -> None:
+        self.keep = keep
+        self.head = ""
+        self.tail = ""
+        self.dropped = 0
+
+    def add(self, text: str) -> None:
+        if len(self.head) < self.keep:
+            room = self.keep - len(self.head)
+            self.head += text[:room]
+            text = text[room:]
+        if text:
+            self.tail += text
+            excess = len(self.tail) - self.keep
+            if excess > 0:
+                self.tail = self.tail[excess:]
+                self.dropped += excess
+
+    def __len__(self) -> int:
+        return len(self.head) + self.dropped + len(self.tail)
+
+    def render(self, limit: int) -> tuple[str, bool]:
+        """The text in at most `limit` characters (marker included) and whether it was cut."""
+        total = len(self)
+        if total <= limit:
+            return self.head + self.tail, False
+        # Size the marker for the worst case first, so the final text never exceeds `limit`.
+        kept = max(0, limit - len(truncation_marker(total)))
+        head_n = kept // 2
+        tail_n = kept - head_n
+        whole = self.head + self.tail if self.dropped == 0 else None
+        head = self.head[:head_n]
+        source = whole if whole is not None else self.tail
+        tail = source[len(source) - tail_n :] if tail_n else ""
+        return head + truncation_marker(total - head_n - tail_n) + tail, True
+
+
+def clip(text: str, limit: int) -> str:
+    clipped = ClippedText(limit)
+    clipped.add(text)
+    return clipped.render(limit)[0]
+
+
+def share_budget(logs_len: int, output_len: int, budget: int = TEXT_BUDGET) -> tuple[int, int]:
+    """Split the shared budget: whichever side is small stays whole, the other gets the rest."""
+    if logs_len + output_len <= budget:
+        return logs_len, output_len
+    half = budget // 2
+    if output_len <= half:
+        return budget - output_len, output_len
+    if logs_len <= half:
+        return logs_len, budget - logs_len
+    return budget - half, half
+
+
+# --------------------------------------------------------------------------------------------
+# Users and permissions
+# --------------------------------------------------------------------------------------------
+
+
+class UnsafeLayout(Exception):
+    """A file or directory the bridge relies on could have been changed by another user."""
+
+
+def split_users() -> bool:
+    """Whether the kernel runs as KERNEL_UID: exactly when the bridge runs as root."""
+    return os.geteuid() == 0
+
+
+def trusted(st: os.stat_result) -> bool:
+    """Owned by our effective uid and writable by nobody else."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def private_dir(path: str | os.PathLike, mode: int = 0o700) -> None:
+    """Make `path` (and missing parents) a real directory of ours with exactly `mode`; raises
+    UnsafeLayout when it is a symlink, not a directory, or owned by someone else."""
+    path = Path(path)
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise UnsafeLayout(f"{path} is not a directory owned by uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+
+
+def secure_layout() -> None:
+    """As root: /work (the cwd) and .briq may not be writable by anyone else (who could rename
+    .briq and plant another bridge.py), and the bridge's files are root-only. Cheap and
+    idempotent: every command but `serve` calls it first."""
+    here = os.lstat(".")
+    if here.st_uid != 0:
+        raise UnsafeLayout(f"the working directory {os.getcwd()} is not owned by root")
+    if here.st_mode & 0o022:
+        os.chmod(".", stat.S_IMODE(here.st_mode) & ~0o022)
+    private_dir(BRIQ_DIR, 0o711)
+    for name in PRIVATE_DIRS:
+        private_dir(name)
+    bridge = os.lstat(os.path.join(BRIQ_DIR, "bridge.py"))
+    if bridge.st_uid != 0 or not stat.S_ISREG(bridge.st_mode):
+        raise UnsafeLayout(f"{BRIQ_DIR}/bridge.py is not a regular file owned by root")
+    if stat.S_IMODE(bridge.st_mode) != 0o600:
+        os.chmod(os.path.join(BRIQ_DIR, "bridge.py"), 0o600)
+
+
+def unreachable_by_kernel_user(paths: list[str]) -> str | None:
+    """The first of `paths` (or one of their directories) that KERNEL_UID cannot reach, judged
+    by mode bits, or None. The kernel user must run the same interpreter and packages."""
+    for path in paths:
+        current = Path(os.path.realpath(path))
+        for directory in [*reversed(current.parents), current]:
+            try:
+                st = os.stat(directory)
+            except OSError:
+                break  # it does not exist (an optional path): nothing to reach
+            if st.st_uid == KERNEL_UID:
+                bits = stat.S_IXUSR if stat.S_ISDIR(st.st_mode) else stat.S_IRUSR
+            elif st.st_gid == KERNEL_GID:
+                bits = stat.S_IXGRP if stat.S_ISDIR(st.st_mode) else stat.S_IRGRP
+            else:
+                bits = stat.S_IXOTH if stat.S_ISDIR(st.st_mode) else stat.S_IROTH
+            if not st.st_mode & bits:
+                return f"{directory} (mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid})"
+    return None
+
+
+def user_dir() -> Path:
+    """The kernel user's working directory and HOME (created on first use), as an absolute path.
+    Refuses one that is not a real directory of KERNEL_UID: /work is root's, so only the bridge
+    can have made it."""
+    path = Path(USER_DIR).absolute()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chown(path, KERNEL_UID, KERNEL_GID)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != KERNEL_UID:
+        raise UnsafeLayout(f"{path} is not a directory owned by uid {KERNEL_UID}")
+    return path
+
+
+def kernel_user_env(home: Path) -> dict[str, str]:
+    """The kernel's environment as KERNEL_UID: ours (the nonce is gone already), with HOME in the
+    user dir and pip installing there (a user install; --prefix in a venv, where pip refuses
+    --user), that site-packages directory on sys.path."""
+    import sysconfig
+
+    env = dict(os.environ)
+    env.pop(NONCE_ENV, None)
+    base = str(home / ".local")
+    env.update(HOME=str(home), PYTHONUSERBASE=base, IPYTHONDIR=str(home / ".ipython"))
+    env.pop("PIP_TARGET", None)
+    if sys.prefix != sys.base_prefix:  # a venv: user site-packages are not visible there
+        env["PIP_PREFIX"] = base
+        env.pop("PIP_USER", None)
+        site = sysconfig.get_path("purelib", vars={"base": base, "platbase": base})
+    else:
+        env["PIP_USER"] = "1"
+        env.pop("PIP_PREFIX", None)
+        site = sysconfig.get_path("purelib", f"{os.name}_user", vars={"userbase": base})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+    return env
+
+
+def kernel_connection_copy(state: KernelState) -> Path:
+    """A copy of the kernel's connection file that KERNEL_UID can read (the bridge and the runner
+    only ever read the root-only original). KERNEL_DIR is root's: the copy cannot be swapped."""
+    private_dir(KERNEL_DIR, 0o711)
+    copy = Path(KERNEL_DIR, "kernel.json").absolute()
+    copy.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(copy, flags, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(state.connection_file.read_bytes())
+        os.fchown(handle.fileno(), KERNEL_UID, KERNEL_GID)
+    return copy
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel state and process liveness
+# --------------------------------------------------------------------------------------------
+
+
+class KernelState:
+    """Files in the state dir: connection file, pid and the kernel's own stdout/stderr log."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.dir = Path(state_dir).resolve()
+        self.connection_file = self.dir / "kernel.json"
+        self.pid_file = self.dir / "kernel.pid"
+        self.log_file = self.dir / "kernel.log"
+        # The runner (`serve`): its socket, pid, log, and the lock that keeps it alone.
+        self.runner_socket = self.dir / "runner.sock"
+        self.runner_pid_file = self.dir / "runner.pid"
+        self.runner_log_file = self.dir / "runner.log"
+        self.runner_lock_file = self.dir / "runner.lock"
+
+    def read_pid(self) -> int | None:
+        return read_pid_file(self.pid_file)
+
+    def write_pid(self, pid: int) -> None:
+        write_pid_file(self.pid_file, pid)
+
+    def live_pid(self) -> int | None:
+        """The kernel's pid if its process is running and the connection file exists."""
+        pid = self.read_pid()
+        if pid is None or not self.connection_file.exists():
+            return None
+        return pid if process_is_kernel(pid) else None
+
+    def forget(self) -> None:
+        for path in (self.pid_file, self.connection_file):
+            path.unlink(missing_ok=True)
+
+    def log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def log_tail(self, limit: int = 2_000) -> str:
+        try:
+            with open(self.log_file, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 4 * limit))
+                return log.read().decode("utf-8", "replace")[-limit:]
+        except OSError:
+            return ""
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialize start-kernel calls so two of them never launch two kernels."""
+        import fcntl
+
+        with open(self.dir / "lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_pid_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    # Write-then-rename: a reader never sees a half-written pid.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
+def running_cmdline(pid: int) -> bytes | None:
+    """The NUL-separated command line of `pid` while it runs (not a zombie), else None; empty
+    when there is no procfs to read it from, or the process has only just been spawned."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return None
+    if not Path("/proc/self").exists():
+        return b""  # no procfs: signal 0 is all we can know
+    try:
+        proc_stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    state = proc_stat.rpartition(")")[2].split()[0]
+    if state in ("Z", "X", "x"):
+        return None
+    return cmdline
+
+
+def process_is_kernel(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) ipykernel process.
+
+    The kernel outlives the bridge that started it and is re-parented to PID 1, which in a
+    sandbox may never reap it: a SIGKILLed kernel can linger as a zombie that still accepts
+    signal 0. After a sandbox restart the pid may also belong to some unrelated process.
+    """
+    cmdline = running_cmdline(pid)
+    # A process that has only just been spawned can show an empty cmdline for a moment: it is
+    # still starting, not some other program that reused the pid.
+    return cmdline is not None and (not cmdline or b"ipykernel" in cmdline)
+
+
+def process_is_runner(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) bridge `serve` process (a runner)."""
+    cmdline = running_cmdline(pid)
+    if cmdline is None:
+        return False
+    arguments = cmdline.split(b"\0")
+    return not cmdline or (b"serve" in arguments and b"--kernel-pid" in arguments)
+
+
+def runs_as_expected_user(pid: int) -> bool:
+    """Whether kernel `pid` runs as the user this bridge starts kernels as (KERNEL_UID as root)."""
+    if not split_users():
+        return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == KERNEL_UID
+    except OSError:
+        return True  # gone, or no procfs: nothing to judge by
+
+
+def kill_kernel_group(pid: int) -> None:
+    # The kernel leads its own session (start_new_session), so its group holds its children too.
+    if not process_is_kernel(pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------------------
+# Talking to the kernel
+# --------------------------------------------------------------------------------------------
+
+
+def connect(state: KernelState, **channels: bool) -> Any:
+    from jupyter_client.blocking.client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=str(state.connection_file))
+    client.load_connection_file()
+    wanted = {"shell": False, "iopub": False, "stdin": False, "hb": False, "control": False}
+    wanted.update(channels)
+    client.start_channels(**wanted)
+    return client
+
+
+def receive(channel: Any, timeout: float) -> dict | None:
+    """One message from `channel` within `timeout` seconds, or None."""
+    from queue import Empty
+
+    try:
+        return channel.get_msg(timeout=max(0.0, timeout))
+    except Empty:
+        return None
+    except ValueError:
+        return None  # bad signature or garbled frames: not a message from our kernel
+
+
+def kernel_answers(
+    state: KernelState,
+    pid: int,
+    until: float,
+    channel_name: str,
+    failed: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Ask kernel_info on `channel_name` until the kernel replies, its pid dies, `failed()`
+    says it never will, or `until`.
+
+    The control channel is served by its own thread in ipykernel >= 6, so it answers even while
+    user code runs; the shell channel proves that a fresh kernel is ready to execute.
+    """
+    client = connect(state, **{channel_name: True})
+    channel = getattr(client, f"{channel_name}_channel")
+    sent: set[str] = set()
+    next_send = 0.0
+    try:
+        while (now := time.monotonic()) < until:
+            if not process_is_kernel(pid) or failed():
+                return False
+            if now >= next_send:
+                # Re-ask now and then: a request sent before the kernel bound may be lost.
+                request = client.session.msg("kernel_info_request")
+                channel.send(request)
+                sent.add(request["header"]["msg_id"])
+                next_send = now + 1.0
+            reply = receive(channel, min(PID_CHECK_INTERVAL_S, until - now))
+            if reply is not None and reply["parent_header"].get("msg_id") in sent:
+                return True
+        return False
+    finally:
+        client.stop_channels()
+
+
+def drain(client: Any, limit: int = 10_000) -> None:
+    """Drop messages already waiting on `client`'s iopub and shell channels.
+
+    A fresh client has none; the runner's long-lived one may hold leftovers of earlier requests
+    (kernel_info replies, output that came after a timeout), which belong to nobody now.
+    """
+    for channel in (client.iopub_channel, client.shell_channel):
+        for _ in range(limit):
+            if receive(channel, 0) is None:
+                break
+
+
+def await_iopub(client: Any, pid: int, until: float) -> bool:
+    """Wait until our fresh iopub subscription receives messages.
+
+    ZeroMQ drops PUB messages until a new SUB connection is established ("slow joiner"), and
+    every `run` is a new process with a new subscription: executing before that would lose the
+    start of the output. Each kernel_info request makes the kernel publish busy/idle, so the
+    first iopub message we see proves the subscription is live. On the runner's long-lived
+    client the subscription is live already and this is one round trip proving the kernel is.
+    """
+    wait = 0.01
+    while time.monotonic() < until:
+        if not process_is_kernel(pid):
+            return False
+        client.kernel_info()
+        if receive(client.iopub_channel, min(wait, until - time.monotonic())) is not None:
+            return True
+        wait = min(wait * 2, 0.5)
+    return False
+
+
+class Execution:
+    """Everything the kernel reports about one execute_request, gathered as it arrives."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self.logs = ClippedText()
+        self.output: ClippedText | None = None
+        self.error: dict | None = None
+        self.display_dropped = 0
+        self.idle = False
+        self.reply: dict | None = None
+
+    @property
+    def done(self) -> bool:
+        # Both are needed: idle ends the output, the reply carries the status (e.g. aborted).
+        return self.idle and self.reply is not None
+
+    def ours(self, msg: dict) -> bool:
+        return msg.get("parent_header", {}).get("msg_id") == self.msg_id
+
+    def on_iopub(self, msg: dict) -> None:
+        if not self.ours(msg):
+            return
+        kind = msg["header"]["msg_type"]
+        content = msg["content"]
+        if kind == "stream":
+            self.logs.add(str(content.get("text", "")))
+        elif kind == "execute_result":
+            text = content.get("data", {}).get("text/plain")
+            if text is not None:
+                self.output = ClippedText()
+                self.output.add(text if isinstance(text, str) else "".join(text))
+        elif kind in ("display_data", "update_display_data"):
+            self.display_dropped += 1
+        elif kind == "error" and self.error is None:
+            self.error = content
+        elif kind == "status" and content.get("execution_state") == "idle":
+            self.idle = True
+
+    def on_shell(self, msg: dict) -> None:
+        if self.ours(msg) and msg["header"]["msg_type"] == "execute_reply":
+            self.reply = msg["content"]
+
+
+def collect(client: Any, execution: Execution, pid: int, until: float) -> str:
+    """Feed kernel messages into `execution` until done ("done"), `until` ("deadline") or the
+    kernel process disappears ("lost")."""
+    import zmq
+
+    iopub, shell = client.iopub_channel, client.shell_channel
+    poller = zmq.Poller()
+    poller.register(iopub.socket, zmq.POLLIN)
+    poller.register(shell.socket, zmq.POLLIN)
+    next_pid_check = 0.0
+    while not execution.done:
+        now = time.monotonic()
+        if now >= until:
+            return "deadline"
+        if now >= next_pid_check:
+            if not process_is_kernel(pid):
+                return "lost"
+            next_pid_check = now + PID_CHECK_INTERVAL_S
+        ready = dict(poller.poll(int(min(until - now, PID_CHECK_INTERVAL_S) * 1000) + 1))
+        if iopub.socket in ready and (msg := receive(iopub, 0)) is not None:
+            execution.on_iopub(msg)
+        if shell.socket in ready and (msg := receive(shell, 0)) is not None:
+            execution.on_shell(msg)
+    return "done"
+
+
+# --------------------------------------------------------------------------------------------
+# Final answers
+# --------------------------------------------------------------------------------------------
+
+
+def find_rejected_tag(payload: Any) -> str | None:
+    """The first ndarray / PIL.Image tag anywhere in parsed JSON (iterative: no depth limit)."""
+    pending = [payload]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            tag = item.get("__type__")
+            if isinstance(tag, str) and tag in REJECTED_TAGS:
+                return tag
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+def final_answer_problem(value: str) -> str | None:
+    """Why a FinalAnswerException value must not go to the host, or None when it may."""
+    if value.startswith("pickle:"):
+        return "pickle-serialized final answers are refused; only 'safe:' JSON is accepted"
+    if not value.startswith("safe:"):
+        return "final answer lacks the 'safe:' prefix of smolagents safe serialization"
+    if len(value) > FINAL_ANSWER_LIMIT:
+        return (
+            f"final answer is {len(value)} characters serialized; the limit is {FINAL_ANSWER_LIMIT}"
+        )
+    try:
+        payload = json.loads(value[len("safe:") :])
+    except (ValueError, RecursionError):
+        return "final answer is not valid JSON after the 'safe:' prefix"
+    tag = find_rejected_tag(payload)
+    if tag is not None:
+        return f"final answer contains a {tag!r} value; {REJECTED_HINT}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release of a version string ("2.1.3rc1" -> (2, 1, 3))."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def installed_version(distribution: str) -> str | None:
+    import importlib.metadata  # ~30 ms that no other command needs (see "Lazy imports")
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def missing_base_packages() -> list[str]:
+    """Descriptions of base packages that are absent, at a wrong version or not importable."""
+    missing = []
+    for module, distribution, requirement, acceptable in BASE_PACKAGES:
+        version = installed_version(distribution)
+        if version is None or not acceptable(release_tuple(version)):
+            missing.append(f"{requirement} (found {version or 'nothing'})")
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a broken install: let pip repair it
+            missing.append(f"{requirement} (import failed: {type(exc).__name__})")
+    return missing
+
+
+PLAIN_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+
+
+def extra_is_satisfied(spec: str) -> bool:
+    """Whether an extra requirement is surely installed already; when unsure, say no (pip runs).
+
+    Only a plain name or an exact `name==version` pin is judged here; ranges, extras, markers
+    and URLs need pip's resolver.
+    """
+    spec = spec.strip()
+    if re.fullmatch(PLAIN_NAME, spec):
+        return installed_version(spec) is not None
+    pinned = re.fullmatch(rf"({PLAIN_NAME})\s*==\s*([A-Za-z0-9.+!_-]+)", spec)
+    if pinned:
+        return installed_version(pinned.group(1)) == pinned.group(2)
+    return False
+
+
+def run_pip(requirements: list[str], deadline: float) -> tuple[int | None, str]:
+    """Run pip until it exits or `deadline`; returns (exit code or None on timeout, output tail)."""
+    command = [
+        sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+        "--progress-bar", "off", *requirements,
+    ]  # fmt: skip
+    env = dict(os.environ)
+    # The sandbox is disposable: install into its Python even where the distribution marks it
+    # externally managed (PEP 668). Older pips ignore unknown PIP_* variables.
+    env.setdefault("PIP_BREAK_SYSTEM_PACKAGES", "1")
+    env.setdefault("PIP_ROOT_USER_ACTION", "ignore")
+    import tempfile
+
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group, so the deadline kill takes its children too
+        )
+        try:
+            returncode: int | None = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = None
+        output.seek(0, os.SEEK_END)
+        output.seek(max(0, output.tell() - 4 * PIP_TAIL_LIMIT))
+        tail = output.read().decode("utf-8", "replace")[-PIP_TAIL_LIMIT:]
+    return returncode, tail
+
+
+def install_self() -> None:
+    """`setup --self-install`: this file is a staged upload (`.briq/bridge-<id>.py`); make it
+    `.briq/bridge.py` by rename, so that a command starting at the same moment (another
+    operator provisioning the same sandbox, a run) reads the old bridge or the new one, never a
+    file half rewritten in place. The staged file goes with the rename."""
+    import tempfile
+
+    staged = Path(os.path.abspath(__file__))
+    target = Path(BRIQ_DIR).absolute() / "bridge.py"
+    if staged == target:
+        return
+    if staged.parent != target.parent or not re.fullmatch(
+        r"bridge-[0-9a-f]{16,64}\.py", staged.name
+    ):
+        raise UnsafeLayout(f"--self-install runs only from {BRIQ_DIR}/bridge-<hex>.py")
+    data = staged.read_bytes()
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".bridge.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp_name, 0o600 if split_users() else 0o644)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    with contextlib.suppress(OSError):
+        staged.unlink()
+
+
+def cmd_setup(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.deadline
+    extras = [spec for spec in args.requirement if spec.strip()]
+    missing = missing_base_packages() + [s for s in extras if not extra_is_satisfied(s)]
+    if not missing:
+        return setup_envelope(True, False, "all requirements already importable; pip skipped"), 0
+
+    requirements = [requirement for _, _, requirement, _ in BASE_PACKAGES] + extras
+    returncode, tail = run_pip(requirements, deadline)
+    if returncode is None:
+        message = f"pip timed out after {args.deadline:g} s; its process group was killed"
+        return setup_envelope(False, True, message, tail), 1
+    if returncode != 0:
+        return setup_envelope(False, True, f"pip exited with code {returncode}", tail), 1
+    message = "pip installed requirements; missing before: " + "; ".join(missing)
+    return setup_envelope(True, True, message, tail), 0
+
+
+# The kernel's five ports are chosen among these unless the system's ephemeral range says
+# otherwise (see `kernel_ports`).
+KERNEL_PORT_RANGE = (20000, 32767)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the system takes the local ports of outgoing connections from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def kernel_ports(count: int = 5) -> list[int]:
+    """Free loopback ports for the kernel, outside the ephemeral range.
+
+    The kernel binds its ports a moment after they are chosen. A port from the ephemeral range
+    (what binding port 0 gives) can meanwhile become the local end of any process's outgoing
+    connection, and the kernel then fails to bind it and hangs instead of exiting. Ports below
+    the range are never taken that way.
+    """
+    import random
+
+    low, high = KERNEL_PORT_RANGE
+    ephemeral_low, ephemeral_high = ephemeral_ports()
+    if ephemeral_low <= high and low <= ephemeral_high:
+        # A system whose ephemeral range overlaps ours: keep below it where there is room.
+        high = ephemeral_low - 1
+        low = min(low, max(1024, high - 10_000))
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(low, high)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def bind_failed(state: KernelState, offset: int) -> bool:
+    """Whether the kernel launched when its log was `offset` bytes long could not bind a port."""
+    try:
+        with open(state.log_file, "rb") as log:
+            log.seek(offset)
+            return b"Address already in use" in log.read()
+    except OSError:
+        return False
+
+
+def launch_kernel(state: KernelState) -> int:
+    import secrets
+
+    from jupyter_client.connect import write_connection_file
+
+    state.connection_file.unlink(missing_ok=True)
+    shell, iopub, stdin, control, hb = kernel_ports()
+    # Loopback only: nothing outside the sandbox may reach the kernel. Messages are signed.
+    write_connection_file(
+        str(state.connection_file),
+        ip="127.0.0.1",
+        key=secrets.token_hex(32).encode("ascii"),
+        shell_port=shell,
+        iopub_port=iopub,
+        stdin_port=stdin,
+        control_port=control,
+        hb_port=hb,
+    )
+    connection_file = state.connection_file
+    as_user: dict[str, Any] = {}
+    if split_users():
+        # User code must not be able to touch the bridge, its state or its output: the kernel
+        # runs as KERNEL_UID (setgid, then setuid, supplementary groups cleared by Popen) in its
+        # own directory, and reads its own copy of the connection file.
+        home = user_dir()
+        connection_file = kernel_connection_copy(state)
+        as_user = dict(
+            user=KERNEL_UID,
+            group=KERNEL_GID,
+            extra_groups=[],
+            cwd=home,
+            env=kernel_user_env(home),
+        )
+    with open(state.log_file, "ab") as log:
+        # Detached: the kernel must outlive this bridge process, and its stdout must never
+        # reach the bridge's stdout (where the envelope goes).
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            **as_user,
+        )
+    state.write_pid(process.pid)
+    return process.pid
+
+
+def cmd_start_kernel(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.deadline
+    state = KernelState(args.state_dir)
+    state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if split_users():
+        import ipykernel
+
+        unreachable = unreachable_by_kernel_user(
+            [sys.executable, sys.prefix, sys.base_prefix, os.path.dirname(ipykernel.__file__)]
+        )
+        if unreachable is not None:
+            message = (
+                f"the kernel runs as uid {KERNEL_UID}, which cannot reach {unreachable}: "
+                "the sandbox's Python and its packages must be readable by every user"
+            )
+            return kernel_envelope(False, False, None, message), 1
+    with state.lock():
+        note = ""
+        old = state.read_pid()
+        if old is not None and process_is_kernel(old) and not runs_as_expected_user(old):
+            # Started by an older bridge as root: user code must not keep running as root.
+            kill_kernel_group(old)
+            note = f"; replaced kernel {old}, which did not run as uid {KERNEL_UID}"
+        elif old is not None and process_is_kernel(old):
+            until = min(deadline, time.monotonic() + ANSWER_WAIT_S)
+            if state.connection_file.exists() and kernel_answers(state, old, until, "control"):
+                runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
+                message = "kernel already running" + ensure_runner(state, old, runner_until)
+                return kernel_envelope(True, False, old, message), 0
+            kill_kernel_group(old)  # never leave an unreachable kernel behind
+            note = f"; replaced kernel {old}, which was not answering"
+        elif old is not None:
+            note = f"; previous kernel {old} was gone"
+        stop_runner(state)  # it served the old kernel
+        state.forget()
+
+        # Three attempts: a chosen port can still be taken before the kernel binds it; the
+        # kernel then logs the bind failure and may hang rather than exit.
+        for _attempt in range(3):
+            offset = state.log_size()
+            pid = launch_kernel(state)
+            failed = functools.partial(bind_failed, state, offset)
+            if kernel_answers(state, pid, deadline, "shell", failed):
+                runner_until = min(deadline, time.monotonic() + RUNNER_START_WAIT_S)
+                message = "kernel started" + note + ensure_runner(state, pid, runner_until)
+                return kernel_envelope(True, True, pid, message), 0
+            if bind_failed(state, offset) and time.monotonic() < deadline:
+                kill_kernel_group(pid)
+                continue
+            if process_is_kernel(pid) or time.monotonic() >= deadline:
+                break
+        kill_kernel_group(pid)
+        state.forget()
+        message = f"kernel did not answer within {args.deadline:g} s; kernel log tail:\n"
+        return kernel_envelope(False, False, None, message + state.log_tail()), 1
+
+
+def cmd_probe(args: argparse.Namespace) -> tuple[dict, int]:
+    state = KernelState(args.state_dir)
+    recorded = state.read_pid()
+    if recorded is None or not state.connection_file.exists():
+        return kernel_envelope(False, False, None, f"no kernel state in {state.dir}"), 0
+    if not process_is_kernel(recorded):
+        return kernel_envelope(False, False, None, f"kernel process {recorded} is gone"), 0
+    if kernel_answers(state, recorded, time.monotonic() + ANSWER_WAIT_S, "control"):
+        return kernel_envelope(True, False, recorded, "kernel is answering"), 0
+    message = f"kernel process {recorded} exists but did not answer within {ANSWER_WAIT_S:g} s"
+    return kernel_envelope(False, False, recorded, message), 0
+
+
+def action_from_stdin(attempt: str | None) -> str:
+    """`run --code -`: the code comes on stdin (one briq call per action, no upload). It is
+    kept as the attempt's action file (written whole by rename, in the root-only actions
+    directory in root mode), which the runner reads; returns that file's path."""
+    import tempfile
+
+    if attempt is None:
+        raise ValueError("--code - needs --attempt, which names the action file")
+    code = sys.stdin.buffer.read().decode("utf-8")
+    actions = Path(ACTIONS_DIR)
+    if split_users():
+        private_dir(actions)
+    else:
+        actions.mkdir(parents=True, exist_ok=True)
+    target = actions / f"{attempt}.py"
+    fd, tmp_name = tempfile.mkstemp(dir=actions, prefix=f".{attempt}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(code)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    return str(target)
+
+
+def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
+    deadline = time.monotonic() + args.timeout
+    if args.code == "-":
+        args.code = action_from_stdin(args.attempt)
+    code = Path(args.code).read_text(encoding="utf-8")
+    state = KernelState(args.state_dir)
+    try:
+        state_dir = os.lstat(state.dir)
+    except FileNotFoundError:
+        state_dir = None
+    if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
+        # Its pid, connection file and socket could all be someone else's: run nothing.
+        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
+
+    def run() -> tuple[dict, int]:
+        pid = state.live_pid()
+        if pid is None:
+            lost = error_info("KernelLost", f"no live kernel in {state.dir} (run start-kernel)")
+            return result_envelope("kernel_lost", error=lost), 0
+        return run_in_kernel(state, pid, args, code, deadline)
+
+    return at_most_once(args.attempt, args.timeout, run)
+
+
+def at_most_once(
+    attempt: str | None,
+    timeout: float,
+    run: Callable[[], tuple[dict, int]],
+    prune: bool = True,
+) -> tuple[dict, int]:
+    """`run()` unless `attempt` was accepted before (by anyone), in which case its recorded
+    result, waited for while it runs; raises OutcomeUnknown when there is none by then."""
+    if attempt is None:
+        return run()
+    journal = Journal()
+    wait_until = time.time() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
+    if not journal.accept(attempt, wait_until, prune):
+        found = journal.await_finished(attempt)
+        if found is None:
+            raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
+        return found
+    answer = run()
+    journal.finish(attempt, *answer)
+    return answer
+
+
+def run_in_kernel(
+    state: KernelState, pid: int, args: argparse.Namespace, code: str, deadline: float
+) -> tuple[dict, int]:
+    """Run the action in kernel `pid`: through its runner, or over a connection of our own."""
+    # The runner answers (and journals the result itself, so that it is kept even when this
+    # process is gone by then), declines (nothing ran) or leaves the outcome unknown
+    # (OutcomeUnknown propagates: the code must not run a second time here).
+    answer = run_through_runner(state, pid, args.code, args.timeout, args.attempt)
+    if answer is not None:
+        return answer
+    try:
+        client = connect(state, shell=True, iopub=True)
+        try:
+            return execute_action(client, pid, code, deadline, args.timeout), 0
+        finally:
+            client.stop_channels()
+    finally:
+        # For the next run; it starts (or finds another runner and leaves) in the background.
+        spawn_runner(state, pid)
+
+
+def execute_action(
+    client: Any, pid: int, code: str, deadline: float, timeout: float, subscribed: bool = False
+) -> dict:
+    """Run `code` in kernel `pid` over the connected `client` (shell and iopub) and describe the
+    outcome as a result envelope. Shared by `run` (a fresh client) and the runner (its own,
+    `subscribed` since it started: no kernel_info round trip first)."""
+    drain(client)
+    if not subscribed and not await_iopub(client, pid, deadline):
+        lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
+        return result_envelope("kernel_lost", error=lost)
+    started = time.monotonic()
+    msg_id = client.execute(
+        code,
+        silent=False,
+        store_history=True,
+        user_expressions={},
+        allow_stdin=False,
+        # With the default (True) a request after an error may come back aborted.
+        stop_on_error=False,
+    )
+    execution = Execution(msg_id)
+    outcome = collect(client, execution, pid, deadline)
+    recovered = None
+    if outcome == "deadline":
+        # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGINT)
+        grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
+        recovered = execution.idle and grace_outcome != "lost"
+    duration_ms = round((time.monotonic() - started) * 1000)
+    return summarize(execution, outcome, recovered, timeout, pid, duration_ms)
+
+
+def summarize(
+    execution: Execution, outcome: str, recovered: bool | None, timeout: float, pid: int, ms: int
+) -> dict:
+    """Turn what the kernel said into a result envelope."""
+    logs_limit, output_limit = share_budget(
+        len(execution.logs), len(execution.output) if execution.output is not None else 0
+    )
+    logs, logs_cut = execution.logs.render(logs_limit)
+    output, output_cut = (None, False)
+    if execution.output is not None:
+        output, output_cut = execution.output.render(output_limit)
+    common = {
+        "logs": logs,
+        "truncated": logs_cut or output_cut,
+        "display_dropped": execution.display_dropped,
+        "duration_ms": ms,
+    }
+
+    if outcome == "lost":
+        lost = error_info("KernelLost", f"kernel process {pid} died during execution")
+        return result_envelope("kernel_lost", error=lost, **common)
+    if outcome == "deadline":
+        after = "it is idle again" if recovered else "it did not become idle"
+        message = f"execution exceeded {timeout:g} s; kernel interrupted (SIGINT), {after}"
+        return result_envelope("timeout", error=error_info("Timeout", message), **common)
+
+    error = execution.error
+    if error is not None and error.get("ename") == "FinalAnswerException":
+        value = str(error.get("evalue", ""))
+        problem = final_answer_problem(value)
+        if problem is None:
+            return result_envelope("final_answer", final_answer=value, **common)
+        rejected = error_info("FinalAnswerRejected", problem)
+        return result_envelope("final_answer_rejected", error=rejected, **common)
+
+    reply = execution.reply or {}
+    if error is None and reply.get("status") == "error":
+        error = reply  # the reply repeats ename/evalue/traceback
+    if error is not None:
+        info = error_info(
+            str(error.get("ename", "Error")),
+            str(error.get("evalue", "")),
+            "\n".join(str(line) for line in error.get("traceback", [])),
+        )
+        return result_envelope("error", error=info, **common)
+    if reply.get("status") == "aborted":
+        aborted = error_info("ExecutionAborted", "the kernel aborted the execute_request")
+        return result_envelope("error", error=aborted, **common)
+    return result_envelope("ok", output=output, **common)
+
+
+# --------------------------------------------------------------------------------------------
+# The runner: one long-lived kernel client per kernel, behind a Unix socket
+# --------------------------------------------------------------------------------------------
+#
+# `run` pays for importing jupyter_client and for a fresh iopub subscription on every call; the
+# runner (`serve`, started by start-kernel) pays once. One JSON object per line each way, one
+# request per connection, one connection at a time:
+#   {"op":"ping"}                                          -> {"kernel_pid":N}
+#   {"op":"run","code":ABS_PATH,"timeout":S,"kernel_pid":N} -> {"envelope":{...},"exit_code":0|1}
+#                                                             or {"declined":"why"} (nothing ran)
+# A request that does not parse gets a BridgeError result envelope with exit code 1.
+
+
+class Journal:
+    """The attempts this sandbox accepted and what each finished with. `<id>.accepted` is made
+    with O_EXCL before the code runs (so of two deliveries only one runs it) and holds the wall
+    clock time after which nobody waits for the result any more; `<id>.finished` is the result
+    (envelope and exit code), written whole by rename. Files survive the runner and any `run`
+    process; they live in a root-only directory when the kernel runs as another user."""
+
+    def __init__(self, directory: str | os.PathLike = JOURNAL_DIR) -> None:
+        self.dir = Path(directory)
+
+    def _path(self, attempt: str, suffix: str) -> Path:
+        if not ATTEMPT_PATTERN.fullmatch(attempt):
+            raise ValueError("an attempt id is 16 to 64 lowercase hex digits")
+        return self.dir / f"{attempt}.{suffix}"
+
+    def accept(self, attempt: str, wait_until: float, prune: bool = True) -> bool:
+        """Record `attempt` as accepted; False when it was accepted before (by anyone). A newly
+        accepted attempt acknowledges every earlier record; then the journal is pruned unless
+        told not to (the runner prunes after it answered)."""
+        if split_users():
+            private_dir(self.dir)
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        path = self._path(attempt, "accepted")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"wait_until": wait_until}, handle)
+        self.acknowledge_all_but(attempt)
+        if prune:
+            self.prune(time.time())
+        return True
+
+    def acknowledge_all_but(self, attempt: str) -> None:
+        """Mark every record but `attempt`'s as learnt by the operator (`<id>.acked`), so that
+        pruning may remove it: the operator sends an executor's next attempt only once the
+        results of all earlier ones are written."""
+        try:
+            names = {e.name for e in os.scandir(self.dir) if e.is_file(follow_symlinks=False)}
+        except OSError:
+            return
+        for name in names:
+            other, _, suffix = name.partition(".")
+            if suffix != "accepted" or other == attempt or f"{other}.acked" in names:
+                continue
+            with contextlib.suppress(OSError):
+                fd = os.open(
+                    self.dir / f"{other}.acked",
+                    os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
+                    0o600,
+                )
+                os.close(fd)
+
+    def accepted(self, attempt: str) -> dict | None:
+        """The accepted record of `attempt`, or None when it was never accepted. A record that
+        cannot be read counts as accepted with nothing to wait for: it was made, so the code
+        may have run."""
+        path = self._path(attempt, "accepted")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {"wait_until": 0.0}
+        try:
+            record = json.loads(text)
+            wait_until = float(record["wait_until"])
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return {"wait_until": 0.0}
+        return {"wait_until": wait_until}
+
+    def finish(self, attempt: str, envelope: dict, exit_code: int) -> None:
+        """Record the result of an accepted attempt; never fails (the answer at hand matters
+        more than the record of it)."""
+        import tempfile
+
+        try:
+            target = self._path(attempt, "finished")
+            fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
+                os.replace(tmp_name, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp_name)
+                raise
+        except Exception as exc:
+            print(f"bridge: could not journal attempt {attempt}: {exc}", file=sys.stderr)
+
+    def finished(self, attempt: str) -> tuple[dict, int] | None:
+        """The recorded (envelope, exit code) of `attempt`, or None when there is none (yet)."""
+        try:
+            record = json.loads(self._path(attempt, "finished").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return None
+        if not (isinstance(record, dict) and set(record) == {"envelope", "exit_code"}):
+            return None
+        envelope, exit_code = record["envelope"], record["exit_code"]
+        if is_result_envelope(envelope) and type(exit_code) is int and exit_code in (0, 1):
+            return envelope, exit_code
+        return None
+
+    def await_finished(self, attempt: str) -> tuple[dict, int] | None:
+        """The result of an attempt accepted earlier: at once when recorded, else once it is,
+        until the accepted record's time is up (then None: the outcome is unknown)."""
+        record = self.accepted(attempt)
+        while True:
+            found = self.finished(attempt)
+            if found is not None or record is None or time.time() >= record["wait_until"]:
+                return found
+            time.sleep(JOURNAL_POLL_S)
+
+    def prune(self, now: float) -> None:
+        """Of the acknowledged records, remove those older than JOURNAL_MAX_AGE_S and all but the
+        newest JOURNAL_KEEP (temporary files of a crashed write included). A record not
+        acknowledged is kept, however old: the operator may still ask for it."""
+        try:
+            entries = [e for e in os.scandir(self.dir) if e.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        acked = {e.name.split(".")[0] for e in entries if e.name.endswith(".acked")}
+        by_attempt: dict[str, float] = {}
+        for entry in entries:
+            key = entry.name.lstrip(".").split(".")[0]
+            if key not in acked:
+                continue
+            with contextlib.suppress(OSError):
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                by_attempt[key] = max(by_attempt.get(key, 0.0), mtime)
+        newest = sorted(by_attempt, key=by_attempt.__getitem__, reverse=True)
+        doomed = {a for a in newest[JOURNAL_KEEP:]}
+        doomed |= {a for a, mtime in by_attempt.items() if now - mtime > JOURNAL_MAX_AGE_S}
+        for entry in entries:
+            if entry.name.lstrip(".").split(".")[0] in doomed:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+class OutcomeUnknown(Exception):
+    """The runner may have received a `run` request but gave no answer: the code may or may not
+    have run, so it must not run again and no envelope may claim either way."""
+
+
+def failure_message(exc: BaseException) -> str:
+    return f"bridge error: {type(exc).__name__}: {exc}"
+
+
+def runner_log(message: str) -> None:
+    """One line in the runner log (the runner's stderr)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    print(f"{stamp} runner {os.getpid()}: {message}", file=sys.stderr, flush=True)
+
+
+def is_result_envelope(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.get("kind") == "result"
+        and set(value) == set(result_envelope("ok"))
+    )
+
+
+def send_line(sock: socket.socket, message: dict, timeout: float) -> None:
+    sock.settimeout(timeout)
+    sock.sendall(json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n")
+
+
+def read_line(sock: socket.socket, limit: int, until: float) -> bytes:
+    """The bytes before the first newline. Raises OSError when the connection closes or `until`
+    passes first, ValueError when more than `limit` bytes come without a newline."""
+    data = bytearray()
+    searched = 0
+    while (end := data.find(b"\n", searched)) < 0:
+        if len(data) > limit:
+            raise ValueError(f"no newline within {limit} bytes")
+        searched = len(data)
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("timed out waiting for a complete line")
+        sock.settimeout(remaining)
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("connection closed before a complete line")
+        data += chunk
+    return bytes(data[:end])
+
+
+def genuine_runner_socket(state: KernelState) -> bool:
+    """Whether the runner socket can only be the one our runner bound: it and its directory
+    (lstat, no symlink followed) are ours and writable by nobody else, and it is a socket. Then
+    nobody else can have replaced it between this check and the connect."""
+    try:
+        directory = os.lstat(state.dir)
+        sock = os.lstat(state.runner_socket)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(directory.st_mode)
+        and trusted(directory)
+        and stat.S_ISSOCK(sock.st_mode)
+        and trusted(sock)
+    )
+
+
+def open_runner(state: KernelState, timeout: float) -> socket.socket | None:
+    """A connection to the genuine runner, or None when nobody listens there or the socket is not
+    the runner's (nothing sent)."""
+    if not genuine_runner_socket(state):
+        return None
+    try:
+        address = str(state.runner_socket)
+        # AF_UNIX addresses are short (108 bytes on Linux): prefer the path relative to the cwd.
+        relative = os.path.relpath(address)
+        if len(relative) < len(address):
+            address = relative
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+    except OSError:  # no socket file, ECONNREFUSED (runner gone), backlog full, path too long
+        sock.close()
+        return None
+    return sock
+
+
+def ping_runner(state: KernelState) -> int | None:
+    """The pid of the kernel the runner serves, or None when no runner answers."""
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            send_line(sock, {"op": "ping"}, RUNNER_PING_WAIT_S)
+            answer = json.loads(read_line(sock, 4_096, time.monotonic() + RUNNER_PING_WAIT_S))
+        except (OSError, ValueError):
+            return None
+    pid = answer.get("kernel_pid") if isinstance(answer, dict) else None
+    return pid if type(pid) is int else None
+
+
+def cmd_recall(args: argparse.Namespace) -> tuple[dict, int]:
+    """What became of an attempt: its recorded result (waiting for it while it runs), or a
+    `not_accepted` result when this sandbox never accepted it, so the code never ran here."""
+    journal = Journal()
+    if journal.accepted(args.attempt) is None:
+        return result_envelope("not_accepted"), 0
+    found = journal.await_finished(args.attempt)
+    if found is None:
+        raise OutcomeUnknown(f"attempt {args.attempt} was accepted and has no result")
+    return found
+
+
+def run_through_runner(
+    state: KernelState, pid: int, code_path: str, timeout: float, attempt: str | None = None
+) -> tuple[dict, int] | None:
+    """The runner's (envelope, exit code) for the action, or None when no runner listens or it
+    declined: then nothing ran and the caller may run the code itself.
+
+    Raises OutcomeUnknown once the request may have reached the runner and no valid answer came
+    back within timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S.
+    """
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return None
+    request = {
+        "op": "run",
+        "code": os.path.abspath(code_path),
+        "timeout": timeout,
+        "kernel_pid": pid,
+    }
+    if attempt is not None:
+        request["attempt"] = attempt
+    until = time.monotonic() + timeout + INTERRUPT_GRACE_S + RUNNER_ANSWER_MARGIN_S
+    with sock:
+        # From here on the code may run: any failure is an unknown outcome, never a fallback.
+        try:
+            send_line(sock, request, RUNNER_PING_WAIT_S)
+            answer = json.loads(read_line(sock, RUNNER_MAX_ANSWER_BYTES, until))
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = clip(f"{type(exc).__name__}: {exc}", 1_000)
+            raise OutcomeUnknown(f"the runner gave no answer ({problem})") from exc
+    if isinstance(answer, dict) and set(answer) == {"declined"}:
+        print(f"bridge: runner declined: {clip(str(answer['declined']), 1_000)}", file=sys.stderr)
+        return None
+    if isinstance(answer, dict) and set(answer) == {"envelope", "exit_code"}:
+        envelope, exit_code = answer["envelope"], answer["exit_code"]
+        if is_result_envelope(envelope) and type(exit_code) is int and exit_code in (0, 1):
+            return envelope, exit_code
+    raise OutcomeUnknown("the runner's answer is malformed")
+
+
+def launch_runner(state: KernelState, pid: int) -> subprocess.Popen:
+    """Start a detached runner for kernel `pid`; its output goes to the runner log only."""
+    command = [
+        sys.executable, os.path.abspath(__file__), "serve",
+        "--state-dir", str(state.dir), "--kernel-pid", str(pid),
+    ]  # fmt: skip
+    with open(state.runner_log_file, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def spawn_runner(state: KernelState, pid: int) -> None:
+    """Start a runner for later runs without waiting for it, unless one is running (perhaps
+    still starting) or the kernel is gone; never fails."""
+    runner = read_pid_file(state.runner_pid_file)
+    if (runner is not None and process_is_runner(runner)) or not process_is_kernel(pid):
+        return
+    try:
+        launch_runner(state, pid)
+    except Exception as exc:  # the run at hand does not depend on it
+        print(f"bridge: could not start a runner: {failure_message(exc)}", file=sys.stderr)
+
+
+def stop_runner(state: KernelState) -> None:
+    """Kill the runner recorded in the state dir, if it runs, and wait (briefly) until it is gone,
+    so that its lock is free for the next one."""
+    pid = read_pid_file(state.runner_pid_file)
+    if pid is None or pid == os.getpid() or not process_is_runner(pid):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    until = time.monotonic() + 2.0
+    while process_is_runner(pid) and time.monotonic() < until:
+        time.sleep(0.01)
+
+
+def ensure_runner(state: KernelState, pid: int, until: float) -> str:
+    """Make sure a runner serves kernel `pid`, (re)starting it when none answers; waits until
+    `until` for a new one. Returns "" when one answers, else a note for the kernel message (runs
+    then connect to the kernel themselves)."""
+    if ping_runner(state) == pid:
+        return ""
+    stop_runner(state)  # it runs but does not answer, or serves another kernel
+    try:
+        process = launch_runner(state, pid)
+    except Exception as exc:
+        return f"; no runner ({failure_message(exc)}), runs connect directly"
+    while True:
+        exited = process.poll() is not None
+        if ping_runner(state) == pid:
+            return ""
+        if exited or time.monotonic() >= until:
+            return "; the runner did not answer (see runner.log), runs connect directly"
+        time.sleep(0.02)
+
+
+def parse_request(line: bytes) -> dict:
+    """A well-formed runner request, or ValueError saying what is wrong with it."""
+    try:
+        request = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(request, dict):
+        raise ValueError("not a JSON object")
+    if request == {"op": "ping"}:
+        return request
+    if request.get("op") == "exec":
+        return parse_exec_request(request)
+    fields = {"op", "code", "timeout", "kernel_pid"}
+    if request.get("op") != "run" or set(request) - {"attempt"} != fields:
+        raise ValueError("expected a ping, exec or run request")
+    attempt = request.get("attempt")
+    if attempt is not None and not (
+        isinstance(attempt, str) and ATTEMPT_PATTERN.fullmatch(attempt)
+    ):
+        raise ValueError("attempt must be 16 to 64 lowercase hex digits")
+    code, timeout, pid = request["code"], request["timeout"], request["kernel_pid"]
+    if not (isinstance(code, str) and os.path.isabs(code) and "\0" not in code):
+        raise ValueError("code must be an absolute path")
+    if type(timeout) not in (int, float) or not 0 < timeout < 86_400:
+        raise ValueError("timeout must be a number of seconds in (0, 86400)")
+    if type(pid) is not int or pid <= 0:
+        raise ValueError("kernel_pid must be a positive integer")
+    return request
+
+
+def parse_exec_request(request: dict) -> dict:
+    """The run client's request (briq_run.py): the code follows once the runner is ready."""
+    if set(request) != {"op", "attempt", "timeout", "nonce"}:
+        raise ValueError("an exec request has exactly op, attempt, timeout and nonce")
+    attempt, timeout, nonce = request["attempt"], request["timeout"], request["nonce"]
+    if not (isinstance(attempt, str) and ATTEMPT_PATTERN.fullmatch(attempt)):
+        raise ValueError("attempt must be 16 to 64 lowercase hex digits")
+    if type(timeout) not in (int, float) or not 0 < timeout < 86_400:
+        raise ValueError("timeout must be a number of seconds in (0, 86400)")
+    if not (isinstance(nonce, str) and NONCE_PATTERN.fullmatch(nonce)):
+        raise ValueError("nonce must be [A-Za-z0-9]{16,64}")
+    return request
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket, when the platform says."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    try:
+        credentials = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", credentials)[1]
+
+
+def peer_hung_up(conn: socket.socket) -> bool:
+    """Whether the client closed its end (it gave up waiting) before we started its request."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class Runner:
+    """Serves the requests for kernel `pid` on `listener`, one connection at a time, over one
+    kernel client that stays connected (shell and iopub)."""
+
+    def __init__(
+        self, state: KernelState, pid: int, client: Any, listener: socket.socket, inode: int
+    ) -> None:
+        self.state = state
+        self.pid = pid
+        self.client = client
+        self.listener = listener
+        self.inode = inode
+
+    def why_stop(self) -> str | None:
+        if self.state.live_pid() != self.pid:
+            return f"kernel {self.pid} is gone or was replaced"
+        try:
+            inode = os.stat(self.state.runner_socket).st_ino
+        except OSError:
+            return "the socket file is gone"
+        return "the socket file was replaced" if inode != self.inode else None
+
+    def serve(self) -> str:
+        """Answer connections until the runner is not wanted any more; returns why."""
+        while True:
+            reason = self.why_stop()
+            if reason is not None:
+                return reason
+            readable, _, _ = select.select([self.listener], [], [], RUNNER_CHECK_INTERVAL_S)
+            if not readable:
+                continue
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                continue
+            with conn:
+                reason = self.handle(conn)
+            if reason is not None:
+                return reason
+
+    def reply(self, conn: socket.socket, message: dict) -> None:
+        with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+            send_line(conn, message, RUNNER_REQUEST_WAIT_S)
+
+    def handle(self, conn: socket.socket) -> str | None:
+        """Answer one connection; returns a reason to stop when the kernel client may be broken."""
+        uid = peer_uid(conn)
+        if uid is not None and uid != os.getuid():
+            return None  # the socket is 0600; whoever got in anyway gets nothing
+        try:
+            until = time.monotonic() + RUNNER_REQUEST_WAIT_S
+            request = parse_request(read_line(conn, RUNNER_MAX_REQUEST_BYTES, until))
+        except (OSError, ValueError) as exc:
+            message = f"bridge error: the runner refused the request: {clip(str(exc), 1_000)}"
+            self.reply(conn, {"envelope": bridge_failure("result", message), "exit_code": 1})
+            return None
+        if request["op"] == "ping":
+            self.reply(conn, {"kernel_pid": self.pid})
+            return None
+        if request["op"] == "exec":
+            return self.serve_exec(conn, request)
+        if request["kernel_pid"] != self.pid:
+            declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
+            self.reply(conn, {"declined": declined})
+            return None
+        if peer_hung_up(conn):
+            # It waited in the backlog until its client gave up and reported an unknown outcome;
+            # running it now would be a surprise to everyone.
+            runner_log("a client hung up before its request started; not running it")
+            return None
+        stop = None
+        try:
+            code = Path(request["code"]).read_text(encoding="utf-8")
+        except Exception as exc:
+            envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
+        else:
+            envelope, exit_code, stop = self.execute(code, request["timeout"])
+        if request.get("attempt") is not None:
+            Journal().finish(request["attempt"], envelope, exit_code)
+        self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
+        return stop
+
+    def execute(self, code: str, timeout: float) -> tuple[dict, int, str | None]:
+        """Run `code` over the runner's kernel client: the envelope, the exit code and, when the
+        client may be broken, the reason to stop serving."""
+        try:
+            deadline = time.monotonic() + timeout
+            # Its iopub subscription was proven live when it started, and a kernel that stopped
+            # answering since is caught by the execution itself (its pid, then its deadline).
+            envelope = execute_action(self.client, self.pid, code, deadline, timeout, True)
+            return envelope, 0, None
+        except Exception as exc:
+            stop = f"kernel client failed: {failure_message(exc)}"
+            return bridge_failure("result", failure_message(exc)), 1, stop
+
+    def serve_exec(self, conn: socket.socket, request: dict) -> str | None:
+        """The run client's action (briq_run.py): `ready` (or `declined`), then the code as a
+        length line and its bytes, then `answer EXIT SIZE` and the SIZE bytes the client prints.
+        Nothing runs before the whole code has come; an attempt runs at most once."""
+        if self.state.live_pid() != self.pid:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"declined: kernel {self.pid} is not the live kernel\n".encode())
+            return f"kernel {self.pid} is gone or was replaced"
+        attempt = request["attempt"]
+        try:
+            conn.settimeout(RUNNER_REQUEST_WAIT_S)
+            conn.sendall(b"ready\n")
+            with conn.makefile("rb") as reader:
+                size = int(reader.readline(32))
+                if not 0 <= size <= RUNNER_MAX_CODE_BYTES:
+                    raise ValueError(f"{size} bytes of code")
+                code = reader.read(size)
+            if len(code) != size:
+                raise ConnectionError(f"the code ended {size - len(code)} bytes short")
+        except (OSError, ValueError) as exc:
+            # The client gave up or broke: it reports that nothing ran, and nothing did.
+            runner_log(f"attempt {attempt}: no code ({clip(str(exc), 200)}); nothing ran")
+            return None
+        stop = None
+
+        def run() -> tuple[dict, int]:
+            nonlocal stop
+            try:
+                source = code.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return bridge_failure("result", f"bridge error: the code is not UTF-8: {exc}"), 1
+            envelope, exit_code, stop = self.execute(source, request["timeout"])
+            return envelope, exit_code
+
+        try:
+            envelope, exit_code = at_most_once(attempt, request["timeout"], run, prune=False)
+        except OutcomeUnknown as exc:
+            runner_log(f"{exc}; no answer")
+            return stop
+        text, exit_code = stdout_text(request["nonce"], "result", envelope, exit_code)
+        data = text.encode("ascii")
+        with contextlib.suppress(OSError):  # the client is gone: the journal keeps the result
+            conn.sendall(b"answer %d %d\n" % (exit_code, len(data)) + data)
+        # Off the action's path: the client has its answer and the connection is closed.
+        conn.close()
+        Journal().prune(time.time())
+        return stop
+
+
+def acquire_runner_lock(state: KernelState) -> Any:
+    """The open runner lock file, locked; None when another runner keeps it locked for
+    RUNNER_LOCK_WAIT_S. Held for the runner's life, so at most one runner serves a state dir."""
+    import fcntl
+
+    handle = open(state.runner_lock_file, "a")  # held (locked) until the runner exits
+    until = time.monotonic() + RUNNER_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= until:
+                handle.close()
+                return None
+            time.sleep(0.05)
+
+
+def bind_runner_socket(state: KernelState) -> tuple[socket.socket, int]:
+    """Listen on the runner socket (mode 0600), atomically replacing a stale socket file; returns
+    the listener and the inode of its file."""
+    # Bind by a short name relative to the state dir (AF_UNIX addresses are short), then go
+    # back: the journal and the results directory are relative to the sandbox's working dir.
+    workdir = os.getcwd()
+    name = f".runner.{os.getpid()}.sock"
+    temporary = state.dir / name
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        os.chdir(state.dir)
+        try:
+            umask = os.umask(0o177)  # the file is created 0600: only our user may connect
+            try:
+                listener.bind(name)
+            finally:
+                os.umask(umask)
+        finally:
+            os.chdir(workdir)
+        listener.listen(8)
+        os.replace(temporary, state.runner_socket)
+        inode = os.stat(state.runner_socket).st_ino
+    except BaseException:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return listener, inode
+
+
+def serve_kernel(state: KernelState, pid: int) -> str:
+    """Connect to kernel `pid`, then serve requests until not wanted; returns why it stopped."""
+    if state.live_pid() != pid:
+        return f"kernel {pid} is not the live kernel in {state.dir}"
+    client = connect(state, shell=True, iopub=True)
+    try:
+        if not await_iopub(client, pid, time.monotonic() + ANSWER_WAIT_S):
+            return f"kernel {pid} did not answer within {ANSWER_WAIT_S:g} s"
+        listener, inode = bind_runner_socket(state)
+        try:
+            runner_log(f"serving kernel {pid} on {state.runner_socket}")
+            return Runner(state, pid, client, listener, inode).serve()
+        finally:
+            listener.close()
+            with contextlib.suppress(OSError):
+                if os.stat(state.runner_socket).st_ino == inode:
+                    state.runner_socket.unlink()
+    finally:
+        client.stop_channels()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The runner of kernel `args.kernel_pid` (internal: start-kernel and run start it)."""
+    state = KernelState(args.state_dir)
+    lock = acquire_runner_lock(state)
+    if lock is None:
+        runner_log("another runner holds the lock; leaving")
+        return 0
+    with lock:
+        write_pid_file(state.runner_pid_file, os.getpid())
+        try:
+            reason = serve_kernel(state, args.kernel_pid)
+        finally:
+            if read_pid_file(state.runner_pid_file) == os.getpid():
+                state.runner_pid_file.unlink(missing_ok=True)
+    runner_log(f"exiting: {reason}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def seconds_type(value: str) -> float:
+    seconds = float(value)
+    if not 0 < seconds < 86_400:
+        raise argparse.ArgumentTypeError("seconds must be > 0")
+    return seconds
+
+
+def attempt_type(value: str) -> str:
+    if not ATTEMPT_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError("an attempt id is 16 to 64 lowercase hex digits")
+    return value
+
+
+def bridge_failure(kind: str, message: str) -> dict:
+    """An envelope of the expected kind for when the bridge itself broke."""
+    if kind == "setup":
+        return setup_envelope(False, False, message)
+    if kind == "kernel":
+        return kernel_envelope(False, False, None, message)
+    return result_envelope("error", error=error_info("BridgeError", message))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridge.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: Callable, kind: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name)
+        sub.set_defaults(handler=handler, kind=kind)
+        return sub
+
+    setup = command("setup", cmd_setup, "setup")
+    setup.add_argument("--deadline", type=seconds_type, default=60.0)
+    setup.add_argument("--requirement", action="append", default=[])
+    setup.add_argument("--self-install", action="store_true")
+
+    start = command("start-kernel", cmd_start_kernel, "kernel")
+    start.add_argument("--state-dir", default=".briq/state")
+    start.add_argument("--deadline", type=seconds_type, default=30.0)
+
+    probe = command("probe", cmd_probe, "kernel")
+    probe.add_argument("--state-dir", default=".briq/state")
+
+    run = command("run", cmd_run, "result")
+    run.add_argument("--state-dir", default=".briq/state")
+    run.add_argument("--code", required=True)
+    run.add_argument("--timeout", type=seconds_type, default=30.0)
+    run.add_argument("--attempt", type=attempt_type)
+
+    recall = command("recall", cmd_recall, "result")
+    recall.add_argument("--attempt", type=attempt_type, required=True)
+
+    # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
+    # no envelope; its output goes to the runner log.
+    serve = commands.add_parser("serve")
+    serve.add_argument("--state-dir", default=".briq/state")
+    serve.add_argument("--kernel-pid", type=int, required=True)
+    return parser
+
+
+def take_nonce() -> str | None:
+    """The call's nonce from the environment, removed from it so that no child inherits it;
+    None when it is missing or malformed."""
+    nonce = os.environ.pop(NONCE_ENV, None)
+    return nonce if nonce is not None and NONCE_PATTERN.fullmatch(nonce) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    nonce = take_nonce()
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if nonce is None:
+        # Nothing to frame an envelope with: the operator sees none and calls it malformed.
+        print(f"bridge error: {NONCE_ENV} must hold [A-Za-z0-9]{{16,64}}", file=sys.stderr)
+        return 2
+    envelope_stream = sys.stdout
+    # Anything else that writes to sys.stdout (imported libraries, warnings) goes to stderr, so
+    # the envelope is the only thing this process puts on stdout.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            if getattr(args, "self_install", False):
+                install_self()
+            if split_users():
+                secure_layout()
+            envelope, exit_code = args.handler(args)
+        except OutcomeUnknown as exc:
+            # No envelope at all: whatever it said could be wrong. The operator reads a missing
+            # envelope as malformed and stops using this executor.
+            print(f"bridge error: {exc}; the code may or may not have run", file=sys.stderr)
+            return 1
+        except Exception as exc:
+            envelope = bridge_failure(args.kind, failure_message(exc))
+            exit_code = 1
+    text, exit_code = stdout_text(nonce, args.kind, envelope, exit_code)
+    envelope_stream.write(text)
+    envelope_stream.flush()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
