@@ -78,7 +78,9 @@ async fn an_upgrade_from_the_previous_release_keeps_every_sandbox_its_state_queu
     let gate = Gate::new();
     let execs = support::execs(&admin).await;
     let long = format!("runs = ['long']\n{}", gate.code("'long done'"));
-    create_execution(&env, "long", "busy", &long).await;
+    // The longest deadline there is: the action must outlast the upgrade on a loaded machine.
+    let spec = json!({ "executorRef": { "name": "busy" }, "code": long, "timeoutSeconds": 40 });
+    support::create_execution_from(&env, "long", spec).await;
     wait_for(&env.api::<Execution>(), "long", RUN_SECONDS, |e| {
         reason(e) == "Running"
     })
