@@ -71,7 +71,7 @@ pub struct RequestLog(Arc<Mutex<Vec<String>>>);
 impl RequestLog {
     /// An admin client, like [`TestEnv::client`], whose requests land in this log.
     pub async fn client(&self, env: &TestEnv) -> Client {
-        self.client_with_slow_lists(env, "", Duration::ZERO).await
+        self.build(env, None).await
     }
 
     /// [`RequestLog::client`], whose lists of `resource` (GET of the collection, not a watch)
@@ -83,6 +83,11 @@ impl RequestLog {
         resource: &'static str,
         delay: Duration,
     ) -> Client {
+        self.build(env, Some((resource, delay))).await
+    }
+
+    /// A client logging here, with the lists of one resource slowed down when `slow` says so.
+    async fn build(&self, env: &TestEnv, slow: Option<(&'static str, Duration)>) -> Client {
         let log = self.clone();
         let record = tower::util::MapRequestLayer::new(move |request: http::Request<_>| {
             log.0.lock().expect("request log").push(format!(
@@ -92,11 +97,7 @@ impl RequestLog {
             ));
             request
         });
-        let slow = tower::layer::layer_fn(move |inner| SlowLists {
-            inner,
-            resource,
-            delay,
-        });
+        let slow = tower::layer::layer_fn(move |inner| SlowLists { inner, slow });
         kube::client::ClientBuilder::try_from(config_for(&env.kubeconfig).await)
             .expect("kube client")
             .with_layer(&record)
@@ -143,8 +144,8 @@ impl RequestLog {
 #[derive(Clone)]
 struct SlowLists<S> {
     inner: S,
-    resource: &'static str,
-    delay: Duration,
+    /// Which resource's lists answer late, and by how much.
+    slow: Option<(&'static str, Duration)>,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for SlowLists<S>
@@ -166,19 +167,19 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let uri = request.uri();
-        let list = request.method() == http::Method::GET
-            && uri.path().ends_with(&format!("/{}", self.resource))
-            && !uri.query().unwrap_or_default().contains("watch=true");
-        let delay = if list && !self.resource.is_empty() {
-            self.delay
-        } else {
-            Duration::ZERO
-        };
+        let delay = self.slow.filter(|(resource, _)| {
+            request.method() == http::Method::GET
+                && uri.path().ends_with(&format!("/{resource}"))
+                && !uri.query().unwrap_or_default().contains("watch=true")
+        });
         let answer = self.inner.call(request);
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            answer.await
-        })
+        match delay {
+            None => Box::pin(answer),
+            Some((_, delay)) => Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                answer.await
+            }),
+        }
     }
 }
 
