@@ -243,6 +243,11 @@ impl ControlPlane {
                     "--leader-elect=false",
                     "--use-service-account-credentials=false",
                 ])
+                // A quota counts a custom resource only once the quota controller's discovery
+                // (every 30 s) has found it; a quota it first saw before that shows no usage
+                // until the next full resync (5 minutes by default) or a change of such an
+                // object. A bounded recheck instead (tests/crds.rs waited 120 s in vain).
+                .arg("--resource-quota-sync-period=5s")
                 // No serving endpoint: nothing probes it, and a fixed port would collide
                 // between control planes started at once.
                 .args(["--secure-port=0", "--bind-address", "127.0.0.1"])
