@@ -3,6 +3,10 @@
 //! the next free one goes to the namespace whose turn it is, round-robin over the namespaces with
 //! work waiting, whatever one namespace has queued.
 //!
+//! Within a namespace, work someone waits for (a claim, an agent's action) goes before
+//! background work (a pool's members being made ready or handed over): a burst of claims and
+//! the refill it sets off share the API server, and the claims come first.
+//!
 //! A slot bounds the operator's *work* (API server calls, decisions), not the actions in
 //! flight: a reconcile gives its slot back while it only waits for briq (an exec running in the
 //! kernel, up to 40 s) and takes one again to write the result. So long actions of one
@@ -15,32 +19,66 @@ use std::{
 
 use tokio::sync::oneshot;
 
-/// Whose turn it is: round-robin over the namespaces with waiters, each namespace's waiters in
-/// the order they came. Pure; [`FairShare`] applies it.
+/// Whether someone waits for a piece of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Someone waits for it: a claim, an executor of a user's own, an action.
+    Foreground,
+    /// Nobody waits for it yet: a pool member being made ready, or handed over.
+    Background,
+}
+
+/// One namespace's waiters, each priority in the order they came.
+#[derive(Debug, Default)]
+struct Queues {
+    foreground: VecDeque<u64>,
+    background: VecDeque<u64>,
+}
+
+impl Queues {
+    fn is_empty(&self) -> bool {
+        self.foreground.is_empty() && self.background.is_empty()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.foreground.len() + self.background.len()
+    }
+}
+
+/// Whose turn it is: round-robin over the namespaces with waiters; within a namespace its
+/// foreground waiters before its background ones, each in the order they came. Pure;
+/// [`FairShare`] applies it.
 #[derive(Debug, Default)]
 pub struct Turns {
     /// Namespaces with waiters, the next to be served first.
     order: VecDeque<String>,
-    waiting: HashMap<String, VecDeque<u64>>,
+    waiting: HashMap<String, Queues>,
 }
 
 impl Turns {
     /// `ticket` of `namespace` waits for a slot.
-    pub fn push(&mut self, namespace: &str, ticket: u64) {
-        let queue = self.waiting.entry(namespace.to_owned()).or_default();
-        if queue.is_empty() {
+    pub fn push(&mut self, namespace: &str, ticket: u64, priority: Priority) {
+        let queues = self.waiting.entry(namespace.to_owned()).or_default();
+        if queues.is_empty() {
             self.order.push_back(namespace.to_owned());
         }
-        queue.push_back(ticket);
+        match priority {
+            Priority::Foreground => queues.foreground.push_back(ticket),
+            Priority::Background => queues.background.push_back(ticket),
+        }
     }
 
-    /// The waiter served next: the first of the namespace whose turn it is, which then goes to
-    /// the back of the line if it has more.
+    /// The waiter served next: the first of the namespace whose turn it is (foreground first),
+    /// which then goes to the back of the line if it has more.
     pub fn next(&mut self) -> Option<u64> {
         let namespace = self.order.pop_front()?;
-        let queue = self.waiting.get_mut(&namespace)?;
-        let ticket = queue.pop_front();
-        if queue.is_empty() {
+        let queues = self.waiting.get_mut(&namespace)?;
+        let ticket = queues
+            .foreground
+            .pop_front()
+            .or_else(|| queues.background.pop_front());
+        if queues.is_empty() {
             self.waiting.remove(&namespace);
         } else {
             self.order.push_back(namespace);
@@ -50,11 +88,12 @@ impl Turns {
 
     /// A waiter that stopped waiting.
     pub fn remove(&mut self, namespace: &str, ticket: u64) {
-        let Some(queue) = self.waiting.get_mut(namespace) else {
+        let Some(queues) = self.waiting.get_mut(namespace) else {
             return;
         };
-        queue.retain(|t| *t != ticket);
-        if queue.is_empty() {
+        queues.foreground.retain(|t| *t != ticket);
+        queues.background.retain(|t| *t != ticket);
+        if queues.is_empty() {
             self.waiting.remove(namespace);
             self.order.retain(|n| n != namespace);
         }
@@ -67,7 +106,7 @@ impl Turns {
     /// How many wait.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.waiting.values().map(VecDeque::len).sum()
+        self.waiting.values().map(Queues::len).sum()
     }
 }
 
@@ -109,8 +148,8 @@ impl FairShare {
     }
 
     /// A slot for work of `namespace`: at once while one is free and nobody waits, else when
-    /// its namespace's turn comes.
-    pub async fn take(self: &Arc<Self>, namespace: &str) -> Slot {
+    /// its namespace's turn comes and no foreground work of it waits before it.
+    pub async fn take(self: &Arc<Self>, namespace: &str, priority: Priority) -> Slot {
         let (ticket, granted) = {
             let mut slots = self.slots.lock().expect("fair share");
             if slots.in_use < self.capacity && slots.turns.is_empty() {
@@ -122,7 +161,7 @@ impl FairShare {
             slots.next_ticket += 1;
             let ticket = slots.next_ticket;
             let (send, granted) = oneshot::channel();
-            slots.turns.push(namespace, ticket);
+            slots.turns.push(namespace, ticket, priority);
             slots.grants.insert(ticket, send);
             (ticket, granted)
         };
@@ -167,16 +206,18 @@ impl FairShare {
 pub struct Held {
     share: Arc<FairShare>,
     namespace: String,
+    priority: Priority,
     slot: Mutex<Option<Slot>>,
 }
 
 impl Held {
     /// Takes a slot of `share` for work of `namespace`.
-    pub async fn take(share: &Arc<FairShare>, namespace: &str) -> Held {
-        let slot = share.take(namespace).await;
+    pub async fn take(share: &Arc<FairShare>, namespace: &str, priority: Priority) -> Held {
+        let slot = share.take(namespace, priority).await;
         Held {
             share: share.clone(),
             namespace: namespace.to_owned(),
+            priority,
             slot: Mutex::new(Some(slot)),
         }
     }
@@ -187,7 +228,7 @@ impl Held {
     pub async fn without<T>(&self, wait: impl Future<Output = T>) -> T {
         drop(self.slot.lock().expect("work slot").take());
         let outcome = wait.await;
-        let slot = self.share.take(&self.namespace).await;
+        let slot = self.share.take(&self.namespace, self.priority).await;
         *self.slot.lock().expect("work slot") = Some(slot);
         outcome
     }

@@ -12,6 +12,7 @@ mod backoff;
 mod cache;
 pub mod class;
 mod conditions;
+mod events;
 mod execution;
 mod executor;
 mod fair;
@@ -190,6 +191,8 @@ pub struct Shared<S> {
     /// True once the class watch has listed every class.
     classes_listed: tokio::sync::watch::Receiver<bool>,
     recorder: Recorder,
+    /// Events nothing is ordered against, published in the background ([`events`]).
+    deferred_events: events::Events,
     metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
     stopping: Arc<AtomicBool>,
@@ -542,6 +545,38 @@ async fn mark_unusable<S>(shared: &Shared<S>, executor: &BriqExecutor, reason: &
     Ok(())
 }
 
+/// An Event of this controller.
+fn event(
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) -> kube::runtime::events::Event {
+    kube::runtime::events::Event {
+        type_,
+        reason: reason.to_owned(),
+        // Event notes are limited to 1 KiB.
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_owned(),
+        secondary: None,
+    }
+}
+
+/// Queues an event about `object` that nothing is ordered against ([`events`]).
+fn publish_deferred<S, K: Resource<DynamicType = ()>>(
+    shared: &Shared<S>,
+    object: &K,
+    type_: kube::runtime::events::EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = event(type_, reason, action, note);
+    shared
+        .deferred_events
+        .publish(event, object.object_ref(&()));
+}
+
 /// Publishes an event about `object`; a failure to publish is logged, never fatal.
 async fn publish<S, K: Resource<DynamicType = ()>>(
     shared: &Shared<S>,
@@ -551,14 +586,7 @@ async fn publish<S, K: Resource<DynamicType = ()>>(
     action: &str,
     note: String,
 ) {
-    let event = kube::runtime::events::Event {
-        type_,
-        reason: reason.to_owned(),
-        // Event notes are limited to 1 KiB.
-        note: Some(note.chars().take(1000).collect()),
-        action: action.to_owned(),
-        secondary: None,
-    };
+    let event = event(type_, reason, action, note);
     if let Err(error) = shared
         .recorder
         .publish(&event, &object.object_ref(&()))
@@ -649,6 +677,9 @@ fn live(
 }
 
 type Count = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// How long a stopping operator waits for its deferred Events to go out.
+const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
 /// How often the bookkeeping is checked against the caches.
 const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
@@ -767,16 +798,20 @@ pub async fn run_observed<S>(
     let (class_store, class_writer) = reflector::store::<BriqExecutorClass>();
     let (class_wake_tx, class_wake_rx) = mpsc::unbounded_channel::<ObjectRef<BriqExecutor>>();
     let (classes_listed_tx, classes_listed) = tokio::sync::watch::channel(false);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "briq-operator".into(),
+            instance: None,
+        },
+    );
+    let (deferred_events, event_publisher) = events::Events::start(recorder.clone());
+    let event_publisher = AbortOnDrop(event_publisher);
     let shared = Arc::new(Shared {
         classes: class_store.clone(),
         classes_listed,
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "briq-operator".into(),
-                instance: None,
-            },
-        ),
+        recorder,
+        deferred_events,
         client: client.clone(),
         sandboxes,
         settings,
@@ -984,6 +1019,8 @@ pub async fn run_observed<S>(
     execution_ctx.write_counts().await;
     drop(sweeper);
     drop(orphan_sweeper);
+    shared.deferred_events.flush(EVENT_FLUSH).await;
+    drop(event_publisher);
     info!("controllers stopped");
 }
 

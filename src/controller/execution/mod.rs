@@ -48,7 +48,7 @@ use super::{
     cache::Freshness,
     class,
     conditions::{self, SUCCEEDED},
-    fair::{FairShare, Held},
+    fair::{FairShare, Held, Priority},
     is_conflict, made_under, mark_unusable, object_key,
     ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
     prune_backoff, retry,
@@ -519,7 +519,7 @@ pub async fn reconcile<S: SandboxApi>(
     ctx: Arc<Context<S>>,
 ) -> Result<Action> {
     let namespace = execution.namespace().unwrap_or_default();
-    let slot = Held::take(&ctx.work, &namespace).await;
+    let slot = Held::take(&ctx.work, &namespace, Priority::Foreground).await;
     // The watch cache can still show "Running" for an Execution this process just finished.
     // Most reconciles are of finished Executions (all of them at start-up, at once): they stop
     // here, before the full reconcile's future (some 7 KiB) is allocated.

@@ -8,12 +8,19 @@
 //! take a second member) and that the member is still free (the next claimer would try it and
 //! lose). This bookkeeping answers both for this process's own claims, without asking the API
 //! server; what another process did is caught by the claimer's precondition.
+//!
+//! It also remembers a claimer this process reported Ready until the cache shows it so: the
+//! watch delivers the record (a metadata write) before that status, so a reconcile between them
+//! would find a recorded sandbox without a Ready kernel, read the claimer afresh and probe a
+//! sandbox whose kernel answered a moment ago ([`after_claim`]).
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
 };
 
+use super::decide::Step;
 use crate::crd::BriqExecutor;
 
 /// Where a claimer's handover stands in this process.
@@ -24,16 +31,57 @@ enum Handover {
     /// The member is the claimer's (as the API server returned it); the claimer's own record
     /// may not be written, or not be in the cache yet.
     Taken(Box<BriqExecutor>),
+    /// The claimer is recorded and was reported Ready at this instant; the cache may not show
+    /// it yet.
+    Reported { member: String, at: Instant },
 }
 
 impl Handover {
     fn member(&self) -> String {
         match self {
-            Handover::Taking(name) => name.clone(),
+            Handover::Taking(name) | Handover::Reported { member: name, .. } => name.clone(),
             Handover::Taken(member) => kube::ResourceExt::name_any(member.as_ref()),
         }
     }
 }
+
+/// What a reconcile of a claimer does about its handover, once the cache shows the claim
+/// recorded (any step but [`Step::Claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterClaim {
+    /// Nothing is remembered of the handover (any more): take the step.
+    Go,
+    /// Nothing to do before this long: the cache has not caught up with the Ready this process
+    /// reported (the write's own watch event comes sooner), or it has and the kernel, which
+    /// answered when the claim was reported, is not due for a probe yet.
+    Recheck(Duration),
+}
+
+/// Decides for a claimer reported Ready `since` ago by this process (`None`: not by this
+/// process, or settled) whose cached copy leads to `step`, probed every `probe_interval`.
+/// Whether the handover is settled: once the cache shows the claimer as reported, or anything
+/// but the gap between the record and its status.
+pub fn after_claim(
+    since: Option<Duration>,
+    step: &Step,
+    probe_interval: Duration,
+) -> (AfterClaim, bool) {
+    let Some(since) = since else {
+        return (AfterClaim::Go, true);
+    };
+    let lag_left = CACHE_LAG.saturating_sub(since);
+    let probe_due = probe_interval.saturating_sub(since);
+    match step {
+        // The record without the Ready written right after it: the cache lags this process.
+        Step::Provision { .. } if !lag_left.is_zero() => (AfterClaim::Recheck(lag_left), false),
+        Step::Probe { .. } if !probe_due.is_zero() => (AfterClaim::Recheck(probe_due), true),
+        _ => (AfterClaim::Go, true),
+    }
+}
+
+/// How long the cache may take to show a status this process wrote before a reconcile that
+/// does not see it acts on what it sees (a fresh read then decides).
+const CACHE_LAG: Duration = Duration::from_secs(5);
 
 /// Claimers (by uid) and the member each is being handed, in this process.
 #[derive(Debug, Default)]
@@ -75,6 +123,24 @@ impl Handovers {
     pub fn taken(&self, claimer: &str) -> Option<BriqExecutor> {
         match self.lock().get(claimer) {
             Some(Handover::Taken(member)) => Some(member.as_ref().clone()),
+            _ => None,
+        }
+    }
+
+    /// `claimer` is recorded and reported Ready: remembered until the cache shows it so.
+    pub fn reported(&self, claimer: &str, member: &str) {
+        let reported = Handover::Reported {
+            member: member.to_owned(),
+            at: Instant::now(),
+        };
+        self.lock().insert(claimer.to_owned(), reported);
+    }
+
+    /// How long ago this process reported `claimer` Ready, if it did and the handover is not
+    /// settled.
+    pub fn reported_since(&self, claimer: &str) -> Option<Duration> {
+        match self.lock().get(claimer) {
+            Some(Handover::Reported { at, .. }) => Some(at.elapsed()),
             _ => None,
         }
     }
@@ -142,6 +208,69 @@ mod tests {
         assert!(handovers.reserve("c", "m1"));
         assert!(handovers.reserve("c", "m3"));
         assert_eq!(sorted(handovers.spoken_for("x")), ["m2", "m3"]);
+    }
+
+    #[test]
+    fn a_claimer_seen_between_its_record_and_its_ready_is_left_alone_until_the_cache_catches_up() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let provision = Step::Provision {
+            sandbox: "bq_1".into(),
+        };
+        let probe = Step::Probe {
+            sandbox: "bq_1".into(),
+        };
+        let unusable = Step::ReportUnusable { why: "lost".into() };
+        let interval = s(30);
+        let table = [
+            // (reported Ready this long ago, the cached copy's step) → (what, settled)
+            // Not reported by this process: a restart, another operator, or settled already.
+            (None, &provision, (AfterClaim::Go, true)),
+            (None, &probe, (AfterClaim::Go, true)),
+            // The record is cached, the Ready written after it is not yet: no fresh read, no
+            // second setup; the Ready's own watch event comes first, the recheck bounds it.
+            (
+                Some(ms(40)),
+                &provision,
+                (AfterClaim::Recheck(ms(4960)), false),
+            ),
+            // A cache that never showed the Ready within its lag: the fresh read decides.
+            (Some(s(5)), &provision, (AfterClaim::Go, true)),
+            (Some(s(9)), &provision, (AfterClaim::Go, true)),
+            // Ready cached: the kernel answered when the claim was reported; it is probed when
+            // its interval is up, not at once.
+            (Some(ms(60)), &probe, (AfterClaim::Recheck(ms(29940)), true)),
+            (Some(s(30)), &probe, (AfterClaim::Go, true)),
+            // Anything else is taken as it comes.
+            (Some(ms(60)), &unusable, (AfterClaim::Go, true)),
+            (Some(ms(60)), &Step::Claim, (AfterClaim::Go, true)),
+        ];
+        for (since, step, expected) in table {
+            assert_eq!(
+                after_claim(since, step, interval),
+                expected,
+                "{since:?} {step:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reported_claimer_keeps_its_member_spoken_for_until_settled() {
+        let handovers = Handovers::default();
+        assert!(handovers.reserve("a", "m1"));
+        handovers.won("a", member("m1"));
+        assert_eq!(handovers.reported_since("a"), None);
+        handovers.reported("a", "m1");
+        assert!(handovers.reported_since("a").is_some());
+        assert!(
+            handovers.taken("a").is_none(),
+            "recorded: nothing to record again"
+        );
+        assert!(!handovers.uncertain("a"));
+        assert!(!handovers.reserve("b", "m1"));
+        handovers.settled("a");
+        assert_eq!(handovers.reported_since("a"), None);
+        assert!(handovers.reserve("b", "m1"));
     }
 
     #[test]

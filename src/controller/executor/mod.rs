@@ -35,14 +35,14 @@ use self::decide::{
     Adoption, ClaimPlan, Drain, Idleness, Ownership, ProbeVerdict, SandboxFields, SetupVerdict,
     Step, state, unusable_state,
 };
-use self::handover::Handovers;
+use self::handover::{AfterClaim, Handovers};
 use super::{
     EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status, apply_status_at,
     backoff::Backoff,
     class, class_key, class_of, conditions,
-    fair::{FairShare, Held},
+    fair::{FairShare, Held, Priority},
     is_conflict, key_and_secret, landed, made_under, mark_unusable, object_key, orphans, own_key,
-    prune_backoff, publish, retry,
+    prune_backoff, publish, publish_deferred, retry,
     session::{Provisioned, Session, SetupError},
     settle, waited,
     wake::{self, Wait},
@@ -56,7 +56,7 @@ use crate::{
     crd::{
         BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
         CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_LABEL,
-        reasons::ExecutorReason,
+        POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
     },
     traces,
 };
@@ -140,6 +140,23 @@ pub async fn reconcile<S: SandboxApi>(
         &executor.namespace().unwrap_or_default(),
     );
     let namespace = executor.namespace().unwrap_or_default();
+    let claims = executor.spec.pool_ref.is_some();
+    let step = decide::decide(&status_of(&executor), executor.annotations(), claims);
+    if claims && !matches!(step, Step::Claim) {
+        // The cache shows the claim recorded (or the claimer needs no member).
+        let uid = executor.uid().unwrap_or_default();
+        let since = ctx.handovers.reported_since(&uid);
+        let probe_interval = ctx.shared.settings.probe_interval;
+        let (after, settled) = handover::after_claim(since, &step, probe_interval);
+        if settled {
+            ctx.handovers.settled(&uid);
+        }
+        if let AfterClaim::Recheck(recheck) = after
+            && executor.metadata.deletion_timestamp.is_none()
+        {
+            return Ok(Action::requeue(recheck));
+        }
+    }
     let actor = Actor {
         shared: &ctx.shared,
         api: &api,
@@ -147,14 +164,8 @@ pub async fn reconcile<S: SandboxApi>(
         executors: &ctx.store,
         pools: &ctx.pools,
         handovers: &ctx.handovers,
-        slot: Held::take(&ctx.work, &namespace).await,
+        slot: Held::take(&ctx.work, &namespace, priority(&executor)).await,
     };
-    let claims = executor.spec.pool_ref.is_some();
-    let step = decide::decide(&status_of(&executor), executor.annotations(), claims);
-    if claims && !matches!(step, Step::Claim) {
-        // The cache shows the claim recorded (or the claimer needs no member).
-        ctx.handovers.settled(&executor.uid().unwrap_or_default());
-    }
     // A claimer holds nothing of its own until it takes a member (whose own finalizer guards
     // the member's sandbox), so its finalizer comes with the record of the claim: one write and
     // one watch round trip less per claim (see `record_claim`).
@@ -191,6 +202,17 @@ pub async fn reconcile<S: SandboxApi>(
         other => other.map_err(|error| Error::Finalizer(Box::new(error))),
     };
     settle(&ctx.backoff, &object, result)
+}
+
+/// A pool's member, claimed or not, is background work: nobody waits for it until it is
+/// claimed, and once claimed its claimer does the work someone waits for. A burst of claims and
+/// the refill it sets off share the API server; the claims go first.
+fn priority(executor: &BriqExecutor) -> Priority {
+    if executor.annotations().contains_key(POOL_MEMBER_ANNOTATION) {
+        Priority::Background
+    } else {
+        Priority::Foreground
+    }
 }
 
 pub fn error_policy<S>(executor: Arc<BriqExecutor>, error: &Error, ctx: Arc<Context<S>>) -> Action {
@@ -1347,12 +1369,14 @@ impl<S: SandboxApi> Actor<'_, S> {
             ready: Some(conditions::now()),
         };
         self.report(&claimer, ready, fields).await?;
+        self.handovers.reported(&uid, &member.name_any());
         let note = format!(
             "took sandbox {id} and its kernel from BriqExecutorPool {pool} (executor {})",
             member.name_any()
         );
-        self.event(&claimer, EventType::Normal, "Claimed", "Claim", note)
-            .await;
+        // Nothing is ordered against it; a burst of claims would wait on 100 of them.
+        let normal = EventType::Normal;
+        publish_deferred(self.shared, &claimer, normal, "Claimed", "Claim", note);
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
     }
