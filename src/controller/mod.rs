@@ -562,16 +562,12 @@ fn event(
     }
 }
 
-/// Queues an event about `object` that nothing is ordered against ([`events`]).
+/// Queues `event` about `object`, which nothing is ordered against ([`events`]).
 fn publish_deferred<S, K: Resource<DynamicType = ()>>(
     shared: &Shared<S>,
     object: &K,
-    type_: kube::runtime::events::EventType,
-    reason: &str,
-    action: &str,
-    note: String,
+    event: kube::runtime::events::Event,
 ) {
-    let event = event(type_, reason, action, note);
     shared
         .deferred_events
         .publish(event, object.object_ref(&()));

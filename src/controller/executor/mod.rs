@@ -1375,8 +1375,8 @@ impl<S: SandboxApi> Actor<'_, S> {
             member.name_any()
         );
         // Nothing is ordered against it; a burst of claims would wait on 100 of them.
-        let normal = EventType::Normal;
-        publish_deferred(self.shared, &claimer, normal, "Claimed", "Claim", note);
+        let claimed = super::event(EventType::Normal, "Claimed", "Claim", note);
+        publish_deferred(self.shared, &claimer, claimed);
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
     }
