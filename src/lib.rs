@@ -11,8 +11,11 @@ pub mod crd;
 #[cfg(test)]
 mod docs;
 pub mod http;
+#[cfg(test)]
+mod layering;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod telemetry;
 pub mod traces;
+pub mod usage;

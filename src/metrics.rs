@@ -73,7 +73,7 @@ pub struct Live {
     /// API keys with which briq answers no call now (`briq::health`).
     pub briq_unreachable_keys: i64,
     /// What each class (by name) is used for, across namespaces.
-    pub classes: std::collections::BTreeMap<String, crate::controller::class::Usage>,
+    pub classes: std::collections::BTreeMap<String, crate::usage::Usage>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -447,7 +447,7 @@ mod tests {
 
     #[test]
     fn a_class_has_series_while_it_is_used_and_none_after() {
-        use crate::controller::class::Usage;
+        use crate::usage::Usage;
         let metrics = std::sync::Arc::new(Metrics::default());
         let classes = std::sync::Arc::new(Mutex::new(std::collections::BTreeMap::from([(
             "standard".to_owned(),

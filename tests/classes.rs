@@ -13,8 +13,7 @@ mod support;
 use briq_dev::local_server::Operation;
 use briq_operator::{
     briq::{BriqClient, ClientOptions, SandboxApi},
-    controller::class::CLASS_ANNOTATION,
-    crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool},
+    crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLASS_ANNOTATION},
 };
 use kube::{
     Api, ResourceExt,

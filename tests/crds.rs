@@ -25,7 +25,7 @@ fn checked_in_crds_match_the_rust_types() {
 
 #[test]
 fn the_python_clients_vocabulary_matches_the_rust_reasons() {
-    let generated = briq_operator::crd::reasons::python_module();
+    let generated = briq_operator::crd::vocabulary::python_module();
     let path = "bridge/agent/briq_operator_client/vocabulary.py";
     let checked_in = std::fs::read_to_string(support::repo_root().join(path)).expect(path);
     assert!(

@@ -8,8 +8,10 @@ use std::time::Duration;
 use briq_dev::local_server::{Fault, FaultRule, Operation, Outage};
 use briq_operator::{
     briq::{self, BriqClient, ClientOptions, SandboxApi as _},
-    controller::{CREATE_PENDING_ANNOTATION, FINALIZER},
-    crd::{BriqExecutor, Execution, MAX_CODE_CHARS, MAX_STATUS_BYTES},
+    crd::{
+        BriqExecutor, CREATE_PENDING_ANNOTATION, Execution, FINALIZER, MAX_CODE_CHARS,
+        MAX_STATUS_BYTES,
+    },
 };
 use k8s_openapi::api::events::v1::Event;
 use kube::{
@@ -1351,7 +1353,7 @@ async fn an_idle_executor_expires_gives_its_sandbox_back_and_never_runs_code_aga
     assert!(
         !executor
             .annotations()
-            .contains_key(briq_operator::controller::SANDBOX_ID_ANNOTATION)
+            .contains_key(briq_operator::crd::SANDBOX_ID_ANNOTATION)
     );
     let events = env
         .api::<Event>()

@@ -6,10 +6,7 @@
 mod support;
 
 use briq_dev::stack::{self, Controllers};
-use briq_operator::{
-    controller::SANDBOX_ID_ANNOTATION,
-    crd::{BriqExecutor, Execution},
-};
+use briq_operator::crd::{BriqExecutor, Execution, SANDBOX_ID_ANNOTATION};
 use k8s_openapi::api::events::v1::Event;
 use kube::{
     Api, ResourceExt,

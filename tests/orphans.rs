@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use briq_dev::wait;
 use briq_operator::{
-    controller::{self, FINALIZER, KEY_IN_USE_FINALIZER, Observer},
-    crd::BriqExecutor,
+    controller::{self, Observer},
+    crd::{BriqExecutor, FINALIZER, KEY_IN_USE_FINALIZER},
 };
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{

@@ -283,7 +283,7 @@ async fn pool_ready(env: &TestEnv, name: &str) -> BTreeMap<String, String> {
         },
     )
     .await;
-    let hash = briq_operator::controller::template_hash(&pool);
+    let hash = briq_operator::crd::template_hash(&pool);
     let started = tokio::time::Instant::now();
     let members = loop {
         let members = env

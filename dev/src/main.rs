@@ -73,7 +73,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::LocalSandboxServer(args) => local_server::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Vocabulary => {
-            print!("{}", briq_operator::crd::reasons::python_module());
+            print!("{}", briq_operator::crd::vocabulary::python_module());
             Ok(())
         }
         Command::ControlPlane => {

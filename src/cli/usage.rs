@@ -1,5 +1,5 @@
 //! `usage [-n NAMESPACE]`: what a namespace uses of each BriqExecutorClass, against the class's
-//! per-namespace limits, counted as the operator counts it (`controller::class::usage`).
+//! per-namespace limits, counted as the operator counts it (`usage::usage`).
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -11,8 +11,8 @@ use super::{
     emit, table,
 };
 use crate::{
-    controller::class::{self, Usage},
     crd::{BriqExecutor, BriqExecutorClass, Execution, NamespaceLimits},
+    usage::{self, Usage},
 };
 
 #[derive(clap::Args)]
@@ -59,7 +59,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         .into_iter()
         .map(Arc::new)
         .collect();
-    let usage = class::usage(&executors, &executions);
+    let usage = usage::usage(&executors, &executions);
     if usage.is_empty() {
         let note = format!(
             "No BriqExecutor in namespace {} uses a BriqExecutorClass.\n",

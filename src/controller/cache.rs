@@ -6,14 +6,19 @@
 //! `execution::codes`, and beyond it the run takes it from the write that records its
 //! attempt), and the results of finished Executions (which are never written again).
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
-use kube::{ResourceExt, runtime::watcher};
+use kube::{
+    ResourceExt,
+    runtime::{reflector::Store, watcher},
+};
 
-use super::execution::finished;
 use crate::crd::Execution;
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -26,7 +31,7 @@ pub fn compact<K: ResourceExt>(object: &mut K) {
 pub fn compact_execution(execution: &mut Execution) {
     compact(execution);
     execution.spec.code = String::new();
-    if !finished(execution) {
+    if !execution.finished() {
         return;
     }
     if let Some(status) = &mut execution.status {
@@ -59,6 +64,22 @@ impl Freshness {
 
     pub fn current(&self) -> bool {
         self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `store` got its first full list (false: its writer is gone). The applier waits on the
+/// same store, and a store wakes only its latest waiter: ask again every 100 ms instead of
+/// relying on a wake-up.
+pub async fn until_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        let wait = store.wait_until_ready();
+        if let Ok(result) = tokio::time::timeout(Duration::from_millis(100), wait).await {
+            return result.is_ok();
+        }
     }
 }
 

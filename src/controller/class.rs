@@ -12,19 +12,10 @@ use kube::{
 };
 
 use crate::crd::{
-    BriqExecutor, BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec,
-    CLAIMED_BY_ANNOTATION, CLAIMED_MEMBER_ANNOTATION, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution,
-    reasons::{ExecutionReason, ExecutorReason},
+    BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec, CLAIMED_MEMBER_ANNOTATION,
+    CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    SANDBOX_ID_ANNOTATION,
 };
-
-use super::conditions::{READY, SUCCEEDED};
-
-use super::executor::{CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
-
-/// On an executor, written by the operator with its claim to create a sandbox: the class it
-/// was made under. An executor naming no class keeps the default class it got, even when
-/// another class becomes the default later (its sandbox was made with that class's key).
-pub const CLASS_ANNOTATION: &str = "briq.cloud/class";
 
 /// What an executor's annotations say of the class its sandbox was made under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,98 +289,6 @@ pub fn pool_violation(name: &str, class: &BriqExecutorClassSpec, replicas: i32) 
     let max = class.max_pool_replicas?;
     (replicas > max)
         .then(|| format!("replicas {replicas} is above class {name}'s maxPoolReplicas {max}"))
-}
-
-/// What executors and Executions use of one class (in one namespace, or in all).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Executors holding or making a sandbox under the class.
-    pub executors: usize,
-    /// Executors waiting for a place under its `maxExecutors`.
-    pub executors_waiting: usize,
-    /// Executions running (their attempt recorded, not finished).
-    pub running: usize,
-    /// Executions waiting for a place under its `maxRunningExecutions`.
-    pub executions_waiting: usize,
-    /// Executions not started yet (those waiting for a place among them), as its
-    /// `maxQueuedExecutions` counts them.
-    pub queued: usize,
-}
-
-/// The class `executor` counts under: the one its sandbox was made under, else the one it names.
-pub fn counted_under(executor: &BriqExecutor) -> Option<&str> {
-    executor
-        .annotations()
-        .get(CLASS_ANNOTATION)
-        .or(executor.spec.class_name.as_ref())
-        .map(String::as_str)
-}
-
-/// The use of each class (by name) that `executors` and `executions` make: how the operator
-/// counts it, for its metrics and `kubectl briq usage`.
-pub fn usage(
-    executors: &[Arc<BriqExecutor>],
-    executions: &[Arc<Execution>],
-) -> BTreeMap<String, Usage> {
-    let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
-    let mut class_of_executor = std::collections::HashMap::new();
-    for executor in executors {
-        let Some(class) = counted_under(executor) else {
-            continue;
-        };
-        let namespace = executor.namespace().unwrap_or_default();
-        class_of_executor.insert((namespace, executor.name_any()), class.to_owned());
-        let annotations = executor.annotations();
-        let entry = usage.entry(class.to_owned()).or_default();
-        let holds = (annotations.contains_key(SANDBOX_ID_ANNOTATION)
-            || annotations.contains_key(CREATE_PENDING_ANNOTATION))
-            && !annotations.contains_key(CLAIMED_BY_ANNOTATION)
-            && executor.metadata.deletion_timestamp.is_none();
-        entry.executors += usize::from(holds);
-        let waiting = executor.status.as_ref().is_some_and(|status| {
-            condition_reason(&status.conditions, READY)
-                == Some(ExecutorReason::WaitingForCapacity.as_str())
-        });
-        entry.executors_waiting += usize::from(waiting);
-    }
-    for execution in executions {
-        let key = (
-            execution.namespace().unwrap_or_default(),
-            execution.spec.executor_ref.name.clone(),
-        );
-        let Some(class) = class_of_executor.get(&key) else {
-            continue;
-        };
-        let Some(status) = &execution.status else {
-            continue;
-        };
-        let Some(succeeded) = status.conditions.iter().find(|c| c.type_ == SUCCEEDED) else {
-            continue;
-        };
-        if succeeded.status != "Unknown" {
-            continue;
-        }
-        let entry = usage.entry(class.clone()).or_default();
-        if status.attempt_id.is_some() {
-            entry.running += 1;
-            continue;
-        }
-        entry.queued += 1;
-        if succeeded.reason == ExecutionReason::WaitingForCapacity.as_str() {
-            entry.executions_waiting += 1;
-        }
-    }
-    usage
-}
-
-fn condition_reason<'c>(
-    conditions: &'c [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    type_: &str,
-) -> Option<&'c str> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.reason.as_str())
 }
 
 #[cfg(test)]

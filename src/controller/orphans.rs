@@ -6,7 +6,7 @@
 //!   which deletes the executor and its key at once, cannot take the key away from the
 //!   executor's finalizer. The last executor using the Secret releases it after a confirmed
 //!   destroy; the sweeper releases it when no executor uses it and no sandbox of its key waits.
-//! - **The sweeper**: every [`Settings::orphan_sweep_interval`](super::Settings) (and whenever an
+//! - **The sweeper**: every [`Settings::orphan_sweep_interval`](super::context::Settings) (and whenever an
 //!   executor is deleted), with every key the operator uses, it lists briq's sandboxes and
 //!   destroys those named like an executor of its scope that no live executor is named like,
 //!   once older than the grace period.
@@ -27,14 +27,15 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::{Error, Result, Shared, publish, secret_key};
+use super::{
+    context::{Error, Result, Shared},
+    credentials::secret_key,
+    publish::publish,
+};
 use crate::{
     briq::{ApiKey, DestroyOutcome, Sandbox, SandboxApi, SandboxState, sandbox_name},
-    crd::BriqExecutor,
+    crd::{BriqExecutor, KEY_IN_USE_FINALIZER},
 };
-
-/// On a Secret whose API key an executor with a sandbox uses: the Secret outlives the sandbox.
-pub const KEY_IN_USE_FINALIZER: &str = "briq.cloud/api-key-in-use";
 
 /// Sandboxes named like an executor of the scope (`prefix`) that no live executor is named like:
 /// not (or no longer) anyone's, but possibly a create in flight whose executor the cache has not
@@ -192,7 +193,7 @@ impl<S: SandboxApi> Sweeper<S> {
     /// Sweeps every `interval` and when woken, until dropped.
     pub async fn run(self: Arc<Self>, interval: Duration) {
         // An empty cache would make every sandbox look orphaned: wait for the first full list.
-        if !super::until_ready(&self.store).await {
+        if !super::cache::until_ready(&self.store).await {
             return;
         }
         let mut every = tokio::time::interval(interval);

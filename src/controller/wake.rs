@@ -12,28 +12,26 @@
 //!
 //! The waits, and what wakes them:
 //!
-//! | wait | trigger | recheck ([`recheck`]) |
+//! | wait | trigger | recheck ([`recheck::recheck`]) |
 //! |---|---|---|
-//! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`], until `executorWait` runs out |
-//! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`] |
-//! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`] |
+//! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET), until `executorWait` runs out |
+//! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET) |
+//! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`](recheck::TURN) |
 //! | Execution, a burst still settling | — | until the burst's second has settled |
 //! | Execution, an attempt another process may still report | — | until the attempt's deadline |
-//! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`]: 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
-//! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`]: 1 s at first, up to 30 s |
+//! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`](recheck::briq_recheck): 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
+//! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`](recheck::key_recheck): 1 s at first, up to 30 s |
 //! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
-//! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`] |
-//! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`] |
-//! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`] |
+//! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
+//! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
+//! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](recheck::SAFETY_NET) |
 //! | claimer, a Ready pool member | — | 250 ms (`executor::decide::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
-//! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`] |
-//! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`] |
-//! | deleted executor, its Executions concluding | — | [`DRAIN`], within the drain limit |
+//! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
+//! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
+//! | deleted executor, its Executions concluding | — | [`DRAIN`](recheck::DRAIN), within the drain limit |
 //! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
 //! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
 //! | a failed reconcile | — | its backoff (`Settings::backoff_max`) |
-
-use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use kube::{
@@ -50,86 +48,6 @@ use crate::crd::{
     BriqExecutor, BriqExecutorClass, BriqExecutorPool, Execution, POOL_MEMBER_ANNOTATION,
     reasons::ExecutorReason,
 };
-
-/// The recheck of a wait that has a trigger: should the trigger ever be missed, the wait ends
-/// this long after. It reads the caches only.
-pub const SAFETY_NET: Duration = Duration::from_secs(10);
-/// The recheck of an Execution queued behind others (woken by the one before it ending).
-pub const TURN: Duration = Duration::from_secs(5);
-/// The recheck of a pool whose members are being made or provisioned.
-pub const POOL_FILLING: Duration = Duration::from_secs(1);
-/// How often a deleted executor looks whether its Executions have concluded.
-pub const DRAIN: Duration = Duration::from_millis(500);
-/// The recheck of an executor waiting for its class (woken by any change of a class).
-pub const CLASS_RECHECK: Duration = Duration::from_secs(60);
-/// The longest recheck of a missing key Secret.
-pub const KEY_RECHECK_MAX: Duration = Duration::from_secs(30);
-/// The longest pause between two questions to briq about an outcome it left unknown: the
-/// longest an Execution waits once briq answers again.
-pub const BRIQ_RECHECK_MAX: Duration = Duration::from_secs(15);
-
-/// A wait, as [`recheck`] tells how long it may last without a trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    /// An Execution whose executor does not exist; `left` until it gives up.
-    ExecutorMissing { left: Duration },
-    /// An Execution whose executor exists but is not Ready.
-    ExecutorNotReady,
-    /// An Execution behind others in its executor's queue.
-    Turn,
-    /// An executor or Execution whose key Secret is missing, `waited` since it was created.
-    KeySecret { waited: Duration },
-    /// A pool whose members are being made or provisioned.
-    PoolFilling,
-    /// An executor waiting for its class to be created, or to allow it.
-    Class,
-    /// An Execution waiting for a place under its class's `maxRunningExecutions`.
-    Capacity,
-    /// A deleted executor whose Executions have not concluded, `left` of its drain limit.
-    Drain { left: Duration },
-    /// An Execution whose outcome briq left unknown, `waited` since its attempt started and
-    /// `left` of its patience; briq may have asked for a pause (`Retry-After`).
-    Briq {
-        waited: Duration,
-        left: Duration,
-        retry_after: Option<Duration>,
-    },
-}
-
-/// When to look again at what waits, should nothing wake it first.
-pub fn recheck(wait: Wait) -> Duration {
-    match wait {
-        Wait::ExecutorMissing { left } => SAFETY_NET.min(left),
-        Wait::ExecutorNotReady => SAFETY_NET,
-        Wait::Turn => TURN,
-        Wait::KeySecret { waited } => key_recheck(waited),
-        Wait::PoolFilling => POOL_FILLING,
-        Wait::Class => CLASS_RECHECK,
-        Wait::Capacity => SAFETY_NET,
-        Wait::Drain { left } => DRAIN.min(left),
-        Wait::Briq {
-            waited,
-            left,
-            retry_after,
-        } => briq_recheck(waited, retry_after).min(left),
-    }
-}
-
-/// Nothing signals that briq answers again: an outcome it left unknown is asked for soon at
-/// first (most failures are blips), then less often, a quarter of the time waited, up to
-/// [`BRIQ_RECHECK_MAX`], and never before the pause briq asked for.
-pub fn briq_recheck(waited: Duration, retry_after: Option<Duration>) -> Duration {
-    (waited / 4)
-        .clamp(Duration::from_secs(1), BRIQ_RECHECK_MAX)
-        .max(retry_after.unwrap_or_default())
-}
-
-/// A Secret is not watched (the operator reads keys one by one, never lists them): a missing
-/// one is read again soon at first, since it is often created right after its executor, then
-/// less often, a quarter of the time waited, up to [`KEY_RECHECK_MAX`].
-pub fn key_recheck(waited: Duration) -> Duration {
-    (waited / 4).clamp(Duration::from_secs(1), KEY_RECHECK_MAX)
-}
 
 /// A wake-up of one object.
 pub type Wake<K> = Box<dyn Fn(ObjectRef<K>) + Send + Sync>;
@@ -302,7 +220,7 @@ pub fn waiting_for_a_place(
 
 fn ready_reason_is(executor: &BriqExecutor, reason: ExecutorReason) -> bool {
     executor.status.as_ref().is_some_and(|status| {
-        super::conditions::find(&status.conditions, super::conditions::READY)
+        crate::crd::conditions::find(&status.conditions, crate::crd::conditions::READY)
             .is_some_and(|ready| ready.reason == reason.as_str())
     })
 }
@@ -321,7 +239,7 @@ pub fn woken_by(
         .get(POOL_MEMBER_ANNOTATION)
         .zip(executor.namespace())
         .map(|(pool, namespace)| ObjectRef::new(pool).within(&namespace));
-    (super::execution::waiting_on(executions, executor), pool)
+    (super::index::waiting_on(executions, executor), pool)
 }
 
 #[cfg(test)]

@@ -6,11 +6,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::ApiKeySecretRef;
-
-/// On a class: `"true"` makes it the class of executors that name none (and bring no key of
-/// their own), as `storageclass.kubernetes.io/is-default-class` does for volumes.
-pub const DEFAULT_CLASS_ANNOTATION: &str = "briq.cloud/is-default-class";
+use super::{
+    executor::{ApiKeySecretRef, MAX_EXECUTION_TIMEOUT_SECONDS, MAX_IDLE_TIMEOUT_SECONDS},
+    keys::DEFAULT_CLASS_ANNOTATION,
+    pool::MAX_POOL_REPLICAS,
+};
 
 /// Rules a platform team sets for executors: the briq API key they use (a Secret in the
 /// operator's namespace, which tenants never read), the namespaces that may use the class, and
@@ -71,23 +71,23 @@ pub struct BriqExecutorClassSpec {
     /// The longest `executionTimeoutSeconds` an executor may set (1 to 40). An executor that
     /// leaves it at its default (30) gets this one when it is shorter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = super::MAX_EXECUTION_TIMEOUT_SECONDS))]
+    #[schemars(range(min = 1, max = MAX_EXECUTION_TIMEOUT_SECONDS))]
     pub max_execution_timeout_seconds: Option<u32>,
 
     /// The `idleTimeoutSeconds` of an executor that sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = super::MAX_IDLE_TIMEOUT_SECONDS))]
+    #[schemars(range(min = 1, max = MAX_IDLE_TIMEOUT_SECONDS))]
     pub default_idle_timeout_seconds: Option<u32>,
 
     /// The longest `idleTimeoutSeconds` an executor may set; one that sets none (and has no
     /// default from the class) gets this one: no executor of the class is kept idle longer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = super::MAX_IDLE_TIMEOUT_SECONDS))]
+    #[schemars(range(min = 1, max = MAX_IDLE_TIMEOUT_SECONDS))]
     pub max_idle_timeout_seconds: Option<u32>,
 
     /// The most members a pool of this class may keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = super::MAX_POOL_REPLICAS))]
+    #[schemars(range(min = 0, max = MAX_POOL_REPLICAS))]
     pub max_pool_replicas: Option<i32>,
 
     /// What one namespace may use of this class at once.

@@ -8,7 +8,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    MAX_EXECUTION_TIMEOUT_SECONDS, MAX_TTL_SECONDS,
+    conditions,
+    executor::{MAX_EXECUTION_TIMEOUT_SECONDS, MAX_TTL_SECONDS},
     reasons::{ExecutionReason, describe},
 };
 
@@ -163,7 +164,7 @@ pub struct ExecutionError {
 
 /// Appends the Execution reasons, with their meaning, to the conditions' description.
 fn list_execution_reasons(schema: &mut schemars::Schema) {
-    super::append_description(
+    super::reasons::append_description(
         schema,
         &describe(ExecutionReason::ALL, ExecutionReason::description),
     );
@@ -181,16 +182,47 @@ pub fn run_order(metadata: &ObjectMeta) -> RunOrder {
     )
 }
 
+impl Execution {
+    /// Whether it concluded: its `Succeeded` condition is True or False, never to change again.
+    pub fn finished(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| conditions::find(&s.conditions, conditions::SUCCEEDED))
+            .is_some_and(|c| c.status != "Unknown")
+    }
+
+    /// Its place in its executor's queue ([`run_order`]).
+    pub fn run_order(&self) -> RunOrder {
+        run_order(&self.metadata)
+    }
+
+    /// Whether it holds its place in its queues: started, or given a place while it waits
+    /// ([`ExecutionReason::holds_a_place`]).
+    pub fn holds_a_place(&self) -> bool {
+        self.status.as_ref().is_some_and(|status| {
+            status.attempt_id.is_some()
+                || conditions::find(&status.conditions, conditions::SUCCEEDED)
+                    .and_then(|c| ExecutionReason::parse(&c.reason))
+                    .is_some_and(ExecutionReason::holds_a_place)
+        })
+    }
+
+    /// Whether its attempt is recorded and it has not concluded: code that may be running.
+    pub fn running(&self) -> bool {
+        !self.finished() && self.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+    }
+}
+
 /// The owner reference that makes an Execution part of its executor's history: garbage
 /// collection deletes it with the executor. Clients that know the executor set it when they
 /// create the Execution, which spares the operator a write; the operator adds it otherwise.
 /// Not the controller reference (users and GitOps tools may have set their own), and it does
 /// not block the owner's deletion (which would need permission on its finalizers).
-pub fn history_owner(executor: &super::BriqExecutor) -> Option<OwnerReference> {
+pub fn history_owner(executor: &super::executor::BriqExecutor) -> Option<OwnerReference> {
     use kube::{Resource, ResourceExt};
     Some(OwnerReference {
-        api_version: super::BriqExecutor::api_version(&()).into_owned(),
-        kind: super::BriqExecutor::kind(&()).into_owned(),
+        api_version: super::executor::BriqExecutor::api_version(&()).into_owned(),
+        kind: super::executor::BriqExecutor::kind(&()).into_owned(),
         name: executor.name_any(),
         uid: executor.uid()?,
         controller: None,

@@ -15,9 +15,6 @@ pub const DEFAULT_MAX_QUEUED_EXECUTIONS: u32 = 100;
 /// Largest `ttlSecondsAfterFinished`, as Jobs' (an int32).
 pub const MAX_TTL_SECONDS: u32 = i32::MAX as u32;
 pub const DEFAULT_API_KEY_SECRET_KEY: &str = "BRIQ_API_KEY";
-/// The label a Secret needs for the operator to use it as an API key (opt-in).
-pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
-pub const API_KEY_LABEL_VALUE: &str = "true";
 
 /// The longest `idleTimeoutSeconds`: 30 days.
 pub const MAX_IDLE_TIMEOUT_SECONDS: u32 = 30 * 24 * 3600;
@@ -150,7 +147,7 @@ pub struct BriqExecutorSpec {
     /// executor waits (`WaitingForPool`) and creates its own sandbox after
     /// `coldCreateAfterSeconds`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool_ref: Option<super::PoolRef>,
+    pub pool_ref: Option<PoolRef>,
 
     /// The `BriqExecutorClass` whose key, defaults and limits this executor takes. When
     /// omitted, the class marked `briq.cloud/is-default-class: "true"`, if any (unless
@@ -269,8 +266,28 @@ fn default_api_key_secret_key() -> String {
 
 /// Appends the executor reasons, with their meaning, to the conditions' description.
 fn list_executor_reasons(schema: &mut schemars::Schema) {
-    super::append_description(
+    super::reasons::append_description(
         schema,
         &describe(ExecutorReason::ALL, ExecutorReason::description),
     );
+}
+
+/// A claimer's reference to the pool it takes its sandbox from.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRef {
+    /// The `BriqExecutorPool`, in this namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// How long to wait for a Ready member before creating a sandbox of its own (cold), in
+    /// seconds (0 to 600, default 30). A pool that is missing or scaled to zero is not waited
+    /// for.
+    #[serde(default = "default_cold_create_after")]
+    #[schemars(range(min = 0, max = 600))]
+    pub cold_create_after_seconds: u32,
+}
+
+fn default_cold_create_after() -> u32 {
+    30
 }

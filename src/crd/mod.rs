@@ -2,33 +2,23 @@
 
 mod class;
 pub mod compat;
+pub mod conditions;
 mod execution;
 mod executor;
+mod keys;
 mod pool;
 pub mod reasons;
 pub mod reference;
+pub mod vocabulary;
 
 pub use class::*;
 pub use execution::*;
 pub use executor::*;
+pub use keys::*;
 pub use pool::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-
-/// Adds `text` as a paragraph of `schema`'s description (kept apart from the paragraph joining
-/// below by a blank line, and listed one reason per line).
-fn append_description(schema: &mut schemars::Schema, text: &str) {
-    let current = schema
-        .get("description")
-        .and_then(|d| d.as_str())
-        .unwrap_or_default()
-        .to_owned();
-    schema.insert(
-        "description".into(),
-        format!("{current}\n\n{text}").trim().into(),
-    );
-}
 
 /// Every CRD this operator serves, in install order.
 pub fn all() -> Vec<CustomResourceDefinition> {

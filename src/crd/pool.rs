@@ -4,32 +4,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-use super::{BriqExecutorSpec, reasons};
+use super::{executor::BriqExecutorSpec, reasons};
 
 /// The most members one pool keeps.
 pub const MAX_POOL_REPLICAS: i32 = 1000;
-
-/// On a pool's unclaimed members: the pool's name. Removed when a member is claimed, so the
-/// scale subresource's selector counts only what the pool still offers.
-pub const POOL_LABEL: &str = "briq.cloud/pool";
-/// On a pool's members: the hash of the template they were made from.
-pub const TEMPLATE_HASH_LABEL: &str = "briq.cloud/pool-template-hash";
-/// On a pool's members, from their creation on and for good: the pool's name. Guarded by the
-/// admission policy (only the operator writes `briq.cloud/` annotations). A member runs no code
-/// of its own.
-pub const POOL_MEMBER_ANNOTATION: &str = "briq.cloud/pool-member";
-/// On a claimed member: the uid of the executor it was handed to (written once, with the
-/// member's resourceVersion as precondition: exactly one claimer wins).
-pub const CLAIMED_BY_ANNOTATION: &str = "briq.cloud/claimed-by";
-/// The same uid as a label, so that a claimer finds its member with one selective LIST after a
-/// crash between the two halves of the handover.
-pub const CLAIMED_BY_LABEL: &str = "briq.cloud/claimed-by";
-/// On a claimer: the name of the member whose sandbox and kernel it took. Only a pointer: the
-/// member's own `claimed-by` must name the claimer's uid for the sandbox to count as its own.
-pub const CLAIMED_MEMBER_ANNOTATION: &str = "briq.cloud/claimed-member";
-/// On a claimer that stopped waiting for its pool: why it creates a sandbox of its own.
-pub const POOL_FALLBACK_ANNOTATION: &str = "briq.cloud/pool-fallback";
 
 /// Executors kept provisioned and Ready (sandbox created, bridge set up, kernel started), so
 /// that a `BriqExecutor` with `spec.poolRef` is Ready as soon as it claims one. Members whose
@@ -98,28 +78,16 @@ pub struct BriqExecutorPoolStatus {
 
 fn list_pool_reasons(schema: &mut schemars::Schema) {
     use reasons::PoolReason;
-    super::append_description(
+    super::reasons::append_description(
         schema,
         &reasons::describe(PoolReason::ALL, PoolReason::description),
     );
 }
 
-/// A claimer's reference to the pool it takes its sandbox from.
-#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolRef {
-    /// The `BriqExecutorPool`, in this namespace.
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
-
-    /// How long to wait for a Ready member before creating a sandbox of its own (cold), in
-    /// seconds (0 to 600, default 30). A pool that is missing or scaled to zero is not waited
-    /// for.
-    #[serde(default = "default_cold_create_after")]
-    #[schemars(range(min = 0, max = 600))]
-    pub cold_create_after_seconds: u32,
-}
-
-fn default_cold_create_after() -> u32 {
-    30
+/// The hash of a template, as the members made from it carry it ([`TEMPLATE_HASH_LABEL`](super::TEMPLATE_HASH_LABEL)): an
+/// upgrade that changed it would replace every unclaimed member (`tests/upgrade.rs`).
+pub fn template_hash(pool: &BriqExecutorPool) -> String {
+    let canonical = serde_json::to_vec(&pool.spec.template).expect("a spec serializes");
+    let digest = Sha256::digest(&canonical);
+    digest[..5].iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -249,34 +249,18 @@ pub fn describe<R: Copy + fmt::Display>(reasons: &[R], doc: impl Fn(R) -> String
         .join("\n")
 }
 
-/// The Python module `bridge/agent/briq_operator_client/vocabulary.py`: the limits and reasons the
-/// Python client shares with the operator, formatted as `ruff format` leaves it.
-pub fn python_module() -> String {
-    use super::{DEFAULT_EXECUTION_TIMEOUT_SECONDS, MAX_CODE_CHARS, MAX_EXECUTION_TIMEOUT_SECONDS};
-    let mut unusable: Vec<&str> = ExecutionReason::ALL
-        .iter()
-        .filter(|reason| reason.ends_the_executor())
-        .map(|reason| reason.as_str())
-        .collect();
-    unusable.sort_unstable();
-    let unusable: String = unusable
-        .iter()
-        .map(|reason| format!("        \"{reason}\",\n"))
-        .collect();
-    format!(
-        "# Generated from src/crd/reasons.rs by `cargo run -p briq-dev -- vocabulary`; do not edit.\n\
-         # A test fails when this file is stale.\n\
-         \"\"\"Reasons and limits shared by briq-operator and its Python client.\"\"\"\n\
-         \n\
-         MAX_CODE_CHARS = {MAX_CODE_CHARS}\n\
-         MAX_TIMEOUT_SECONDS = {MAX_EXECUTION_TIMEOUT_SECONDS}\n\
-         DEFAULT_TIMEOUT_SECONDS = {DEFAULT_EXECUTION_TIMEOUT_SECONDS}\n\
-         # Succeeded=False reasons after which the executor never runs code again.\n\
-         UNUSABLE_REASONS = frozenset(\n    {{\n{unusable}    }}\n)\n\
-         # The annotation carrying the W3C traceparent of the client's span on an Execution.\n\
-         TRACEPARENT_ANNOTATION = \"{traceparent}\"\n",
-        traceparent = crate::traces::TRACEPARENT_ANNOTATION,
-    )
+/// Adds `text` as a paragraph of `schema`'s description (kept apart from the paragraph joining
+/// below by a blank line, and listed one reason per line).
+pub(super) fn append_description(schema: &mut schemars::Schema, text: &str) {
+    let current = schema
+        .get("description")
+        .and_then(|d| d.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    schema.insert(
+        "description".into(),
+        format!("{current}\n\n{text}").trim().into(),
+    );
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-# Generated from src/crd/reasons.rs by `cargo run -p briq-dev -- vocabulary`; do not edit.
+# Generated from src/crd/vocabulary.rs by `cargo run -p briq-dev -- vocabulary`; do not edit.
 # A test fails when this file is stale.
 """Reasons and limits shared by briq-operator and its Python client."""
 

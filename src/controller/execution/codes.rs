@@ -12,7 +12,6 @@ use std::{
 
 use kube::ResourceExt;
 
-use super::finished;
 use crate::crd::Execution;
 
 /// The bytes of code kept at most: 16 MiB, e.g. 4,096 actions of 4 KiB (agents' steps are
@@ -56,7 +55,7 @@ impl Codes {
             .status
             .as_ref()
             .is_some_and(|s| s.attempt_id.is_some());
-        if sent || finished(execution) || execution.metadata.deletion_timestamp.is_some() {
+        if sent || execution.finished() || execution.metadata.deletion_timestamp.is_some() {
             self.forget(&uid);
             return;
         }

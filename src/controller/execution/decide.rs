@@ -13,14 +13,14 @@ use crate::{
     bridge::{CodeError, RunResult, RunStatus},
     briq::{ErrorClass, ExecOutcome},
     controller::{
-        conditions::{self, READY, STALLED, SUCCEEDED, desired},
         execution::budget,
         ownership::{Ownership, not_owned_message},
-        wake::{self, Wait},
+        recheck::{self, ATTEMPT_GRACE, Wait},
     },
     crd::{
         BriqExecutor, ExecutionError, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
         MAX_STATUS_BYTES, POOL_MEMBER_ANNOTATION,
+        conditions::{self, READY, STALLED, SUCCEEDED, desired},
         reasons::{ExecutionReason, Phase},
     },
 };
@@ -171,10 +171,6 @@ pub struct Attempt {
     pub timeout_seconds: u32,
 }
 
-/// How long after an attempt's deadline its result may still arrive: the bridge's own margin
-/// and the status write.
-pub const ATTEMPT_GRACE: SignedDuration = SignedDuration::from_secs(15);
-
 impl Attempt {
     /// How long its runner may still report a result; `None` once nobody can.
     pub fn may_report_for(&self, now: Timestamp) -> Option<Duration> {
@@ -253,7 +249,7 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
         return Err(Refusal::Wait {
             reason: ExecutionReason::ExecutorNotFound,
             message,
-            recheck: wake::recheck(Wait::ExecutorMissing {
+            recheck: recheck::recheck(Wait::ExecutorMissing {
                 left: (observed.executor_wait - waited).unsigned_abs(),
             }),
         });
@@ -282,7 +278,7 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
         return Err(Refusal::Wait {
             reason: ExecutionReason::ExecutorNotReady,
             message,
-            recheck: wake::recheck(Wait::ExecutorNotReady),
+            recheck: recheck::recheck(Wait::ExecutorNotReady),
         });
     }
     Ok(())

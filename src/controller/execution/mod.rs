@@ -16,8 +16,6 @@ mod codes;
 mod decide;
 mod trace;
 
-pub(crate) use decide::ATTEMPT_GRACE;
-
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex},
@@ -39,29 +37,27 @@ use tracing::{info, instrument, warn};
 
 use self::{
     bookkeeping::Bookkeeping,
-    decide::{Attempt, Expiry, Observed, Refusal, RunOrder, Sibling, Step, Turn, Verdict},
+    decide::{Attempt, Expiry, Observed, Refusal, Sibling, Step, Turn, Verdict},
 };
 use super::{
-    EXECUTIONS_MANAGER, EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status,
-    apply_status_at, apply_status_of,
     backoff::Backoff,
     cache::Freshness,
     class,
-    conditions::{self, SUCCEEDED},
+    context::{Error, Result, Shared},
+    credentials::{api_key, made_under},
     fair::{FairShare, Held, Priority},
-    is_conflict, made_under, mark_unusable, object_key,
+    index::of_executor,
     ownership::{Ownership, claimed_member, expected_sandbox_name, ownership},
-    prune_backoff, retry,
-    session::Session,
-    settle, waited,
-    wake::{self, Wait},
+    recheck::{self, Wait},
+    requeue::{object_key, prune_backoff, retry, settle, waited},
+    status::{apply_status, apply_status_at, apply_status_of, is_conflict, mark_unusable},
 };
 use crate::{
-    bridge::session::CallError,
+    bridge::session::{CallError, Session},
     briq::SandboxApi,
     crd::{
-        BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, Execution, ExecutionStatus, history_owner,
-        reasons::ExecutionReason,
+        BriqExecutor, DEFAULT_EXECUTION_TIMEOUT_SECONDS, EXECUTIONS_MANAGER, EXECUTOR_MANAGER,
+        Execution, ExecutionStatus, conditions, history_owner, reasons::ExecutionReason,
     },
     traces,
 };
@@ -185,8 +181,8 @@ impl<S> Context<S> {
 
     fn is_finished(&self, execution: &Execution) -> bool {
         match execution.uid() {
-            Some(uid) => self.kept.is_finished(&uid, finished(execution)),
-            None => finished(execution),
+            Some(uid) => self.kept.is_finished(&uid, execution.finished()),
+            None => execution.finished(),
         }
     }
 
@@ -201,7 +197,7 @@ impl<S> Context<S> {
         let mut queue: Vec<Arc<Execution>> = of_executor(&self.store, namespace, executor)
             .filter(|e| e.metadata.deletion_timestamp.is_none() && !self.is_finished(e))
             .collect();
-        queue.sort_by_key(|e| run_order(e));
+        queue.sort_by_key(|e| e.run_order());
         queue
     }
 
@@ -219,12 +215,12 @@ impl<S> Context<S> {
     /// it in run order and those already placed. Both from one read of the cached queue.
     fn queue_place(&self, execution: &Execution) -> (Option<usize>, usize) {
         let namespace = execution.namespace().unwrap_or_default();
-        let order = run_order(execution);
+        let order = execution.run_order();
         let queue = self.queue(&namespace, &execution.spec.executor_ref.name);
         let position = queue.iter().position(|e| e.uid() == execution.uid());
         let places = queue
             .iter()
-            .filter(|e| e.uid() != execution.uid() && (run_order(e) < order || holds_a_place(e)))
+            .filter(|e| e.uid() != execution.uid() && (e.run_order() < order || e.holds_a_place()))
             .count();
         (position, places)
     }
@@ -255,7 +251,7 @@ impl<S> Context<S> {
             .collect();
         Ok(decide::turn(
             execution.uid().as_deref(),
-            &run_order(execution),
+            &execution.run_order(),
             &siblings,
             Timestamp::now(),
         ))
@@ -272,7 +268,7 @@ impl<S> Context<S> {
                 .collect();
         decide::turn(
             execution.uid().as_deref(),
-            &run_order(execution),
+            &execution.run_order(),
             &siblings,
             Timestamp::now(),
         )
@@ -322,7 +318,7 @@ impl<S> Context<S> {
             .and_then(|limits| limits.max_queued_executions)?;
         let namespace = execution.namespace().unwrap_or_default();
         let class_name = class.name_any();
-        let order = run_order(execution);
+        let order = execution.run_order();
         let waiting_before = self
             .store
             .state()
@@ -333,7 +329,7 @@ impl<S> Context<S> {
                     && e.metadata.deletion_timestamp.is_none()
                     && e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
                     && !self.is_finished(e)
-                    && (run_order(e) < order || holds_a_place(e))
+                    && (e.run_order() < order || e.holds_a_place())
                     && self
                         .cached_executor(&namespace, &e.spec.executor_ref.name)
                         .and_then(|executor| made_under(shared, &executor))
@@ -426,91 +422,6 @@ fn sibling(metadata: &ObjectMeta, finished: bool) -> Sibling {
         order: crate::crd::run_order(metadata),
         done: metadata.deletion_timestamp.is_some() || finished,
     }
-}
-
-fn run_order(execution: &Execution) -> RunOrder {
-    crate::crd::run_order(&execution.metadata)
-}
-
-/// Whether `execution` holds its place in its queues: started, or given a place while it
-/// waits ([`ExecutionReason::holds_a_place`]).
-fn holds_a_place(execution: &Execution) -> bool {
-    execution.status.as_ref().is_some_and(|status| {
-        status.attempt_id.is_some()
-            || conditions::find(&status.conditions, SUCCEEDED)
-                .and_then(|c| ExecutionReason::parse(&c.reason))
-                .is_some_and(ExecutionReason::holds_a_place)
-    })
-}
-
-pub(super) fn finished(execution: &Execution) -> bool {
-    execution
-        .status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, SUCCEEDED))
-        .is_some_and(|c| c.status != "Unknown")
-}
-
-/// The Executions a change of `executor` concerns (for the watch on executors): the unfinished
-/// ones, which wait on it, and the finished ones whose time to live is the executor's (the
-/// executor cache may have been empty when they were last reconciled, or the TTL changed).
-pub fn waiting_on(store: &Store<Execution>, executor: &BriqExecutor) -> Vec<ObjectRef<Execution>> {
-    let namespace = executor.namespace().unwrap_or_default();
-    let ttl = executor.spec.execution_ttl_seconds_after_finished.is_some();
-    of_executor(store, &namespace, &executor.name_any())
-        .filter(|e| !finished(e) || (ttl && e.spec.ttl_seconds_after_finished.is_none()))
-        .map(|e| ObjectRef::from_obj(e.as_ref()))
-        .collect()
-}
-
-/// How many cached Executions of executor `namespace/name` have neither concluded nor are being
-/// deleted: what a deleted executor waits for.
-pub fn unfinished(store: &Store<Execution>, namespace: &str, name: &str) -> usize {
-    of_executor(store, namespace, name)
-        .filter(|e| e.metadata.deletion_timestamp.is_none() && !finished(e))
-        .count()
-}
-
-/// How many cached Executions of executor `namespace/name` have their attempt recorded and have
-/// not concluded: code that may be running in its sandbox.
-pub fn running(store: &Store<Execution>, namespace: &str, name: &str) -> usize {
-    of_executor(store, namespace, name)
-        .filter(|e| !finished(e) && e.status.as_ref().is_some_and(|s| s.attempt_id.is_some()))
-        .count()
-}
-
-/// The use of executor `namespace/name` the cache shows: its latest Execution creation or
-/// completion, and how many Executions wait or run.
-pub fn activity(
-    store: &Store<Execution>,
-    namespace: &str,
-    name: &str,
-) -> super::executor::Activity {
-    let mut activity = super::executor::Activity::default();
-    for execution in of_executor(store, namespace, name) {
-        if execution.metadata.deletion_timestamp.is_none() && !finished(&execution) {
-            activity.unfinished += 1;
-        }
-        let created = execution.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let completed = execution
-            .status
-            .as_ref()
-            .and_then(|s| s.completion_time.as_ref())
-            .map(|t| t.0);
-        activity.last = activity.last.max(created).max(completed);
-    }
-    activity
-}
-
-/// Every cached Execution of executor `namespace/name`, finished or not.
-fn of_executor<'a>(
-    store: &Store<Execution>,
-    namespace: &'a str,
-    name: &'a str,
-) -> impl Iterator<Item = Arc<Execution>> + 'a {
-    store.state().into_iter().filter(move |e| {
-        e.namespace().as_deref() == Some(namespace) && e.spec.executor_ref.name == name
-    })
 }
 
 #[instrument(skip_all, fields(namespace = execution.namespace(), name = execution.name_any()))]
@@ -639,7 +550,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .unwrap_or(SignedDuration::MAX),
             executor_known_unusable: executor.is_some_and(|e| self.ctx.is_unusable(e)),
             heads_queue: position == Some(0),
-            placed: holds_a_place(self.execution),
+            placed: self.execution.holds_a_place(),
             ahead: places_before,
             namespace_queue: executor.and_then(|e| self.ctx.namespace_queue(self.execution, e)),
         }
@@ -681,7 +592,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Step::Refuse(refusal) => self.refuse(refusal).await,
             Step::Queue => {
                 self.adopt(executor).await?;
-                self.queued(wake::recheck(Wait::Turn)).await
+                self.queued(recheck::recheck(Wait::Turn)).await
             }
             Step::ConfirmTurn => {
                 let executor = executor.expect("a turn is confirmed on an admitted executor");
@@ -711,7 +622,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         };
         match turn {
             Turn::Mine => {}
-            Turn::Behind => return self.queued(wake::recheck(Wait::Turn)).await,
+            Turn::Behind => return self.queued(recheck::recheck(Wait::Turn)).await,
             Turn::Settling(left) => return self.queued(left).await,
         }
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
@@ -727,7 +638,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         if let Err(message) = self.ctx.place(self.execution, executor) {
             self.wait(ExecutionReason::WaitingForCapacity, message)
                 .await?;
-            return Ok(Action::requeue(wake::recheck(Wait::Capacity)));
+            return Ok(Action::requeue(recheck::recheck(Wait::Capacity)));
         }
         self.run(executor, version).await
     }
@@ -897,7 +808,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .started
             .map(|started| now.duration_since(started).max(SignedDuration::ZERO))
             .map_or(Duration::ZERO, SignedDuration::unsigned_abs);
-        Ok(Action::requeue(wake::recheck(Wait::Briq {
+        Ok(Action::requeue(recheck::recheck(Wait::Briq {
             waited,
             left,
             retry_after: error.retry_after(),
@@ -915,7 +826,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .filter(|written| written.attempt_id == base.attempt_id)
             .unwrap_or(base);
         let reason = ExecutionReason::WaitingForBriq;
-        let already = conditions::find(&current.conditions, SUCCEEDED)
+        let already = conditions::find(&current.conditions, conditions::SUCCEEDED)
             .is_some_and(|c| c.status == "Unknown" && c.reason == reason.as_str());
         if already {
             return Ok(());
@@ -999,7 +910,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 self.wait(ExecutionReason::ExecutorNotReady, message)
                     .await?;
                 let waited = waited(self.execution);
-                let recheck = wake::recheck(Wait::KeySecret { waited });
+                let recheck = recheck::recheck(Wait::KeySecret { waited });
                 return Ok(Access::Denied(Action::requeue(recheck)));
             }
             Err(error) => return Err(error),
@@ -1063,7 +974,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 // at this attempt with no result (someone else may have recovered it).
                 let fresh = self.api.get(&self.execution.name_any()).await?;
                 let current = fresh.status.clone().unwrap_or_default();
-                if current.attempt_id.as_deref() != Some(attempt.as_str()) || finished(&fresh) {
+                if current.attempt_id.as_deref() != Some(attempt.as_str()) || fresh.finished() {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 }
                 info!(%attempt, "the attempt never reached the sandbox; sending it now");
@@ -1272,7 +1183,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         };
         let done = of_executor(&self.ctx.store, &self.namespace, self.executor_name())
             .filter(|e| e.metadata.deletion_timestamp.is_none() && self.ctx.is_finished(e))
-            .map(|e| (run_order(&e), e.name_any()))
+            .map(|e| (e.run_order(), e.name_any()))
             .collect();
         for old in decide::beyond_history(done, limit as usize) {
             if let Err(error) = self.api.delete(&old, &DeleteParams::default()).await {

@@ -12,21 +12,15 @@ pub use crate::controller::ownership::{Ownership, not_owned_message, ownership};
 use crate::{
     bridge::session::{CallError, Provisioned, SetupError},
     briq::{self, ErrorClass, SandboxState},
-    controller::conditions::{self, Desired, READY, STALLED, desired},
-    controller::execution::ATTEMPT_GRACE,
+    controller::{index::Activity, recheck::ATTEMPT_GRACE},
     crd::{
         BriqExecutorPoolSpec, BriqExecutorSpec, BriqExecutorStatus, CLAIMED_BY_ANNOTATION,
-        CLAIMED_MEMBER_ANNOTATION, MAX_EXECUTION_TIMEOUT_SECONDS, POOL_FALLBACK_ANNOTATION,
-        PoolRef, reasons::ExecutorReason,
+        CLAIMED_MEMBER_ANNOTATION, CREATE_PENDING_ANNOTATION, MAX_EXECUTION_TIMEOUT_SECONDS,
+        POOL_FALLBACK_ANNOTATION, PoolRef, SANDBOX_ID_ANNOTATION,
+        conditions::{self, Desired, READY, STALLED, desired},
+        reasons::ExecutorReason,
     },
 };
-
-/// Set before a sandbox is created and removed once its id is recorded: if the operator stops in
-/// between, the next reconcile looks the sandbox up by its deterministic name instead of
-/// creating a second one.
-pub const CREATE_PENDING_ANNOTATION: &str = "briq.cloud/sandbox-create-pending";
-/// The sandbox id, kept in metadata too so that it survives a lost or rewritten status.
-pub const SANDBOX_ID_ANNOTATION: &str = "briq.cloud/sandbox-id";
 
 /// The next step of a live (not deleted) executor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,15 +334,6 @@ pub fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordSt
         Some(held) if held == taken => RecordStep::Recorded,
         Some(_) => RecordStep::GiveBack,
     }
-}
-
-/// What the executor's Executions say about its use, from the watch cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Activity {
-    /// The latest creation or completion of any of its Executions.
-    pub last: Option<Timestamp>,
-    /// Executions that neither concluded nor are being deleted (waiting or running).
-    pub unfinished: usize,
 }
 
 /// Where a ready executor stands against its `idleTimeoutSeconds`.

@@ -9,8 +9,6 @@ mod decide;
 mod handover;
 mod trace;
 
-pub use decide::{Activity, CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION};
-
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
@@ -37,31 +35,30 @@ use self::decide::{
 };
 use self::handover::{AfterClaim, Handovers};
 use super::{
-    EXECUTOR_MANAGER, Error, Result, Shared, api_key, apply_status, apply_status_at,
     backoff::Backoff,
-    class, class_key, class_of, conditions,
+    class,
+    context::{Error, Result, Shared},
+    credentials::{api_key, class_key, class_of, key_and_secret, made_under, own_key},
     fair::{FairShare, Held, Priority},
-    is_conflict, key_and_secret, landed, made_under, mark_unusable, object_key, orphans, own_key,
-    prune_backoff, publish, publish_deferred, retry,
-    session::{Provisioned, Session, SetupError},
-    settle, waited,
-    wake::{self, Wait},
+    index, orphans,
+    ownership::{claimed_member, expected_sandbox_name},
+    publish::{publish, publish_deferred},
+    recheck::{self, Wait},
+    requeue::{object_key, prune_backoff, retry, settle, waited},
+    status::{apply_status, apply_status_at, is_conflict, landed, mark_unusable},
 };
 use crate::{
+    bridge::session::{Provisioned, Session, SetupError},
     briq::{ApiKey, CreateSandbox, DestroyOutcome, ErrorClass, SandboxApi, sandbox_name},
-    controller::{
-        ownership::{claimed_member, expected_sandbox_name},
-        pool,
-    },
     crd::{
         BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
-        CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_LABEL,
-        POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
+        CLAIMED_MEMBER_ANNOTATION, CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, EXECUTOR_MANAGER,
+        Execution, FINALIZER, POOL_FALLBACK_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION,
+        SANDBOX_ID_ANNOTATION, conditions, reasons::ExecutorReason,
     },
     traces,
 };
 
-pub const FINALIZER: &str = "briq.cloud/destroy-sandbox";
 /// After a conditional write lost to another writer: look again soon.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
@@ -258,10 +255,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     // Never under a running Execution: one that took its turn before the
                     // executor concluded finishes first; no turn starts after.
                     let namespace = executor.namespace().unwrap_or_default();
-                    if super::execution::running(self.executions, &namespace, &executor.name_any())
-                        > 0
-                    {
-                        return Ok(Action::requeue(wake::DRAIN));
+                    if index::running(self.executions, &namespace, &executor.name_any()) > 0 {
+                        return Ok(Action::requeue(recheck::DRAIN));
                     }
                     self.give_back(executor, &id, reason).await?;
                 }
@@ -455,7 +450,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let waiting = state("False", stalled, reason, message);
         self.report(executor, waiting, sandbox_fields(executor))
             .await?;
-        Ok(Err(Action::requeue(wake::recheck(Wait::Class))))
+        Ok(Err(Action::requeue(recheck::recheck(Wait::Class))))
     }
 
     /// Why `executor`, not made yet, must wait for a place under `class`'s `maxExecutors` in
@@ -609,7 +604,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         // default later (none: a class a copied manifest brought goes).
         let annotations = json!({
             CREATE_PENDING_ANNOTATION: claim,
-            class::CLASS_ANNOTATION: class.as_ref().map(|c| c.name_any()),
+            CLASS_ANNOTATION: class.as_ref().map(|c| c.name_any()),
         });
         if !self.annotate_at(executor, annotations).await? {
             return Ok(Created::Not(CONFLICT_RECHECK));
@@ -915,7 +910,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// While a deleted executor's Executions have not concluded (see [`decide::drain`]): says
     /// so and when to look again.
     async fn drain(&self, executor: &BriqExecutor) -> Result<Option<Action>> {
-        let unfinished = super::execution::unfinished(
+        let unfinished = index::unfinished(
             self.executions,
             &executor.namespace().unwrap_or_default(),
             &executor.name_any(),
@@ -936,7 +931,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             .await?;
         // Nothing wakes an executor when its Executions change: look again soon, within the limit.
         let left = left.unsigned_abs();
-        Ok(Some(Action::requeue(wake::recheck(Wait::Drain { left }))))
+        Ok(Some(Action::requeue(recheck::recheck(Wait::Drain {
+            left,
+        }))))
     }
 
     /// Destroys every sandbox this executor may own. The finalizer is removed only when all are
@@ -1102,7 +1099,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let spoken_for = self.handovers.spoken_for(&uid);
         let ready: Vec<BriqExecutor> = pool
             .as_ref()
-            .map(|pool| pool::ready_members(self.executors, pool))
+            .map(|pool| index::ready_members(self.executors, pool))
             .unwrap_or_default()
             .into_iter()
             .filter(|member| !spoken_for.contains(&member.name_any()))
@@ -1290,7 +1287,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         let uid = executor.uid().unwrap_or_default();
         // The member's sandbox was made with its class's key, which is the claimer's from now on.
-        let made_under = member.annotations().get(class::CLASS_ANNOTATION);
+        let made_under = member.annotations().get(CLASS_ANNOTATION);
         let mut claimer = executor.clone();
         let mut recorded = None;
         for _ in 0..RECORD_ATTEMPTS {
@@ -1329,7 +1326,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 "annotations": {
                     CLAIMED_MEMBER_ANNOTATION: member.name_any(),
                     SANDBOX_ID_ANNOTATION: id,
-                    class::CLASS_ANNOTATION: made_under,
+                    CLASS_ANNOTATION: made_under,
                 },
             } });
             let patched = self
@@ -1375,7 +1372,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             member.name_any()
         );
         // Nothing is ordered against it; a burst of claims would wait on 100 of them.
-        let claimed = super::event(EventType::Normal, "Claimed", "Claim", note);
+        let claimed = super::publish::event(EventType::Normal, "Claimed", "Claim", note);
         publish_deferred(self.shared, &claimer, claimed);
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
@@ -1417,8 +1414,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// Executions.
     fn idleness(&self, executor: &BriqExecutor) -> Idleness {
         let namespace = executor.namespace().unwrap_or_default();
-        let activity =
-            super::execution::activity(self.executions, &namespace, &executor.name_any());
+        let activity = index::activity(self.executions, &namespace, &executor.name_any());
         let class = made_under(self.shared, executor);
         decide::idleness(
             class::idle_timeout_seconds(&executor.spec, class.as_ref().map(|c| &c.spec)),
@@ -1589,7 +1585,7 @@ fn creation(executor: &BriqExecutor) -> String {
 }
 
 fn key_recheck(executor: &BriqExecutor) -> Action {
-    Action::requeue(wake::recheck(Wait::KeySecret {
+    Action::requeue(recheck::recheck(Wait::KeySecret {
         waited: waited(executor),
     }))
 }

@@ -1,31 +1,18 @@
 //! What a `BriqExecutorPool` needs next, decided from its members as the cache shows them: pure
 //! functions, tested with exact expected outputs. The reconciler ([`super`]) observes and acts.
 
-use k8s_openapi::jiff::Timestamp;
-
 use kube::ResourceExt;
 
 use crate::{
     controller::{
         class::{self, Resolved},
-        conditions::{Desired, READY, desired},
+        index::Member,
     },
-    crd::reasons::PoolReason,
+    crd::{
+        conditions::{Desired, READY, desired},
+        reasons::PoolReason,
+    },
 };
-
-/// One unclaimed member, as the pool sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    pub name: String,
-    /// Made from the pool's current template.
-    pub current: bool,
-    pub ready: bool,
-    /// Never usable again (unusable, setup failed, expired): replaced.
-    pub broken: bool,
-    /// Being deleted already: neither counted nor deleted again.
-    pub deleting: bool,
-    pub created: Option<Timestamp>,
-}
 
 /// What the pool does now, and what its status says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +132,8 @@ fn desired_condition(status: &'static str, reason: PoolReason, message: String) 
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
     use super::*;
 
     fn member(name: &str, ready: bool, created: i64) -> Member {

@@ -11,24 +11,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, PostParams},
     runtime::{controller::Action, reflector::Store},
 };
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tracing::{info, instrument};
 
-use self::decide::Member;
 use super::{
-    EXECUTOR_MANAGER, Error, Result, Shared, apply_status, backoff::Backoff, class, conditions,
-    object_key, prune_backoff, retry, settle, wake,
+    backoff::Backoff,
+    class,
+    context::{Error, Result, Shared},
+    index::{Member, members, view},
+    recheck,
+    requeue::{object_key, prune_backoff, retry, settle},
+    status::apply_status,
 };
 use crate::crd::{
-    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, CLAIMED_BY_ANNOTATION, POOL_LABEL,
-    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL,
+    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, EXECUTOR_MANAGER, POOL_LABEL,
+    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL, conditions, template_hash,
 };
 
 pub struct Context<S> {
@@ -101,87 +103,6 @@ impl<S> Context<S> {
     }
 }
 
-/// The hash of a template, as the members made from it carry it.
-pub fn template_hash(pool: &BriqExecutorPool) -> String {
-    let canonical = serde_json::to_vec(&pool.spec.template).expect("a spec serializes");
-    let digest = Sha256::digest(&canonical);
-    digest[..5].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The pool's unclaimed members, as the cache shows them: made by the operator for this pool
-/// (the guarded member annotation), still owned by it, still labelled, never claimed.
-fn members(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<Arc<BriqExecutor>> {
-    let namespace = pool.namespace();
-    let name = pool.name_any();
-    let uid = pool.uid();
-    executors
-        .state()
-        .into_iter()
-        .filter(|e| {
-            e.namespace() == namespace
-                && e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&name)
-                && e.labels().get(POOL_LABEL) == Some(&name)
-                && !e.annotations().contains_key(CLAIMED_BY_ANNOTATION)
-                && e.owner_references()
-                    .iter()
-                    .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
-        })
-        .collect()
-}
-
-fn is_ready(executor: &BriqExecutor) -> bool {
-    executor
-        .status
-        .as_ref()
-        .is_some_and(|s| conditions::is_true(&s.conditions, conditions::READY) && !s.unusable)
-}
-
-fn view(executor: &BriqExecutor, hash: &str) -> Member {
-    let status = executor.status.clone().unwrap_or_default();
-    Member {
-        name: executor.name_any(),
-        current: executor
-            .labels()
-            .get(TEMPLATE_HASH_LABEL)
-            .map(String::as_str)
-            == Some(hash),
-        ready: is_ready(executor),
-        broken: status.unusable || conditions::is_true(&status.conditions, conditions::STALLED),
-        deleting: executor.metadata.deletion_timestamp.is_some(),
-        created: executor.metadata.creation_timestamp.as_ref().map(|t| t.0),
-    }
-}
-
-/// The members a claimer may take now, longest Ready first: current template, Ready, not being
-/// deleted.
-pub fn ready_members(
-    executors: &Store<BriqExecutor>,
-    pool: &BriqExecutorPool,
-) -> Vec<BriqExecutor> {
-    let hash = template_hash(pool);
-    let mut ready: Vec<BriqExecutor> = members(executors, pool)
-        .into_iter()
-        .filter(|e| {
-            let member = view(e, &hash);
-            member.current && member.ready && !member.broken && !member.deleting
-        })
-        .map(|e| e.as_ref().clone())
-        .collect();
-    let since = |e: &BriqExecutor| {
-        e.status
-            .as_ref()
-            .and_then(|s| s.ready_time.as_ref())
-            .map(|t| t.0)
-            .unwrap_or(Timestamp::MAX)
-    };
-    ready.sort_by(|a, b| {
-        since(a)
-            .cmp(&since(b))
-            .then(a.name_any().cmp(&b.name_any()))
-    });
-    ready
-}
-
 #[instrument(skip_all, fields(namespace = pool.namespace(), name = pool.name_any()))]
 pub async fn reconcile<S>(pool: Arc<BriqExecutorPool>, ctx: Arc<Context<S>>) -> Result<Action> {
     let result = act(&pool, &ctx).await;
@@ -200,7 +121,7 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
     // Members are counted from the executor cache, which shows none before its first list (a
     // consistent read, slower than the pools' own list): a restarted or upgraded operator would
     // make a whole new set of members, each a sandbox, only to delete them once it sees the old.
-    if !super::until_ready(&ctx.executors).await {
+    if !super::cache::until_ready(&ctx.executors).await {
         return Ok(Action::await_change()); // the watch is gone: the operator is stopping
     }
     let namespace = pool.namespace().unwrap_or_default();
@@ -230,7 +151,7 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
                 created: None,
             }),
     );
-    super::classes_known(&ctx.shared).await?;
+    super::credentials::classes_known(&ctx.shared).await?;
     let (plan, ready) = match decide::size(pool.spec.replicas, &pool_class(&ctx.shared, pool)) {
         decide::Size::Keep { desired, capped } => {
             let plan = decide::plan(desired, &members);
@@ -275,7 +196,7 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
     }
     Ok(if filling || plan.create > 0 {
         // Members' changes wake the pool; this is the safety net.
-        Action::requeue(wake::recheck(wake::Wait::PoolFilling))
+        Action::requeue(recheck::recheck(recheck::Wait::PoolFilling))
     } else {
         Action::await_change()
     })

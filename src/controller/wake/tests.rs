@@ -148,44 +148,6 @@ async fn a_pool_member_change_wakes_its_pool_once_the_cache_shows_it() {
     );
 }
 
-fn briq(waited: Duration, left: Duration, retry_after: Option<Duration>) -> Wait {
-    Wait::Briq {
-        waited,
-        left,
-        retry_after,
-    }
-}
-
-#[test]
-fn every_wait_has_a_recheck_of_seconds() {
-    let s = Duration::from_secs;
-    let ms = Duration::from_millis;
-    let table = [
-        (Wait::ExecutorMissing { left: s(590) }, s(10)),
-        (Wait::ExecutorMissing { left: s(3) }, s(3)),
-        (Wait::ExecutorNotReady, s(10)),
-        (Wait::Turn, s(5)),
-        (Wait::KeySecret { waited: s(0) }, s(1)),
-        (Wait::KeySecret { waited: s(2) }, s(1)),
-        (Wait::KeySecret { waited: s(6) }, ms(1500)),
-        (Wait::KeySecret { waited: s(20) }, s(5)),
-        (Wait::KeySecret { waited: s(3600) }, s(30)),
-        (Wait::PoolFilling, s(1)),
-        (Wait::Drain { left: s(60) }, ms(500)),
-        (Wait::Drain { left: ms(120) }, ms(120)),
-        (briq(s(0), s(600), None), s(1)),
-        (briq(s(8), s(600), None), s(2)),
-        (briq(s(40), s(600), None), s(10)),
-        (briq(s(400), s(600), None), s(15)),
-        (briq(s(8), s(600), Some(s(30))), s(30)),
-        (briq(s(400), ms(300), None), ms(300)),
-        (briq(s(8), s(5), Some(s(30))), s(5)),
-    ];
-    for (wait, expected) in table {
-        assert_eq!(recheck(wait), expected, "{wait:?}");
-    }
-}
-
 #[test]
 fn an_executors_change_wakes_those_of_its_namespace_waiting_for_a_place() {
     let executor = |namespace: &str, name: &str, reason: &str| -> Arc<BriqExecutor> {
