@@ -21,7 +21,7 @@ use super::api::{
 use super::error::{Error, ErrorClass};
 use super::key::ApiKey;
 use super::retry::idempotent;
-use super::{DestroyOutcome, SandboxApi};
+use super::sandbox_api::{DestroyOutcome, SandboxApi};
 use crate::traces;
 
 /// Pauses between readiness polls after create: doubling from the first to the longest.

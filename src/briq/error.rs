@@ -7,6 +7,8 @@ use reqwest::StatusCode;
 use super::api::{ErrorBody, ErrorCode, SandboxState};
 use super::key::ApiKey;
 
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// What a caller can conclude from an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {

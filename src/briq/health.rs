@@ -17,7 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{ApiKey, Error};
+use super::error::Error;
+use super::key::ApiKey;
 
 /// Calls in a row briq did not answer before a key counts as down: a single 502 is a blip.
 pub const DOWN_AFTER: u32 = 3;

@@ -1,0 +1,82 @@
+//! The briq operations the operator uses, as a trait ([`SandboxApi`]) apart from the HTTP client
+//! that implements it.
+
+use url::Url;
+
+use super::api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox};
+use super::error::Result;
+use super::key::ApiKey;
+
+/// What `destroy_sandbox` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestroyOutcome {
+    Destroyed,
+    /// briq answered 404: destroyed earlier, by us or someone else.
+    AlreadyGone,
+}
+
+/// The briq operations the operator uses. Every call takes the key, because keys come from a
+/// Secret per executor rather than from the client.
+pub trait SandboxApi: Send + Sync {
+    /// Creates a sandbox and waits until it runs. Never retried: on an `Uncertain` or
+    /// `Malformed` error the sandbox may exist.
+    fn create_sandbox(
+        &self,
+        key: &ApiKey,
+        request: &CreateSandbox,
+    ) -> impl Future<Output = Result<Sandbox>> + Send;
+
+    /// Sandboxes named exactly `name`; names are not unique.
+    fn find_sandboxes_by_name(
+        &self,
+        key: &ApiKey,
+        name: &str,
+    ) -> impl Future<Output = Result<Vec<Sandbox>>> + Send;
+
+    /// Every sandbox the key's account holds (the orphan sweeper picks its own by name).
+    fn list_sandboxes(&self, key: &ApiKey) -> impl Future<Output = Result<Vec<Sandbox>>> + Send;
+
+    fn get_sandbox(&self, key: &ApiKey, id: &str) -> impl Future<Output = Result<Sandbox>> + Send;
+
+    fn destroy_sandbox(
+        &self,
+        key: &ApiKey,
+        id: &str,
+    ) -> impl Future<Output = Result<DestroyOutcome>> + Send;
+
+    /// Runs a command synchronously. Never retried: on an `Uncertain` error it may have run.
+    fn exec(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        request: &ExecRequest,
+    ) -> impl Future<Output = Result<ExecOutput>> + Send;
+
+    /// Writes a file (parents created) and checks briq's SHA-256 of it against ours.
+    fn write_file(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        path: &str,
+        content: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    fn read_file(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        path: &str,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send;
+
+    fn preview_url(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        port: u16,
+    ) -> impl Future<Output = Result<Url>> + Send;
+
+    /// How many API keys briq does not answer now ([`health`](super::health)).
+    fn unreachable_keys(&self) -> usize {
+        0
+    }
+}
