@@ -3,7 +3,7 @@
 
 use kube::{Api, Client};
 
-use super::Error;
+use super::error::Error;
 
 #[derive(clap::Args)]
 pub struct NamespaceArg {

@@ -8,13 +8,13 @@ use k8s_openapi::{
 use kube::{Api, ResourceExt, api::ListParams};
 
 use super::{
-    Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    emit,
+    error::Error,
+    exit::Exit,
     get::Listed,
-    phase, printable,
+    output::{emit, printable},
+    status::{phase, without_results},
     table::{self, age, elapsed, human},
-    without_results,
 };
 use crate::crd::{BriqExecutor, Execution, reasons::Phase, run_order};
 

@@ -13,9 +13,13 @@ use kube::{
 };
 
 use super::{
-    Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    condition, logs, printable, progress,
+    error::Error,
+    exit::Exit,
+    logs,
+    output::printable,
+    progress,
+    status::condition,
 };
 use crate::crd::{
     BriqExecutor, Execution, ExecutionSpec, ExecutorRef, MAX_EXECUTION_TIMEOUT_SECONDS,

@@ -4,9 +4,11 @@ use k8s_openapi::{NamespaceResourceScope, jiff::Timestamp};
 use kube::{Api, Resource, ResourceExt, api::ListParams};
 
 use super::{
-    Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    condition, emit, succeeded,
+    error::Error,
+    exit::Exit,
+    output::emit,
+    status::{condition, succeeded},
     table::{self, age, duration, or_dash},
 };
 use crate::crd::{BriqExecutor, Execution};

@@ -4,9 +4,11 @@
 use kube::{Api, runtime::wait::await_condition};
 
 use super::{
-    Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    emit, succeeded,
+    error::Error,
+    exit::Exit,
+    output::emit,
+    status::succeeded,
 };
 use crate::crd::{Execution, ExecutionError};
 

@@ -9,25 +9,21 @@ mod cluster;
 mod describe;
 mod error;
 mod exec;
+mod exit;
 mod get;
 mod logs;
+mod output;
 mod progress;
+mod status;
 mod table;
 mod usage;
 
 pub use error::Error;
+pub use exit::Exit;
 
-use std::{borrow::Cow, io::Write as _};
+use output::printable;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-
-use crate::{
-    crd::{
-        Execution,
-        reasons::{ExecutionReason, Phase},
-    },
-    telemetry,
-};
+use crate::telemetry;
 
 /// The name kubectl looks for on `PATH` to run `kubectl briq ...`.
 pub const KUBECTL_PLUGIN_NAME: &str = "kubectl-briq";
@@ -103,149 +99,4 @@ pub async fn run(command: Command) -> Exit {
         eprintln!("error: {}", printable(&error.to_string()));
         Exit::Trouble
     })
-}
-
-/// How a command ended, as the process's exit status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// Done; the Execution (if any) succeeded or has not finished.
-    Ok = 0,
-    /// The Execution failed: the code raised, timed out, or the executor could not run it.
-    ExecutionFailed = 1,
-    /// Nothing could be run or shown: usage, cluster or executor problem.
-    Trouble = 2,
-}
-
-impl Exit {
-    pub fn exit(self) -> ! {
-        let _ = std::io::stdout().flush();
-        std::process::exit(self as i32)
-    }
-}
-
-/// Writes a command's output. Failures (a closed pipe, as in `| head`) are ignored, as kubectl
-/// does: there is nobody left to tell.
-fn emit(stdout: &str, stderr: &str) {
-    let _ = std::io::stdout().write_all(stdout.as_bytes());
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().write_all(stderr.as_bytes());
-}
-
-fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|condition| condition.type_ == type_)
-}
-
-/// The Execution's `Succeeded` condition, once the operator has set it.
-fn succeeded(execution: &Execution) -> Option<&Condition> {
-    condition(&execution.status.as_ref()?.conditions, "Succeeded")
-}
-
-/// An Execution without what its code produced (logs, output, answer, error) and without its
-/// code: what is kept of the Executions listed or watched only for their place and phase.
-fn without_results(mut execution: Execution) -> Execution {
-    execution.spec.code.clear();
-    if let Some(status) = execution.status.as_mut() {
-        status.logs = None;
-        status.output = None;
-        status.final_answer = None;
-        status.error = None;
-    }
-    execution
-}
-
-/// Where an Execution stands, from its `Succeeded` condition: waiting until the operator has
-/// reported on it, and while its reason is not one this CLI knows (a newer operator's).
-fn phase(execution: &Execution) -> Phase {
-    match succeeded(execution) {
-        Some(c) if c.status == "True" => Phase::Succeeded,
-        Some(c) if c.status == "False" => Phase::Failed,
-        Some(c) => ExecutionReason::parse(&c.reason).map_or(Phase::Waiting, |r| r.phase()),
-        None => Phase::Waiting,
-    }
-}
-
-/// Text from the cluster made safe to print on a terminal. Status fields, condition messages
-/// and Events are written by whoever may write them, not only by the operator: a message with
-/// an escape sequence could move the cursor, rewrite earlier lines or set the window title, and
-/// bidirectional overrides can make text read differently than it is. Control characters
-/// (newlines too: one value, one line) and those overrides become visible escapes (`\n`,
-/// `\u{1b}`); everything else, any script included, is kept.
-fn printable(text: &str) -> Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(unsafe_char) {
-        return Cow::Borrowed(text);
-    }
-    let mut escaped = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\n' => escaped.push_str("\\n"),
-            '\r' => escaped.push_str("\\r"),
-            '\t' => escaped.push_str("\\t"),
-            c if unsafe_char(c) => escaped.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => escaped.push(c),
-        }
-    }
-    Cow::Owned(escaped)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn terminal_escape_injection_from_cluster_text_is_printed_inert() {
-        let cases = [
-            ("KernelReady", "KernelReady"),
-            ("naïve 日本語 ✓", "naïve 日本語 ✓"),
-            ("\u{1b}]0;pwned\u{7}", "\\u{1b}]0;pwned\\u{7}"),
-            (
-                "\u{1b}[2J\u{1b}[Hfake prompt",
-                "\\u{1b}[2J\\u{1b}[Hfake prompt",
-            ),
-            ("line one\nline two\r", "line one\\nline two\\r"),
-            ("\u{9b}31m", "\\u{9b}31m"),
-            ("abc\u{202e}fed", "abc\\u{202e}fed"),
-            ("\u{7f}", "\\u{7f}"),
-        ];
-        for (text, shown) in cases {
-            assert_eq!(printable(text), shown, "{text:?}");
-        }
-        assert!(matches!(printable("plain"), Cow::Borrowed(_)));
-    }
-
-    fn execution(status: Option<(&str, &str)>) -> Execution {
-        let conditions = status.map_or(serde_json::json!([]), |(status, reason)| {
-            serde_json::json!([{
-                "type": "Succeeded", "status": status, "reason": reason, "message": "",
-                "lastTransitionTime": "2025-01-01T00:00:00Z"
-            }])
-        });
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "py-1" },
-            "spec": { "executorRef": { "name": "py" }, "code": "1" },
-            "status": { "conditions": conditions },
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn the_phase_follows_succeeded_and_an_unknown_reason_waits() {
-        let cases = [
-            (None, Phase::Waiting),
-            (Some(("Unknown", "Queued")), Phase::Waiting),
-            (Some(("Unknown", "ExecutorNotReady")), Phase::Waiting),
-            (Some(("Unknown", "Running")), Phase::Running),
-            (Some(("Unknown", "SomethingNewer")), Phase::Waiting),
-            (Some(("True", "Completed")), Phase::Succeeded),
-            (Some(("False", "Timeout")), Phase::Failed),
-            (Some(("False", "Running")), Phase::Failed),
-        ];
-        for (status, expected) in cases {
-            assert_eq!(phase(&execution(status)), expected, "{status:?}");
-        }
-    }
 }

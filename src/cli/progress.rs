@@ -12,7 +12,12 @@ use kube::{
     },
 };
 
-use super::{Error, logs, phase, printable, succeeded, without_results};
+use super::{
+    error::Error,
+    logs,
+    output::printable,
+    status::{phase, succeeded, without_results},
+};
 use crate::crd::{Execution, reasons::Phase, run_order};
 
 /// Where an Execution stands, as its progress line tells it.

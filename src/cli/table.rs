@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::Resource;
 
-use super::printable;
+use super::output::printable;
 use crate::crd::Execution;
 
 /// Left-aligned columns, three spaces apart, headers first. Cells are made [`printable`].

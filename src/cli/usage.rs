@@ -6,9 +6,11 @@ use std::{collections::BTreeMap, sync::Arc};
 use kube::{Api, api::ListParams};
 
 use super::{
-    Error, Exit,
     cluster::{Cluster, NamespaceArg},
-    emit, table,
+    error::Error,
+    exit::Exit,
+    output::emit,
+    table,
 };
 use crate::{
     crd::{BriqExecutor, BriqExecutorClass, Execution, NamespaceLimits},
