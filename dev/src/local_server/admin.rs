@@ -15,7 +15,7 @@ use url::Url;
 
 use super::faults::{FaultRule, Operation, Outage};
 use super::http::{ApiError, RequestId};
-use super::state::Shared;
+use super::state::{LiveSandbox, Shared};
 use briq_operator::briq::ApiKey;
 use briq_operator::briq::api::{Sandbox, SandboxState};
 
@@ -37,15 +37,6 @@ impl Stats {
     pub fn calls(&self, operation: Operation) -> u64 {
         self.calls.get(&operation).copied().unwrap_or(0)
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LiveSandbox {
-    pub id: String,
-    pub name: String,
-    pub state: SandboxState,
-    /// Live processes carrying the sandbox's marker, detached ones included.
-    pub processes: usize,
 }
 
 pub(crate) fn router() -> Router<Arc<Shared>> {

@@ -1,13 +1,12 @@
-//! HTTP plumbing shared by the API and admin routes: request ids, auth, error answers and the
-//! broken answers faults produce.
+//! HTTP plumbing shared by the API and admin routes: request ids, error answers and the broken
+//! answers faults produce.
 
 use std::io;
-use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use axum::extract::Request;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +14,6 @@ use bytes::Bytes;
 use rand::Rng as _;
 use rand::distr::Alphanumeric;
 
-use super::state::Shared;
 use briq_operator::briq::api::{ErrorBody, ErrorCode, ErrorDetail, REQUEST_ID_HEADER};
 
 /// Lowercase letters and digits, for ids.
@@ -39,28 +37,6 @@ pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
-}
-
-pub(crate) async fn require_key(
-    State(shared): State<Arc<Shared>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let presented = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if presented == Some(shared.api_key.expose()) {
-        return next.run(request).await;
-    }
-    let id = request.extensions().get::<RequestId>().cloned();
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        ErrorCode::Unauthorized,
-        "missing or wrong API key",
-    )
-    .respond(id.as_ref())
 }
 
 /// An error answer in briq's shape.

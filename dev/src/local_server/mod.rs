@@ -20,6 +20,7 @@
 //! the real mode; sleep, restart and destroy kill the simulated kernel.
 
 mod admin;
+mod auth;
 mod faults;
 mod http;
 mod paths;
@@ -29,9 +30,10 @@ mod routes;
 mod simulated;
 mod state;
 
-pub use admin::{AdminClient, LiveSandbox, Stats};
+pub use admin::{AdminClient, Stats};
 pub use faults::{Fault, FaultRule, Operation, OperationMatch, Outage};
 pub use simulated::Simulation;
+pub use state::LiveSandbox;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
@@ -247,7 +249,7 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
         .merge(admin::router())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
-            http::require_key,
+            auth::require_key,
         ))
         .layer(axum::middleware::from_fn(http::request_id))
         .with_state(Arc::clone(&shared));

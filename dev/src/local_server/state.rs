@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use briq_operator::briq::ApiKey;
 use briq_operator::briq::api::{CreateSandbox, Sandbox, SandboxState};
 use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
 
-use super::admin::LiveSandbox;
 use super::faults::Faults;
 use super::http::{ApiError, random_token};
 use super::process::{self, MARKER};
@@ -43,6 +43,15 @@ pub(crate) struct Entry {
     destroyed: AtomicBool,
     /// The simulated kernel and journal (simulated mode only; empty otherwise).
     pub(crate) simulated: Arc<SimulatedSandbox>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveSandbox {
+    pub id: String,
+    pub name: String,
+    pub state: SandboxState,
+    /// Live processes carrying the sandbox's marker, detached ones included.
+    pub processes: usize,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
