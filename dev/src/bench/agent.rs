@@ -43,7 +43,7 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
         "2/9: {steps} agent steps through the Python KubernetesExecutor, then {steps} direct"
     ));
     stack.namespace(NAMESPACE).await?;
-    let operator = super::controllers(stack, NAMESPACE, stack.server())?;
+    let operator = super::setup::controllers(stack, NAMESPACE, stack.server())?;
     let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     objects::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;
     let sandbox_id = executors

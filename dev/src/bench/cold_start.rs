@@ -38,7 +38,7 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
         "6/9: cold start x{runs}, dependencies present (default venv)"
     ));
     stack.namespace(PREINSTALLED_NAMESPACE).await?;
-    let operator = super::controllers(stack, PREINSTALLED_NAMESPACE, stack.server())?;
+    let operator = super::setup::controllers(stack, PREINSTALLED_NAMESPACE, stack.server())?;
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), PREINSTALLED_NAMESPACE);
     let events: Api<Event> = Api::namespaced(stack.admin().clone(), PREINSTALLED_NAMESPACE);
     let mut preinstalled = Vec::new();
@@ -91,7 +91,7 @@ pub async fn run(stack: &Stack, progress: &Progress, runs: usize) -> anyhow::Res
             bail!("{python} -m venv failed ({status})");
         }
         let server = crate::stack::spawn_server(Some(venv.clone())).await?;
-        let operator = super::controllers(stack, PIP_NAMESPACE, &server)?;
+        let operator = super::setup::controllers(stack, PIP_NAMESPACE, &server)?;
         let spec = json!({ "setupTimeoutSeconds": 60 });
         let outcome = create_to_ready(&api, &format!("pip-{i}"), spec)
             .await

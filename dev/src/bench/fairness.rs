@@ -12,8 +12,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    OPERATOR_USER,
     objects::{self, FirstSeen},
+    setup::OPERATOR_USER,
     stats::Summary,
 };
 use crate::{

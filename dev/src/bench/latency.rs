@@ -17,9 +17,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    OPERATOR_USER,
     audit::{self, RequestCounts},
     objects::{self, WatchCounter},
+    setup::OPERATOR_USER,
     stats::{Summary, ratio},
 };
 use crate::{progress::Progress, stack::Stack};
@@ -102,7 +102,7 @@ pub async fn run(
     actions: usize,
 ) -> anyhow::Result<(Latency, ApiCost)> {
     stack.namespace(NAMESPACE).await?;
-    let operator = super::controllers(stack, NAMESPACE, stack.server())?;
+    let operator = super::setup::controllers(stack, NAMESPACE, stack.server())?;
     let executors: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     let executions: Api<Execution> = Api::namespaced(stack.admin().clone(), NAMESPACE);
     objects::create_ready(&executors, &[EXECUTOR.to_owned()], &json!({}), 1).await?;

@@ -22,7 +22,10 @@ use serde_json::json;
 
 use futures::{StreamExt, TryStreamExt, stream};
 
-use super::objects::{self, FirstSeen};
+use super::{
+    objects::{self, FirstSeen},
+    setup::OPERATOR_USER,
+};
 use crate::{progress::Progress, repo::repo_root, stack::Stack};
 use briq_operator::crd::{BriqExecutor, Execution};
 
@@ -260,7 +263,7 @@ impl Operator {
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", stack.user_kubeconfig(super::OPERATOR_USER))
+            .env("KUBECONFIG", stack.user_kubeconfig(OPERATOR_USER))
             .env("BRIQ_API_URL", sandboxes.url().as_str())
             .env("BRIQ_API_KEY", sandboxes.api_key().expose())
             .env("BRIQ_ALLOW_PLAIN_HTTP", "true")

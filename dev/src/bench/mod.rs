@@ -14,6 +14,7 @@
 mod agent;
 mod audit;
 mod cold_start;
+mod counts;
 mod fairness;
 mod latency;
 mod memory;
@@ -21,6 +22,7 @@ mod objects;
 mod pools;
 mod report;
 mod scaling;
+mod setup;
 mod simulated;
 mod stats;
 mod traces;
@@ -28,44 +30,13 @@ mod traces;
 use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::Context as _;
-use serde::Serialize;
 
-pub use report::Machine;
+pub use counts::Counts;
+pub use report::{Machine, Report};
+pub use setup::OPERATOR_USER;
 pub use stats::Summary;
 
-use crate::{
-    local_server::LocalServer,
-    progress::Progress,
-    stack::{self, Controllers, Stack},
-};
-
-/// The operator's user name in the audit log: the in-process controllers and the memory
-/// scenario's operator process act as this user (in `system:masters`).
-pub const OPERATOR_USER: &str = "briq-operator";
-
-/// What every scenario stands on: a local control plane with an audit log and a kubeconfig of
-/// [`OPERATOR_USER`], the local sandbox server on the default venv, and one with simulated
-/// sandboxes.
-async fn start_stack(progress: &Progress) -> anyhow::Result<Stack> {
-    Stack::builder()
-        .audit_log()
-        .user(OPERATOR_USER, &["system:masters"])
-        .sandbox_server()
-        .simulated_sandbox_server()
-        .progress(progress)
-        .start()
-        .await
-}
-
-/// The controllers, in this process as [`OPERATOR_USER`], for `namespace`, on `server`.
-fn controllers(
-    stack: &Stack,
-    namespace: &str,
-    server: &LocalServer,
-) -> anyhow::Result<Controllers> {
-    let client = stack.user_client(OPERATOR_USER).clone();
-    Controllers::start(client, server, stack::settings(Some(namespace), server))
-}
+use crate::{progress::Progress, stack::Stack};
 
 /// Measure briq-operator on this machine and print the figures.
 #[derive(Debug, clap::Parser)]
@@ -87,141 +58,6 @@ pub struct Args {
     /// Only these scenarios (1-10, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
-}
-
-/// How much each scenario does.
-#[derive(Debug, Clone, Serialize)]
-pub struct Counts {
-    pub sequential_actions: usize,
-    pub agent_steps: usize,
-    pub scaling_executors: Vec<usize>,
-    pub scaling_actions: usize,
-    pub scaling_bound_seconds: u64,
-    pub memory_executors: usize,
-    pub memory_executions: usize,
-    pub cold_start_runs: usize,
-    /// Executions per round of scenario 9 (three rounds with traces off, three exported).
-    pub traces_per_round: usize,
-    pub simulated_executors: Vec<usize>,
-    pub simulated_actions: usize,
-    /// Scenario 7's bound of each phase of a point (executors getting Ready, Executions
-    /// finishing): its targets need 1,000 Ready within 30 s and 10,000 Executions within 50 s,
-    /// and a shorter bound keeps `make bench` within its budget when the operator is slower.
-    pub simulated_bound_seconds: u64,
-    /// Executions' worth of requests the API server is sent alone (scenario 7's ceiling).
-    pub api_ceiling_executions: usize,
-    /// Scenario 8: the simulated pool that claims come from one at a time, and how many claims
-    /// (with as many cold creates beside).
-    pub pool_replicas: usize,
-    pub pool_claims: usize,
-    /// Scenario 8: claims at once against a simulated pool as large.
-    pub pool_burst: usize,
-    /// Scenario 8: claims at once against a pool as large, on real kernels.
-    pub pool_real_kernels: usize,
-    /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
-    pub pool_bound_seconds: u64,
-    /// Scenario 10: long actions of one namespace in flight (more than the work slots), and
-    /// one-line actions of another, one at a time.
-    pub fairness_noisy: usize,
-    pub fairness_quiet: usize,
-}
-
-impl Counts {
-    pub fn new(quick: bool) -> Counts {
-        if quick {
-            Counts {
-                sequential_actions: 20,
-                agent_steps: 10,
-                scaling_executors: vec![1, 3, 10],
-                scaling_actions: 5,
-                scaling_bound_seconds: 120,
-                memory_executors: 100,
-                memory_executions: 1_000,
-                cold_start_runs: 1,
-                traces_per_round: 5,
-                simulated_executors: vec![10, 50, 100],
-                simulated_actions: 10,
-                simulated_bound_seconds: 60,
-                api_ceiling_executions: 500,
-                pool_replicas: 10,
-                pool_claims: 10,
-                pool_burst: 20,
-                pool_real_kernels: 3,
-                pool_bound_seconds: 120,
-                fairness_noisy: 300,
-                fairness_quiet: 5,
-            }
-        } else {
-            Counts {
-                sequential_actions: 200,
-                agent_steps: 50,
-                scaling_executors: vec![1, 10, 100],
-                scaling_actions: 20,
-                scaling_bound_seconds: 120,
-                memory_executors: 1_000,
-                memory_executions: 10_000,
-                cold_start_runs: 5,
-                traces_per_round: 50,
-                simulated_executors: vec![10, 100, 1_000],
-                simulated_actions: 10,
-                simulated_bound_seconds: 60,
-                api_ceiling_executions: 3_000,
-                pool_replicas: 10,
-                pool_claims: 50,
-                pool_burst: 100,
-                pool_real_kernels: 3,
-                pool_bound_seconds: 120,
-                fairness_noisy: 300,
-                fairness_quiet: 20,
-            }
-        }
-    }
-}
-
-impl Counts {
-    fn scaling(&self) -> Vec<scaling::Scale> {
-        let (executors, actions) = (&self.scaling_executors, self.scaling_actions);
-        scaling::Scale::each(executors, actions, self.scaling_bound_seconds)
-    }
-
-    fn simulated(&self) -> Vec<scaling::Scale> {
-        let (executors, actions) = (&self.simulated_executors, self.simulated_actions);
-        scaling::Scale::each(executors, actions, self.simulated_bound_seconds)
-    }
-
-    fn pools(&self) -> pools::Sizes {
-        pools::Sizes {
-            pool: self.pool_replicas,
-            claims: self.pool_claims,
-            burst: self.pool_burst,
-            real_kernels: self.pool_real_kernels,
-            bound: std::time::Duration::from_secs(self.pool_bound_seconds),
-        }
-    }
-}
-
-/// Everything one run measured (the JSON of `--out`).
-#[derive(Debug, Serialize)]
-pub struct Report {
-    /// Bumped when a field changes meaning.
-    pub format: u32,
-    pub quick: bool,
-    pub machine: Machine,
-    pub counts: Counts,
-    pub wall_seconds: f64,
-    pub latency: Option<latency::Latency>,
-    pub agent_step: Option<agent::AgentStep>,
-    pub scaling: Option<Vec<scaling::Point>>,
-    pub api_cost: Option<latency::ApiCost>,
-    pub memory: Option<memory::Memory>,
-    pub cold_start: Option<cold_start::ColdStart>,
-    pub simulated: Option<Vec<simulated::Point>>,
-    pub api_ceiling: Option<simulated::ApiCeiling>,
-    pub pools: Option<pools::Pools>,
-    pub traces: Option<traces::Traces>,
-    pub fairness: Option<fairness::Fairness>,
-    /// Scenarios that failed, with why; the others still ran.
-    pub errors: BTreeMap<String, String>,
 }
 
 /// What one scenario measured.
@@ -377,7 +213,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut interrupt = std::pin::pin!(interrupted());
     let stack = tokio::select! {
-        stack = start_stack(&progress) => stack?,
+        stack = setup::start_stack(&progress) => stack?,
         _ = &mut interrupt => anyhow::bail!("interrupted"),
     };
     let wanted = |n: u8| {

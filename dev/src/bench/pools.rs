@@ -269,7 +269,7 @@ impl Phase {
     ) -> anyhow::Result<Phase> {
         stack.namespace(namespace).await?;
         Ok(Phase {
-            operator: super::controllers(stack, namespace, server.of(stack))?,
+            operator: super::setup::controllers(stack, namespace, server.of(stack))?,
             server,
             bound: sizes.bound,
             pools: Api::namespaced(stack.admin().clone(), namespace),

@@ -1,19 +1,46 @@
-//! The machine a run measured, and the table printed from a [`super::Report`].
+//! Everything a run measured ([`Report`]), the machine it ran on, and the table printed from it.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
 use super::{
-    Report,
-    pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
-    scaling::Burst,
+    agent, cold_start,
+    counts::Counts,
+    fairness, latency, memory,
+    pools::{self, Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
+    scaling::{self, Burst},
     simulated::{
-        Cpu, TARGET_CEILING_SHARE, TARGET_EXECUTIONS_PER_SECOND, TARGET_OPERATOR_CORES,
+        self, Cpu, TARGET_CEILING_SHARE, TARGET_EXECUTIONS_PER_SECOND, TARGET_OPERATOR_CORES,
         TARGET_READS_PER_EXECUTION, TARGET_READY_SECONDS, TARGET_WRITES_PER_EXECUTION,
     },
     stats::Summary,
+    traces,
 };
+
+/// Everything one run measured (the JSON of `--out`).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Bumped when a field changes meaning.
+    pub format: u32,
+    pub quick: bool,
+    pub machine: Machine,
+    pub counts: Counts,
+    pub wall_seconds: f64,
+    pub latency: Option<latency::Latency>,
+    pub agent_step: Option<agent::AgentStep>,
+    pub scaling: Option<Vec<scaling::Point>>,
+    pub api_cost: Option<latency::ApiCost>,
+    pub memory: Option<memory::Memory>,
+    pub cold_start: Option<cold_start::ColdStart>,
+    pub simulated: Option<Vec<simulated::Point>>,
+    pub api_ceiling: Option<simulated::ApiCeiling>,
+    pub pools: Option<pools::Pools>,
+    pub traces: Option<traces::Traces>,
+    pub fairness: Option<fairness::Fairness>,
+    /// Scenarios that failed, with why; the others still ran.
+    pub errors: BTreeMap<String, String>,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {

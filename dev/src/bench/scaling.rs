@@ -13,8 +13,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    OPERATOR_USER, audit,
+    audit,
     objects::{self, FirstSeen},
+    setup::OPERATOR_USER,
     stats::{Summary, millis},
 };
 use crate::{
@@ -118,7 +119,7 @@ impl PointNamespace {
     ) -> anyhow::Result<PointNamespace> {
         stack.namespace(name).await?;
         Ok(PointNamespace {
-            operator: super::controllers(stack, name, server)?,
+            operator: super::setup::controllers(stack, name, server)?,
             executors: Api::namespaced(stack.admin().clone(), name),
             executions: Api::namespaced(stack.admin().clone(), name),
             names: (0..count).map(|i| format!("e-{i:04}")).collect(),

@@ -1,0 +1,116 @@
+//! How much each scenario does: in full, or scaled down for a smoke run (`--quick`).
+
+use serde::Serialize;
+
+use super::{pools, scaling};
+
+/// How much each scenario does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counts {
+    pub sequential_actions: usize,
+    pub agent_steps: usize,
+    pub scaling_executors: Vec<usize>,
+    pub scaling_actions: usize,
+    pub scaling_bound_seconds: u64,
+    pub memory_executors: usize,
+    pub memory_executions: usize,
+    pub cold_start_runs: usize,
+    /// Executions per round of scenario 9 (three rounds with traces off, three exported).
+    pub traces_per_round: usize,
+    pub simulated_executors: Vec<usize>,
+    pub simulated_actions: usize,
+    /// Scenario 7's bound of each phase of a point (executors getting Ready, Executions
+    /// finishing): its targets need 1,000 Ready within 30 s and 10,000 Executions within 50 s,
+    /// and a shorter bound keeps `make bench` within its budget when the operator is slower.
+    pub simulated_bound_seconds: u64,
+    /// Executions' worth of requests the API server is sent alone (scenario 7's ceiling).
+    pub api_ceiling_executions: usize,
+    /// Scenario 8: the simulated pool that claims come from one at a time, and how many claims
+    /// (with as many cold creates beside).
+    pub pool_replicas: usize,
+    pub pool_claims: usize,
+    /// Scenario 8: claims at once against a simulated pool as large.
+    pub pool_burst: usize,
+    /// Scenario 8: claims at once against a pool as large, on real kernels.
+    pub pool_real_kernels: usize,
+    /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
+    pub pool_bound_seconds: u64,
+    /// Scenario 10: long actions of one namespace in flight (more than the work slots), and
+    /// one-line actions of another, one at a time.
+    pub fairness_noisy: usize,
+    pub fairness_quiet: usize,
+}
+
+impl Counts {
+    pub fn new(quick: bool) -> Counts {
+        if quick {
+            Counts {
+                sequential_actions: 20,
+                agent_steps: 10,
+                scaling_executors: vec![1, 3, 10],
+                scaling_actions: 5,
+                scaling_bound_seconds: 120,
+                memory_executors: 100,
+                memory_executions: 1_000,
+                cold_start_runs: 1,
+                traces_per_round: 5,
+                simulated_executors: vec![10, 50, 100],
+                simulated_actions: 10,
+                simulated_bound_seconds: 60,
+                api_ceiling_executions: 500,
+                pool_replicas: 10,
+                pool_claims: 10,
+                pool_burst: 20,
+                pool_real_kernels: 3,
+                pool_bound_seconds: 120,
+                fairness_noisy: 300,
+                fairness_quiet: 5,
+            }
+        } else {
+            Counts {
+                sequential_actions: 200,
+                agent_steps: 50,
+                scaling_executors: vec![1, 10, 100],
+                scaling_actions: 20,
+                scaling_bound_seconds: 120,
+                memory_executors: 1_000,
+                memory_executions: 10_000,
+                cold_start_runs: 5,
+                traces_per_round: 50,
+                simulated_executors: vec![10, 100, 1_000],
+                simulated_actions: 10,
+                simulated_bound_seconds: 60,
+                api_ceiling_executions: 3_000,
+                pool_replicas: 10,
+                pool_claims: 50,
+                pool_burst: 100,
+                pool_real_kernels: 3,
+                pool_bound_seconds: 120,
+                fairness_noisy: 300,
+                fairness_quiet: 20,
+            }
+        }
+    }
+}
+
+impl Counts {
+    pub(super) fn scaling(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.scaling_executors, self.scaling_actions);
+        scaling::Scale::each(executors, actions, self.scaling_bound_seconds)
+    }
+
+    pub(super) fn simulated(&self) -> Vec<scaling::Scale> {
+        let (executors, actions) = (&self.simulated_executors, self.simulated_actions);
+        scaling::Scale::each(executors, actions, self.simulated_bound_seconds)
+    }
+
+    pub(super) fn pools(&self) -> pools::Sizes {
+        pools::Sizes {
+            pool: self.pool_replicas,
+            claims: self.pool_claims,
+            burst: self.pool_burst,
+            real_kernels: self.pool_real_kernels,
+            bound: std::time::Duration::from_secs(self.pool_bound_seconds),
+        }
+    }
+}
