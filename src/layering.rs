@@ -206,11 +206,8 @@ fn tokens(code: &str) -> Vec<(Token, usize)> {
 fn path_at(tokens: &[(Token, usize)], at: usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
     let mut segments = prefix;
     let mut i = at;
-    loop {
-        match tokens.get(i) {
-            Some((Token::Ident(name), _)) => segments.push(name.clone()),
-            _ => break,
-        }
+    while let Some((Token::Ident(name), _)) = tokens.get(i) {
+        segments.push(name.clone());
         match (tokens.get(i + 1), tokens.get(i + 2)) {
             (Some((Token::Path, _)), Some((Token::Ident(_), _))) => i += 2,
             (Some((Token::Path, _)), Some((Token::Open, _))) => {
