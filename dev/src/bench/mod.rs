@@ -21,10 +21,12 @@ mod memory;
 mod objects;
 mod pools;
 mod report;
+mod rows;
 mod scaling;
 mod setup;
 mod simulated;
 mod stats;
+mod table;
 mod traces;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -270,7 +272,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     stack.stop().await?;
     report.wall_seconds = progress.elapsed().as_secs_f64();
 
-    print!("\n{}", report::table(&report));
+    print!("\n{}", table::table(&report));
     if let Some(out) = &args.out {
         write_json(out, &report)?;
         eprintln!("figures written to {}", out.display());

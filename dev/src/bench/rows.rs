@@ -1,0 +1,234 @@
+//! The rows of the bench table: one figure each, and the notes that say what it is measured
+//! against (targets, the load it ran under).
+
+use std::fmt::Write as _;
+
+use super::{
+    pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
+    scaling::Burst,
+    simulated::{
+        Cpu, TARGET_EXECUTIONS_PER_SECOND, TARGET_OPERATOR_CORES, TARGET_READS_PER_EXECUTION,
+        TARGET_WRITES_PER_EXECUTION,
+    },
+    stats::Summary,
+};
+
+pub(super) struct Row {
+    pub(super) scenario: &'static str,
+    pub(super) figure: String,
+    pub(super) median: String,
+    pub(super) p95: String,
+    pub(super) notes: String,
+}
+
+pub(super) fn ms(value: f64) -> String {
+    if value >= 1000.0 {
+        format!("{:.2} s", value / 1000.0)
+    } else if value >= 100.0 {
+        format!("{value:.0} ms")
+    } else {
+        format!("{value:.1} ms")
+    }
+}
+
+pub(super) fn times(value: Option<f64>) -> String {
+    value.map_or_else(|| "n/a".into(), |v| format!("{v:.2}×"))
+}
+
+pub(super) fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+pub(super) fn timing(
+    scenario: &'static str,
+    figure: &str,
+    summary: Option<&Summary>,
+    notes: String,
+) -> Row {
+    let (median, p95) = summary.map_or_else(
+        || ("n/a".into(), "n/a".into()),
+        |s| (ms(s.median), ms(s.p95)),
+    );
+    let notes = match summary {
+        Some(s) if notes.is_empty() => format!("n={}", s.n),
+        Some(s) => format!("n={}; {notes}", s.n),
+        None => notes,
+    };
+    Row {
+        scenario,
+        figure: figure.to_owned(),
+        median,
+        p95,
+        notes,
+    }
+}
+
+pub(super) fn plain(scenario: &'static str, figure: &str, notes: String) -> Row {
+    Row {
+        scenario,
+        figure: figure.to_owned(),
+        median: String::new(),
+        p95: String::new(),
+        notes,
+    }
+}
+
+/// Throughput, API cost and what went wrong of a burst of Executions; with scenario 7's
+/// targets when `targets`.
+pub(super) fn burst_notes(b: &Burst, targets: bool) -> String {
+    let mut notes = format!(
+        "**{:.1} executions/s** ({} in {:.1} s",
+        b.executions_per_second, b.finished, b.wall_seconds
+    );
+    if targets {
+        let _ = write!(notes, "; target ≥ {TARGET_EXECUTIONS_PER_SECOND:.0}/s");
+    }
+    let _ = write!(
+        notes,
+        "); API reads {:.2}, writes {:.2} per Execution",
+        b.reads_per_execution, b.writes_per_execution
+    );
+    if targets {
+        let _ = write!(
+            notes,
+            " (targets ≤ {TARGET_READS_PER_EXECUTION}, ≤ {TARGET_WRITES_PER_EXECUTION:.0})"
+        );
+    }
+    if !b.complete {
+        let _ = write!(
+            notes,
+            "; **partial: {} of {} unfinished at the bound**, latency of the finished only",
+            b.executions - b.finished,
+            b.executions
+        );
+    }
+    if b.api_errors > 0 {
+        let _ = write!(notes, "; {} API 5xx/429 answers", b.api_errors);
+    }
+    if let Some(why) = &b.unverified {
+        let _ = write!(notes, "; outputs not checked ({why})");
+    }
+    notes
+}
+
+/// The operator's and the API server's CPU per object of a phase (`count` of them); with the
+/// operator's targets when `targets`.
+pub(super) fn cpu_notes(cpu: &Cpu, count: usize, targets: bool) -> String {
+    let mut notes = format!(
+        "operator **{:.2} ms** ({:.2} cores busy), API server (kube-apiserver + etcd) {:.2} ms",
+        cpu.operator_per(count),
+        cpu.operator_cores(),
+        cpu.api_server_per(count),
+    );
+    if targets {
+        let _ = write!(
+            notes,
+            " (targets: the operator below the API server, < {TARGET_OPERATOR_CORES:.0} core)"
+        );
+    }
+    let _ = write!(notes, "; over {:.1} s", cpu.wall_ms / 1000.0);
+    notes
+}
+
+/// Scenario 8's rows of one phase: its claims (with the targets when `targets`), its cold
+/// creates and the ratio of the two.
+pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
+    let kind = if c.simulated {
+        "simulated"
+    } else {
+        "real kernels"
+    };
+    let figure = if c.at_once {
+        format!(
+            "{} claim{} at once → Ready, pool of {} ({kind})",
+            c.claims,
+            if c.claims == 1 { "" } else { "s" },
+            c.replicas
+        )
+    } else {
+        format!(
+            "claim → Ready, one at a time, pool of {} ({kind})",
+            c.replicas
+        )
+    };
+    let mut notes = Vec::new();
+    if let Some(s) = &c.claim_ms {
+        notes.push(if c.at_once && c.simulated {
+            format!("p90 {}, p99 {}", ms(s.p90), ms(s.p99))
+        } else if c.at_once {
+            format!("max {}", ms(s.max))
+        } else {
+            format!("p99 **{}**", ms(s.p99))
+        });
+    }
+    if let (Some(call), Some(after)) = (&c.create_call_ms, &c.after_create_ms) {
+        notes.push(format!(
+            "of which the create calls themselves p50 {}, p99 {}; answered → Ready p50 {}, p99 {}",
+            ms(call.median),
+            ms(call.p99),
+            ms(after.median),
+            ms(after.p99)
+        ));
+    }
+    if targets {
+        notes.push(format!(
+            "target p50 ≤ {TARGET_CLAIM_P50_MS:.0} ms, p99 ≤ {:.0} s",
+            TARGET_CLAIM_P99_MS / 1000.0
+        ));
+    }
+    let claimed = c.claim_ms.as_ref().map_or(0, |s| s.n);
+    notes.push(format!(
+        "handed over {} of {claimed} Ready, **{} fell back** to a cold create",
+        c.handed_over, c.fallbacks
+    ));
+    match (&c.refill_ms, c.at_once) {
+        (Some(s), true) => notes.push(format!(
+            "pool full again **{}** after the first create",
+            ms(s.max)
+        )),
+        (Some(s), false) => notes.push(format!(
+            "pool full again {} after each claim's create (median; max {})",
+            ms(s.median),
+            ms(s.max)
+        )),
+        (None, _) => {}
+    }
+    if let Some(fill) = c.fill_seconds {
+        notes.push(format!("pool filled in {fill:.1} s at first"));
+    }
+    if let Some(why) = &c.partial {
+        notes.push(format!("**partial: {why}**"));
+    }
+    let median = c.claim_ms.as_ref().map_or("n/a".into(), |s| ms(s.median));
+    rows.push(Row {
+        scenario: "8",
+        figure,
+        median,
+        p95: c.claim_ms.as_ref().map_or("n/a".into(), |s| ms(s.p95)),
+        notes: match &c.claim_ms {
+            Some(s) => format!("n={}; {}", s.n, notes.join("; ")),
+            None => notes.join("; "),
+        },
+    });
+    if c.cold_ms.is_none() {
+        return;
+    }
+    let extra = c
+        .cold_ms
+        .as_ref()
+        .filter(|s| s.n > 1)
+        .map(|s| format!("p99 {}; without poolRef, same server", ms(s.p99)));
+    rows.push(timing(
+        "8",
+        &format!("cold create → Ready, one at a time ({kind})"),
+        c.cold_ms.as_ref(),
+        extra.unwrap_or_else(|| "without poolRef, same server".into()),
+    ));
+    rows.push(Row {
+        scenario: "8",
+        figure: format!("ratio cold create / claim ({kind}, medians)"),
+        median: times(c.cold_over_claim),
+        p95: String::new(),
+        notes: "what a warm pool saves".into(),
+    });
+}
