@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::decide::Step;
+use super::step::Step;
 use crate::crd::BriqExecutor;
 
 /// Where a claimer's handover stands in this process.

@@ -1,0 +1,124 @@
+//! The next step of a live executor, decided from its status and annotations alone
+//! ([`decide`]): pure, tested with exact expected outputs. [`Actor::apply`](super::actor::Actor)
+//! performs it, with the effects of each step in that step's own file.
+
+use std::collections::BTreeMap;
+
+use crate::crd::{
+    BriqExecutorStatus, CLAIMED_BY_ANNOTATION, CREATE_PENDING_ANNOTATION, POOL_FALLBACK_ANNOTATION,
+    SANDBOX_ID_ANNOTATION,
+    conditions::{self, READY, STALLED},
+    reasons::ExecutorReason,
+};
+
+/// The next step of a live (not deleted) executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Unusable is final: report it and never touch the sandbox again (deletion destroys it).
+    ReportUnusable { why: String },
+    /// The executor ended for good with a sandbox to give back (setup failed, or idle for its
+    /// `idleTimeoutSeconds`): destroy the sandbox if one is still recorded, and report it.
+    Conclude {
+        reason: ExecutorReason,
+        leftover: Option<String>,
+        message: String,
+    },
+    /// No sandbox recorded: create one; when an earlier create has no recorded outcome
+    /// (`pending`), first look for the sandbox it may have made.
+    CreateSandbox { pending: bool },
+    /// The sandbox exists, the kernel is not ready: install the bridge and start the kernel.
+    Provision { sandbox: String },
+    /// Ready: check that the sandbox still runs.
+    Probe { sandbox: String },
+    /// No sandbox yet and a `poolRef`: take a Ready member's sandbox, or wait, or fall back to
+    /// creating one.
+    Claim,
+    /// A pool member handed over to the executor with this uid: it runs nothing of its own and
+    /// leaves the sandbox alone (the claimer probes it; deletion destroys it).
+    HandedOver { claimer: String },
+}
+
+impl Step {
+    /// Steps whose effect cannot be taken back (a second sandbox, a second setup) are decided
+    /// on a fresh read: the watch cache can lag behind this controller's own last write.
+    pub(super) fn needs_fresh_read(&self) -> bool {
+        matches!(
+            self,
+            Step::CreateSandbox { .. }
+                | Step::Provision { .. }
+                | Step::Conclude {
+                    leftover: Some(_),
+                    ..
+                }
+        )
+    }
+}
+
+/// The sandbox an executor records: its status, else the annotation (which survives a lost or
+/// rewritten status).
+pub(super) fn recorded_sandbox(
+    status: &BriqExecutorStatus,
+    annotations: &BTreeMap<String, String>,
+) -> Option<String> {
+    status
+        .sandbox_id
+        .clone()
+        .or_else(|| annotations.get(SANDBOX_ID_ANNOTATION).cloned())
+}
+
+fn stalled_reason(status: &BriqExecutorStatus) -> Option<&str> {
+    conditions::find(&status.conditions, STALLED)
+        .filter(|condition| condition.status == "True")
+        .map(|condition| condition.reason.as_str())
+}
+
+/// The final states that give the sandbox back (the others keep it until deletion).
+const CONCLUSIONS: [ExecutorReason; 3] = [
+    ExecutorReason::SetupFailed,
+    ExecutorReason::IdleTimeout,
+    ExecutorReason::PoolMismatch,
+];
+
+/// The next step of a live executor with this status and these annotations; `claims` when its
+/// spec has a `poolRef`.
+pub(super) fn decide(
+    status: &BriqExecutorStatus,
+    annotations: &BTreeMap<String, String>,
+    claims: bool,
+) -> Step {
+    // A handed-over member's sandbox is its claimer's, whatever its own status says (an idle
+    // expiry decided just before the claim, say).
+    if let Some(claimer) = annotations.get(CLAIMED_BY_ANNOTATION) {
+        return Step::HandedOver {
+            claimer: claimer.clone(),
+        };
+    }
+    if status.unusable {
+        let why = status.unusable_reason.as_deref().unwrap_or("unknown");
+        return Step::ReportUnusable { why: why.into() };
+    }
+    let concluded = stalled_reason(status)
+        .and_then(ExecutorReason::parse)
+        .filter(|reason| CONCLUSIONS.contains(reason));
+    if let Some(reason) = concluded {
+        let message = conditions::find(&status.conditions, READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        return Step::Conclude {
+            reason,
+            leftover: recorded_sandbox(status, annotations),
+            message,
+        };
+    }
+    match recorded_sandbox(status, annotations) {
+        None if claims && !annotations.contains_key(POOL_FALLBACK_ANNOTATION) => Step::Claim,
+        None => Step::CreateSandbox {
+            pending: annotations.contains_key(CREATE_PENDING_ANNOTATION),
+        },
+        Some(sandbox) if conditions::is_true(&status.conditions, READY) => Step::Probe { sandbox },
+        Some(sandbox) => Step::Provision { sandbox },
+    }
+}
+
+#[cfg(test)]
+mod tests;
