@@ -1,134 +1,142 @@
-//! A namespace's share of a class: at most `perNamespace.maxRunningExecutions` Executions of
-//! the class's executors run at once in one namespace. The cache shows the Executions running
-//! (their attempt recorded); this process also counts those it let start and its cache does
-//! not show yet, so that two turns taken at once in one namespace never both take the last
-//! place.
+//! A namespace's share of a class: `perNamespace.maxQueuedExecutions` Executions of the class's
+//! executors wait, and `perNamespace.maxRunningExecutions` run, at once in one namespace. The
+//! queue is counted from the cache for [`admit`](super::admit::namespace_queue_full); a place to
+//! run is taken at the turn ([`Actor::take_turn`](super::actor::Actor::take_turn)), counted
+//! with what this process let start ([`places`]), and freed when an Execution ends or goes.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Mutex,
+pub(super) mod places;
+
+use std::sync::Arc;
+
+use kube::{ResourceExt, runtime::reflector::ObjectRef};
+
+use super::{context::Context, observed::NamespaceQueue};
+use crate::{
+    controller::credentials::made_under,
+    crd::{BriqExecutor, Execution},
 };
 
-use kube::runtime::reflector::ObjectRef;
+impl<S> Context<S> {
+    /// `execution` ended or went: the Executions of its namespace waiting for a place under
+    /// their class's `maxRunningExecutions` look again.
+    pub(super) fn wake_waiting_for_capacity(&self, execution: &Execution) {
+        let namespace = execution.namespace().unwrap_or_default();
+        let uid = execution.uid().unwrap_or_default();
+        for waiting in self.capacity.ended(&namespace, &uid) {
+            let _ = self.wake.send(waiting);
+        }
+    }
 
-use crate::crd::Execution;
-
-#[derive(Debug, Default)]
-pub struct Capacity {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    /// By namespace: uids this process let start that its cache did not show running yet.
-    starting: HashMap<String, HashSet<String>>,
-    /// By namespace: Executions told to wait for a place, woken when one ends.
-    waiting: HashMap<String, HashSet<ObjectRef<Execution>>>,
-}
-
-impl Capacity {
-    /// Whether Execution `uid` of `namespace` may start, `max` at once allowed and `running`
-    /// the uids the cache shows running there; `settled(uid)`: the cache shows it running or
-    /// finished (no longer only this process's to count). Allowed, it counts as starting.
-    pub fn admit(
+    /// `execution`'s namespace queue under `executor`'s class, when the class limits it and
+    /// `execution` has not started: how many of the namespace's Executions on executors of the
+    /// class wait (not started, not finished) before it: before it in run order, or placed
+    /// already.
+    pub(super) fn namespace_queue(
         &self,
-        namespace: &str,
-        uid: &str,
-        max: usize,
-        running: &HashSet<String>,
-        settled: impl Fn(&str) -> bool,
-    ) -> bool {
-        let mut inner = self.inner.lock().expect("capacity");
-        let starting = inner.starting.entry(namespace.to_owned()).or_default();
-        starting.retain(|started| !settled(started) && !running.contains(started));
-        if running.contains(uid) || starting.contains(uid) {
-            return true;
+        execution: &Execution,
+        executor: &BriqExecutor,
+    ) -> Option<NamespaceQueue> {
+        if execution
+            .status
+            .as_ref()
+            .is_some_and(|s| s.attempt_id.is_some())
+        {
+            return None;
         }
-        if running.len() + starting.len() >= max {
-            return false;
-        }
-        starting.insert(uid.to_owned());
-        true
+        let shared = self.shared.as_ref();
+        let class = made_under(shared, executor)?;
+        let max = class
+            .spec
+            .per_namespace
+            .as_ref()
+            .and_then(|limits| limits.max_queued_executions)?;
+        let namespace = execution.namespace().unwrap_or_default();
+        let class_name = class.name_any();
+        let order = execution.run_order();
+        let waiting_before = self
+            .store
+            .state()
+            .iter()
+            .filter(|e| {
+                e.namespace().as_deref() == Some(namespace.as_str())
+                    && e.uid() != execution.uid()
+                    && e.metadata.deletion_timestamp.is_none()
+                    && e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
+                    && !self.is_finished(e)
+                    && (e.run_order() < order || e.holds_a_place())
+                    && self
+                        .cached_executor(&namespace, &e.spec.executor_ref.name)
+                        .and_then(|executor| made_under(shared, &executor))
+                        .is_some_and(|c| c.name_any() == class_name)
+            })
+            .count();
+        Some(NamespaceQueue {
+            class: class_name,
+            max,
+            waiting_before,
+        })
     }
 
-    /// `execution` waits for a place in `namespace`.
-    pub fn wait(&self, namespace: &str, execution: ObjectRef<Execution>) {
-        let mut inner = self.inner.lock().expect("capacity");
-        inner
-            .waiting
-            .entry(namespace.to_owned())
-            .or_default()
-            .insert(execution);
-    }
-
-    /// An Execution of `namespace` ended (or went): those waiting there look again.
-    pub fn ended(&self, namespace: &str, uid: &str) -> Vec<ObjectRef<Execution>> {
-        let mut inner = self.inner.lock().expect("capacity");
-        if let Some(starting) = inner.starting.get_mut(namespace) {
-            starting.remove(uid);
-        }
-        inner
-            .waiting
-            .remove(namespace)
-            .map(|waiting| waiting.into_iter().collect())
-            .unwrap_or_default()
-    }
-
-    pub fn len(&self) -> usize {
-        let inner = self.inner.lock().expect("capacity");
-        inner.starting.values().map(HashSet::len).sum::<usize>()
-            + inner.waiting.values().map(HashSet::len).sum::<usize>()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn uids(items: &[&str]) -> HashSet<String> {
-        items.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn two_turns_at_once_never_both_take_the_last_place() {
-        let capacity = Capacity::default();
-        let running = uids(&["r1"]);
-        let nothing_settled = |_: &str| false;
-        assert!(capacity.admit("team", "a", 2, &running, nothing_settled));
-        // The cache does not show `a` running yet: it still counts.
-        assert!(!capacity.admit("team", "b", 2, &running, nothing_settled));
-        // Another namespace has places of its own.
-        assert!(capacity.admit("other", "c", 2, &running, nothing_settled));
-        // Asking again, `a` keeps its place.
-        assert!(capacity.admit("team", "a", 2, &running, nothing_settled));
-    }
-
-    #[test]
-    fn a_start_the_cache_shows_counts_once_and_an_end_frees_its_place() {
-        let capacity = Capacity::default();
-        let none = uids(&[]);
-        assert!(capacity.admit("team", "a", 1, &none, |_| false));
-        // Now running in the cache: counted there, not twice.
-        let running = uids(&["a"]);
-        assert!(!capacity.admit("team", "b", 1, &running, |_| false));
-        // `a` finished: settled, and the cache no longer shows it running.
-        assert!(capacity.admit("team", "b", 1, &none, |uid| uid == "a"));
-    }
-
-    #[test]
-    fn those_waiting_in_a_namespace_look_again_when_one_there_ends() {
-        let capacity = Capacity::default();
-        capacity.wait("team", ObjectRef::new("w1").within("team"));
-        capacity.wait("team", ObjectRef::new("w2").within("team"));
-        capacity.wait("other", ObjectRef::new("o1").within("other"));
-        let mut woken: Vec<String> = capacity
-            .ended("team", "x")
+    /// Whether `execution`, on `executor`, may start now under its class's
+    /// `maxRunningExecutions` in its namespace: `Err(message)` when the namespace has no place.
+    pub(super) fn place(
+        &self,
+        execution: &Execution,
+        executor: &BriqExecutor,
+    ) -> Result<(), String> {
+        let shared = self.shared.as_ref();
+        let Some(class) = made_under(shared, executor) else {
+            return Ok(());
+        };
+        let Some(max) = class
+            .spec
+            .per_namespace
+            .as_ref()
+            .and_then(|limits| limits.max_running_executions)
+        else {
+            return Ok(());
+        };
+        let namespace = execution.namespace().unwrap_or_default();
+        let class_name = class.name_any();
+        let of_class = |e: &Execution| {
+            self.cached_executor(&namespace, &e.spec.executor_ref.name)
+                .and_then(|executor| made_under(shared, &executor))
+                .is_some_and(|c| c.name_any() == class_name)
+        };
+        let executions: Vec<Arc<Execution>> = self
+            .store
+            .state()
             .into_iter()
-            .map(|r| r.name)
+            .filter(|e| e.namespace().as_deref() == Some(namespace.as_str()))
             .collect();
-        woken.sort();
-        assert_eq!(woken, vec!["w1", "w2"]);
-        assert!(capacity.ended("team", "y").is_empty());
-        assert_eq!(capacity.len(), 1, "other's waiter stays");
+        let running: std::collections::HashSet<String> = executions
+            .iter()
+            .filter(|e| {
+                e.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+                    && !self.is_finished(e)
+                    && of_class(e)
+            })
+            .filter_map(|e| e.uid())
+            .collect();
+        let settled = |uid: &str| {
+            executions
+                .iter()
+                .find(|e| e.uid().as_deref() == Some(uid))
+                .is_none_or(|e| self.is_finished(e))
+        };
+        let uid = execution.uid().unwrap_or_default();
+        if self
+            .capacity
+            .admit(&namespace, &uid, max as usize, &running, settled)
+        {
+            return Ok(());
+        }
+        self.capacity
+            .wait(&namespace, ObjectRef::from_obj(execution));
+        Err(format!(
+            "namespace {namespace} runs {} Executions of class {class_name} at once, its \
+             perNamespace.maxRunningExecutions; this one runs when one of them ends",
+            running.len().max(max as usize)
+        ))
     }
 }

@@ -3,7 +3,7 @@
 //! sent at once and its `Running` status written beside the exec, or folded into the result
 //! write when the action ends first; without it (beyond the budget), the `Running` write comes
 //! first and brings the code back. Either way the attempt id derives from the Execution
-//! ([`super::decide::attempt_id`]), so the sandbox's journal runs any delivery at most once.
+//! ([`super::run::attempt_id`]), so the sandbox's journal runs any delivery at most once.
 
 use std::{
     collections::HashMap,

@@ -1,0 +1,109 @@
+use super::*;
+use crate::controller::execution::fixtures::{at, order};
+
+fn sibling(uid: &str, seconds: &str, name: &str, done: bool) -> Sibling {
+    Sibling {
+        uid: Some(uid.into()),
+        order: order(seconds, name),
+        done,
+    }
+}
+
+#[test]
+fn turn_table() {
+    let me = order("10", "b");
+    let myself = sibling("me", "10", "b", false);
+    let cases: Vec<(&str, Vec<Sibling>, Timestamp, Turn)> = vec![
+        ("alone", vec![myself.clone()], at("20"), Turn::Mine),
+        (
+            "an older one waits",
+            vec![sibling("x", "09", "z", false), myself.clone()],
+            at("20"),
+            Turn::Behind,
+        ),
+        (
+            "an older one finished",
+            vec![sibling("x", "09", "z", true), myself.clone()],
+            at("20"),
+            Turn::Mine,
+        ),
+        (
+            "same second, sorts first by name",
+            vec![sibling("x", "10", "a", false)],
+            at("20"),
+            Turn::Behind,
+        ),
+        (
+            "same second, sorts after: the second settles first",
+            vec![sibling("x", "10", "c", false)],
+            at("11"),
+            Turn::Settling(Duration::from_secs(1)),
+        ),
+        (
+            "same second, settled",
+            vec![sibling("x", "10", "c", false)],
+            at("12"),
+            Turn::Mine,
+        ),
+        (
+            "a later second does not hold it back",
+            vec![sibling("x", "11", "a", false)],
+            at("10"),
+            Turn::Mine,
+        ),
+        (
+            "a listed sibling without a creation time sorts first",
+            vec![Sibling {
+                uid: Some("x".into()),
+                order: (None, "z".into()),
+                done: false,
+            }],
+            at("20"),
+            Turn::Behind,
+        ),
+    ];
+    for (name, siblings, now, expected) in cases {
+        assert_eq!(turn(Some("me"), &me, &siblings, now), expected, "{name}");
+    }
+}
+
+#[test]
+fn turn_from_cache_table() {
+    let settling = Turn::Settling(Duration::from_secs(1));
+    let cases = [
+        (
+            "its turn, the cache current: no LIST",
+            Turn::Mine,
+            true,
+            Some(Turn::Mine),
+        ),
+        (
+            "its turn, the cache listing or its watch failed: LIST",
+            Turn::Mine,
+            false,
+            None,
+        ),
+        ("one before it", Turn::Behind, true, Some(Turn::Behind)),
+        (
+            "one before it, even in a lagging cache",
+            Turn::Behind,
+            false,
+            Some(Turn::Behind),
+        ),
+        (
+            "a burst settling",
+            settling.clone(),
+            true,
+            Some(settling.clone()),
+        ),
+        (
+            "a burst settling, in a lagging cache",
+            settling.clone(),
+            false,
+            Some(settling),
+        ),
+    ];
+    for (name, cached, current, expected) in cases {
+        assert_eq!(turn_from_cache(cached, current), expected, "{name}");
+    }
+}

@@ -1,0 +1,312 @@
+//! Sending the code, at most once: the run's deadline, the attempt id the sandbox's journal runs
+//! once, `Running` recorded before or beside the exec, the answer read ([`ran`]: judged, or left
+//! to the journal when briq did not say whether the code ran), and the run's trace.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{ResourceExt, runtime::controller::Action};
+use tracing::{info, warn};
+
+use super::{
+    actor::Actor,
+    conclude::{Verdict, judge},
+    sandbox::Access,
+    trace,
+};
+use crate::{
+    bridge::{RunResult, session::CallError},
+    briq::{ErrorClass, ExecOutcome, SandboxApi},
+    controller::{
+        class,
+        context::Result,
+        credentials::made_under,
+        status::{apply_status_at, is_conflict},
+    },
+    crd::{
+        BriqExecutor, EXECUTOR_MANAGER, Execution, ExecutionStatus, MAX_EXECUTION_TIMEOUT_SECONDS,
+        conditions::{self, SUCCEEDED, desired},
+        reasons::ExecutionReason,
+    },
+    traces,
+};
+
+/// After a conditional write lost to another writer: the watch brings the change; look again
+/// soon in any case.
+pub(super) const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
+
+/// How long an action sent with its code at hand runs before `Running` is written beside it:
+/// most agents' steps end sooner, and their result write is then the only one. Whoever watches
+/// sees `Running` this much later on longer actions.
+const RUNNING_WRITE_AFTER: Duration = Duration::from_millis(100);
+
+/// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s and
+/// never beyond its class's maximum (`class_max`).
+pub fn timeout_seconds(
+    execution: Option<u32>,
+    executor_default: u32,
+    class_max: Option<u32>,
+) -> u32 {
+    let max = class_max.unwrap_or(MAX_EXECUTION_TIMEOUT_SECONDS);
+    execution
+        .unwrap_or(executor_default)
+        .clamp(1, max.clamp(1, MAX_EXECUTION_TIMEOUT_SECONDS))
+}
+
+/// The attempt id of the Execution with `uid`: the same for every delivery of it — by this
+/// operator after a restart, by a second one racing — so the sandbox's journal, which accepts an
+/// attempt id once, runs it at most once whatever sends it. Its uid's 32 hex digits (the
+/// journal takes 16 to 64 lowercase hex digits); a uid of another shape is hashed to them.
+pub fn attempt_id(uid: &str) -> String {
+    let digits: String = uid
+        .chars()
+        .filter(|c| *c != '-')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if (16..=64).contains(&digits.len()) && digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return digits;
+    }
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(uid.as_bytes());
+    hash[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The status recorded before the code is sent: `attempt` identifies the one try.
+pub fn running_status(
+    current: &ExecutionStatus,
+    generation: Option<i64>,
+    executor: &str,
+    attempt: String,
+    now: Time,
+) -> ExecutionStatus {
+    let running = desired(
+        SUCCEEDED,
+        "Unknown",
+        ExecutionReason::Running.as_str(),
+        format!("running in BriqExecutor {executor}"),
+    );
+    ExecutionStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&current.conditions, &[running], generation),
+        attempt_id: Some(attempt),
+        start_time: Some(now),
+        ..Default::default()
+    }
+}
+
+/// A run's answer judged, or the error that left its outcome for the sandbox's journal to tell.
+pub type Judged = (Verdict, Option<RunResult>);
+
+/// Maps what a run answered to its outcome, unless briq's answer leaves whether the code ran
+/// unknown for now (`Err`): a 5xx, a timeout or a lost connection after sending, a request
+/// refused for a while (429) or never sent, a result that could not be read. The sandbox's
+/// journal knows what became of the attempt; it is asked once briq answers again
+/// ([`recovered`](super::recover::recovered)), which beats calling the executor unusable on a
+/// guess.
+pub fn ran(outcome: Result<RunResult, CallError>, timeout: u32) -> Result<Judged, CallError> {
+    match outcome {
+        Err(error) if for_the_journal(&error) => Err(error),
+        outcome => Ok(judge(outcome, timeout)),
+    }
+}
+
+/// Whether a failed run leaves its outcome to the journal: every failure of briq to answer,
+/// but not a missing sandbox (the kernel is lost) nor a request briq refused for good (it did
+/// not run, and would be refused again).
+fn for_the_journal(error: &CallError) -> bool {
+    match error {
+        CallError::ResultUnreadable(_) => true,
+        CallError::Briq(error) => !matches!(
+            (error.exec_outcome(), error.class()),
+            (_, ErrorClass::NotFound) | (ExecOutcome::NotRun, ErrorClass::Terminal)
+        ),
+        CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => false,
+    }
+}
+
+impl<'a, S: SandboxApi> Actor<'a, S> {
+    /// Sends the code, at most once: its attempt id derives from the Execution
+    /// ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever
+    /// delivers it and however often. With its code at hand ([`codes`](super::codes)) it goes
+    /// at once, and `Running` is written beside the exec once the action outlasts
+    /// [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded into its result: one
+    /// write); otherwise the `Running` write comes first and brings the code back. `version` is
+    /// the Execution's resourceVersion this run was decided on: `Running` is recorded only at
+    /// that version.
+    pub(super) async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
+        let (access, checked) = traces::noted(self.sandbox(executor)).await;
+        self.note(|t| t.sandbox_check = checked);
+        let (key, sandbox_id) = match access? {
+            Access::Granted(key, sandbox_id) => (key, sandbox_id),
+            Access::Denied(action) => return Ok(action),
+        };
+        let uid = self.execution.uid().unwrap_or_default();
+        let attempt = attempt_id(&uid);
+        let running = running_status(
+            &self.status(),
+            self.execution.metadata.generation,
+            self.executor_name(),
+            attempt.clone(),
+            conditions::now(),
+        );
+        let timeout = self.timeout_seconds(executor);
+        let deadline = Duration::from_secs(timeout.into());
+        let session = self.session(&key, &sandbox_id);
+        let (outcome, sent) = match self.ctx.codes.get(&uid) {
+            Some(code) => {
+                self.ctx.kept.forget_waiting(&uid);
+                let exec = traces::noted(session.run(&attempt, &code, deadline));
+                self.slot
+                    .without(self.record_beside(exec, &running, version))
+                    .await
+            }
+            None => {
+                let Some(recorded) = self.record_first(&running, version).await? else {
+                    return Ok(Action::requeue(CONFLICT_RECHECK));
+                };
+                self.slot
+                    .without(traces::noted(session.run(
+                        &attempt,
+                        &recorded.spec.code,
+                        deadline,
+                    )))
+                    .await
+            }
+        };
+        self.note(|t| {
+            t.code = sent;
+            t.kernel = outcome
+                .as_ref()
+                .ok()
+                .map(|result| Duration::from_millis(result.duration_ms));
+        });
+        let (verdict, result) = match ran(outcome, timeout) {
+            Ok(judged) => judged,
+            Err(unknown) => return self.await_briq(executor, running, unknown).await,
+        };
+        let action = self.finish_run(executor, running, &verdict, result).await;
+        if action.is_ok() {
+            self.emit_trace(&attempt, &verdict);
+        }
+        action
+    }
+
+    /// Records `running` before the code goes (conditionally, at `version`): the recorded
+    /// Execution (the whole object, at the version decided on plus this status; the spec is
+    /// immutable) brings the code, which the cache does not hold. `None` when the Execution
+    /// changed since the decision (another operator recorded its attempt, or anyone wrote it):
+    /// it is decided again on what it is now.
+    async fn record_first(
+        &self,
+        running: &ExecutionStatus,
+        version: &str,
+    ) -> Result<Option<Execution>> {
+        match self.record_running(running, version).await {
+            Ok(recorded) => {
+                self.ctx
+                    .kept
+                    .forget_waiting(&recorded.uid().unwrap_or_default());
+                Ok(Some(recorded))
+            }
+            Err(error) if is_conflict(&error) => {
+                info!("the Execution changed before its attempt was recorded; deciding again");
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Awaits `exec`, the code already sent, and records `running` beside it (conditionally,
+    /// at `version`) once the action outlasts [`RUNNING_WRITE_AFTER`]; an action that ends
+    /// first has it folded into its result write. The record informs, it does not guard: the
+    /// journal runs the attempt once, so a write that fails or finds the Execution changed (a
+    /// second operator recorded the same attempt) is only logged, and the result is written in
+    /// any case.
+    async fn record_beside<F, T>(&self, exec: F, running: &ExecutionStatus, version: &str) -> T
+    where
+        F: Future<Output = T>,
+    {
+        let mut exec = std::pin::pin!(exec);
+        tokio::select! {
+            done = &mut exec => return done,
+            () = tokio::time::sleep(RUNNING_WRITE_AFTER) => {}
+        }
+        let (done, recorded) = tokio::join!(exec, self.record_running(running, version));
+        match recorded {
+            Ok(_) => {}
+            Err(error) if is_conflict(&error) => {
+                info!(
+                    "the Execution changed before its attempt was recorded; the journal runs it once"
+                )
+            }
+            Err(error) => {
+                warn!(%error, "recording the attempt beside its run failed; its result is written next")
+            }
+        }
+        done
+    }
+
+    /// Writes `running`, only if the Execution is still at `version`; noted in its trace.
+    async fn record_running(&self, running: &ExecutionStatus, version: &str) -> Result<Execution> {
+        let status = serde_json::to_value(running).expect("status serializes");
+        let (recorded, recording) = traces::noted(apply_status_at(
+            &self.api,
+            self.execution,
+            EXECUTOR_MANAGER,
+            status,
+            Some(version),
+        ))
+        .await;
+        self.note(|t| t.attempt_recorded = recording);
+        recorded
+    }
+
+    /// The deadline of this Execution's code in `executor`, in seconds.
+    /// The run's deadline, under the class the executor was made under.
+    pub(super) fn timeout_seconds(&self, executor: &BriqExecutor) -> u32 {
+        let class = made_under(&self.ctx.shared, executor);
+        let class = class.as_ref().map(|c| &c.spec);
+        timeout_seconds(
+            self.execution.spec.timeout_seconds,
+            class::effective(&executor.spec, class).execution_timeout_seconds,
+            class.and_then(|c| c.max_execution_timeout_seconds),
+        )
+    }
+
+    /// Exports the trace of this run, under the client's span when it named one.
+    fn emit_trace(&self, attempt: &str, verdict: &Verdict) {
+        if !traces::enabled() {
+            return;
+        }
+        let name = self.execution.name_any();
+        let subject = trace::Subject {
+            namespace: &self.namespace,
+            execution: &name,
+            executor: self.executor_name(),
+            attempt,
+            created: self
+                .execution
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or_else(SystemTime::now, |t| t.0.into()),
+        };
+        let timeline = self.timeline.lock().unwrap_or_else(|e| e.into_inner());
+        let spans = trace::spans(
+            &subject,
+            &timeline,
+            verdict.reason,
+            &verdict.message,
+            SystemTime::now(),
+        );
+        let parent = self
+            .execution
+            .annotations()
+            .get(traces::TRACEPARENT_ANNOTATION)
+            .map(String::as_str);
+        traces::emit(parent, &spans);
+    }
+}
+
+#[cfg(test)]
+mod tests;

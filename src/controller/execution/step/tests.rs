@@ -1,0 +1,384 @@
+use std::time::Duration;
+
+use k8s_openapi::jiff::SignedDuration;
+use serde_json::json;
+
+use super::*;
+use crate::{
+    controller::execution::{
+        conclude::Verdict,
+        fixtures::{at, attempt},
+        observed::NamespaceQueue,
+    },
+    crd::reasons::ExecutionReason,
+};
+
+fn executor(status: serde_json::Value, deleting: bool) -> BriqExecutor {
+    let mut metadata = json!({ "name": "py", "namespace": "ns", "uid": "u-py" });
+    if deleting {
+        metadata["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1",
+        "kind": "BriqExecutor",
+        "metadata": metadata,
+        "spec": {},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> serde_json::Value {
+    json!({
+        "type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": "2026-12-03T00:00:00Z",
+    })
+}
+
+fn ready() -> BriqExecutor {
+    executor(
+        json!({ "conditions": [
+            condition("Ready", "True", "KernelReady", "the kernel answers"),
+            condition("Stalled", "False", "KernelReady", ""),
+        ], "sandboxId": "bq_1" }),
+        false,
+    )
+}
+
+fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
+    Observed {
+        executor_name: "py",
+        namespace: "ns",
+        unwritten_result: false,
+        attempt: None,
+        now: at("30"),
+        adopted: false,
+        executor,
+        created: Some(at("00")),
+        executor_wait: SignedDuration::from_secs(600),
+        executor_known_unusable: false,
+        heads_queue: true,
+        placed: false,
+        ahead: 0,
+        namespace_queue: None,
+    }
+}
+
+fn fail(reason: ExecutionReason, message: &str) -> Step {
+    Step::Refuse(Refusal::Fail(Verdict::new(reason, message)))
+}
+
+#[test]
+fn decide_table() {
+    use ExecutionReason::*;
+    let ready = ready();
+    let mut queue_of_one = ready.clone();
+    queue_of_one.spec.max_queued_executions = 1;
+    let deleting = executor(json!({}), true);
+    let unusable = executor(
+        json!({ "unusable": true, "unusableReason": "an Execution ran past its 30s deadline",
+                "conditions": [condition("Ready", "True", "KernelReady", "")] }),
+        false,
+    );
+    let setup_failed = executor(
+        json!({ "conditions": [
+            condition("Ready", "False", "SetupFailed", "pip failed"),
+            condition("Stalled", "True", "SetupFailed", "pip failed"),
+        ] }),
+        false,
+    );
+    let provisioning = executor(
+        json!({ "conditions": [condition("Ready", "Unknown", "Provisioning", "creating the sandbox")] }),
+        false,
+    );
+    let cases: Vec<(&str, Observed, Step)> = vec![
+        (
+            "an unwritten result comes first",
+            Observed {
+                unwritten_result: true,
+                attempt: Some(attempt("00", 30)),
+                ..observed(None)
+            },
+            Step::WriteResult,
+        ),
+        (
+            "running without a result here, executor usable: its sandbox's journal is asked",
+            Observed {
+                attempt: Some(attempt("00", 10)),
+                ..observed(Some(&ready))
+            },
+            Step::Recover,
+        ),
+        (
+            "running without a result here, even within its deadline: asking waits for it",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                ..observed(Some(&ready))
+            },
+            Step::Recover,
+        ),
+        (
+            "running, executor unusable, past deadline and grace: never sent again",
+            Observed {
+                attempt: Some(attempt("00", 10)),
+                ..observed(Some(&unusable))
+            },
+            Step::Interrupt,
+        ),
+        (
+            "running, executor being deleted, its runner may still report",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                ..observed(Some(&deleting))
+            },
+            Step::AwaitAttempt(Duration::from_secs(10)),
+        ),
+        (
+            "running, executor known unusable here though the cache does not say so yet",
+            Observed {
+                attempt: Some(attempt("20", 5)),
+                executor_known_unusable: true,
+                ..observed(Some(&ready))
+            },
+            Step::AwaitAttempt(Duration::from_secs(10)),
+        ),
+        (
+            "running, executor gone, no start time: nobody can say when it ends",
+            Observed {
+                attempt: Some(Attempt {
+                    started: None,
+                    timeout_seconds: 30,
+                }),
+                ..observed(None)
+            },
+            Step::Interrupt,
+        ),
+        (
+            "no executor yet",
+            observed(None),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Duration::from_secs(10),
+            }),
+        ),
+        (
+            "no executor for the whole wait",
+            Observed {
+                executor_wait: SignedDuration::from_secs(30),
+                ..observed(None)
+            },
+            fail(
+                ExecutorNeverAppeared,
+                "BriqExecutor py did not appear in namespace ns within 30s; the code did not run",
+            ),
+        ),
+        (
+            "a creation time ahead of the operator's clock counts as just created",
+            Observed {
+                created: Some(at("40")),
+                executor_wait: SignedDuration::from_secs(30),
+                ..observed(None)
+            },
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Duration::from_secs(10),
+            }),
+        ),
+        (
+            "the executor it was adopted by is gone",
+            Observed {
+                adopted: true,
+                ..observed(None)
+            },
+            fail(ExecutorDeleted, "BriqExecutor py was deleted"),
+        ),
+        (
+            "executor being deleted",
+            observed(Some(&deleting)),
+            fail(ExecutorDeleted, "BriqExecutor py is being deleted"),
+        ),
+        (
+            "executor unusable",
+            observed(Some(&unusable)),
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py is unusable (an Execution ran past its 30s deadline); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor made unusable by this process, the cache does not say so yet",
+            Observed {
+                executor_known_unusable: true,
+                ..observed(Some(&ready))
+            },
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py is unusable (an earlier Execution made it unusable); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor stalled",
+            observed(Some(&setup_failed)),
+            fail(
+                ExecutorUnusable,
+                "BriqExecutor py cannot run code (SetupFailed: pip failed); create a new BriqExecutor",
+            ),
+        ),
+        (
+            "executor still provisioning",
+            observed(Some(&provisioning)),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotReady,
+                message: "BriqExecutor py is not ready: creating the sandbox".into(),
+                recheck: Duration::from_secs(10),
+            }),
+        ),
+        (
+            "behind others",
+            Observed {
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "the last place in a full queue: one runs, 100 wait",
+            Observed {
+                heads_queue: false,
+                ahead: 100,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "beyond a full queue",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&ready))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "beyond a full queue of an executor still provisioning",
+            Observed {
+                heads_queue: false,
+                ahead: 101,
+                ..observed(Some(&provisioning))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 100 Executions waiting (maxQueuedExecutions is 100); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "the last place in its namespace's queue under its class",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 2,
+                }),
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "beyond its namespace's queue under its class",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 3,
+                }),
+                heads_queue: true,
+                ..observed(Some(&ready))
+            },
+            fail(
+                QueueFull,
+                "namespace ns already has 3 Executions of class std waiting (its \
+                 perNamespace.maxQueuedExecutions is 3); this one was not run: create it again \
+                 once they drain",
+            ),
+        ),
+        (
+            "beyond a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 2,
+                ..observed(Some(&queue_of_one))
+            },
+            fail(
+                QueueFull,
+                "BriqExecutor py already has 1 Executions waiting (maxQueuedExecutions is 1); \
+                 this one was not run: create it again once the queue drains",
+            ),
+        ),
+        (
+            "queued already in a queue of one, behind one created later that sorts first: \
+             keeps its place",
+            Observed {
+                heads_queue: false,
+                placed: true,
+                ahead: 2,
+                ..observed(Some(&queue_of_one))
+            },
+            Step::Queue,
+        ),
+        (
+            "queued already in its namespace's full queue under its class: keeps its place",
+            Observed {
+                namespace_queue: Some(NamespaceQueue {
+                    class: "std".into(),
+                    max: 3,
+                    waiting_before: 3,
+                }),
+                heads_queue: false,
+                placed: true,
+                ahead: 1,
+                ..observed(Some(&ready))
+            },
+            Step::Queue,
+        ),
+        (
+            "behind the running one in a queue of one",
+            Observed {
+                heads_queue: false,
+                ahead: 1,
+                ..observed(Some(&queue_of_one))
+            },
+            Step::Queue,
+        ),
+        (
+            "no executor to count against yet",
+            Observed {
+                heads_queue: false,
+                ahead: 500,
+                ..observed(None)
+            },
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotFound,
+                message: "BriqExecutor py does not exist in namespace ns".into(),
+                recheck: Duration::from_secs(10),
+            }),
+        ),
+        (
+            "head of the queue",
+            observed(Some(&ready)),
+            Step::ConfirmTurn,
+        ),
+    ];
+    for (name, observed, expected) in cases {
+        assert_eq!(decide(&observed), expected, "{name}");
+    }
+}
