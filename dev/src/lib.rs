@@ -5,6 +5,7 @@
 //! - [`local_server`]: a local briq-compatible sandbox server (NOT an isolation boundary).
 //! - [`stack`]: the one harness putting control plane, sandbox server and operator together,
 //!   used by [`demo`], [`bench`] and the integration tests of the root package.
+//! - [`operators`]: the operator under test, run inside this process.
 //! - [`repo`], [`progress`], [`wait`]: the repository's build scripts, progress lines, waiting.
 
 mod at_exit;
@@ -12,6 +13,7 @@ pub mod bench;
 pub mod control_plane;
 pub mod demo;
 pub mod local_server;
+pub mod operators;
 pub mod progress;
 pub mod repo;
 pub mod stack;
