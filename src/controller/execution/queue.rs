@@ -5,7 +5,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, ObjectMeta, Patch, PatchParams},
@@ -55,6 +58,22 @@ pub fn turn_from_cache(cached: Turn, cache_current: bool) -> Option<Turn> {
         Turn::Mine if cache_current => Some(Turn::Mine),
         Turn::Mine => None,
     }
+}
+
+/// The owner references of an Execution whose owners are `owners` once `executor` (of `uid`) is
+/// among them, so that deleting the executor deletes its history; `None` when it is already (its
+/// creator set it, as the Python client and kubectl-briq do): no write.
+pub fn owners_with(
+    owners: &[OwnerReference],
+    executor: &BriqExecutor,
+    uid: &str,
+) -> Option<Vec<OwnerReference>> {
+    if owners.iter().any(|owner| owner.uid == uid) {
+        return None;
+    }
+    let mut owners = owners.to_vec();
+    owners.extend(history_owner(executor));
+    Some(owners)
 }
 
 pub use crate::crd::RunOrder;
@@ -254,12 +273,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             return Ok(seen);
         };
         let executor = executor.expect("an executor with a uid");
-        let mut owners = self.execution.owner_references().to_vec();
-        if owners.iter().any(|owner| owner.uid == uid) {
+        let Some(owners) = owners_with(self.execution.owner_references(), executor, &uid) else {
             // Its creator set it (the Python client and kubectl-briq do): no write.
             return Ok(seen);
-        }
-        owners.extend(history_owner(executor));
+        };
         // Conditional too: an owner reference added on top of someone else's change would make
         // the decision look fresher than it is.
         let patch = json!({ "metadata": { "ownerReferences": owners, "resourceVersion": seen } });

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, runtime::controller::Action};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     actor::Actor,
@@ -39,6 +39,58 @@ pub(super) const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// most agents' steps end sooner, and their result write is then the only one. Whoever watches
 /// sees `Running` this much later on longer actions.
 const RUNNING_WRITE_AFTER: Duration = Duration::from_millis(100);
+
+/// One call a run makes, to the API server or (`Send`) to the sandbox: the run's effects as data,
+/// in the order [`Actor::run`] makes them ([`calls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `Running` with the attempt id, conditional on the version the run was decided on.
+    RecordRunning,
+    /// The code, to the sandbox, under the attempt id: its journal runs it once.
+    Send,
+    /// The executor marked unusable, before anyone else can take the next turn.
+    MarkUnusable,
+    /// The final status: one server-side apply.
+    WriteResult,
+}
+
+/// How a run records its attempt around the send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// Before the send, conditionally: the write brings back the code the cache does not hold.
+    First,
+    /// Beside the send, once the action outlasts `after`: an action that ends sooner has it
+    /// folded into its result write.
+    Beside { after: Duration },
+}
+
+/// How the run of an Execution whose code is (or is not) at hand records its attempt.
+pub fn recording(code_at_hand: bool) -> Recording {
+    if code_at_hand {
+        Recording::Beside {
+            after: RUNNING_WRITE_AFTER,
+        }
+    } else {
+        Recording::First
+    }
+}
+
+/// The calls of a run recorded as `recording` (whose action `outlasted` the wait of
+/// [`Recording::Beside`], or not) that concluded with `verdict`, in order. A happy path with
+/// the code at hand is two calls: the send, and the result write. (Deleting history beyond the
+/// executor's limit comes after, when it has one.)
+pub fn calls(recording: Recording, outlasted: bool, verdict: &Verdict) -> Vec<Call> {
+    let mut calls = match recording {
+        Recording::First => vec![Call::RecordRunning, Call::Send],
+        Recording::Beside { .. } if outlasted => vec![Call::Send, Call::RecordRunning],
+        Recording::Beside { .. } => vec![Call::Send],
+    };
+    if verdict.unusable.is_some() {
+        calls.push(Call::MarkUnusable);
+    }
+    calls.push(Call::WriteResult);
+    calls
+}
 
 /// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s and
 /// never beyond its class's maximum (`class_max`).
@@ -127,10 +179,11 @@ fn for_the_journal(error: &CallError) -> bool {
 impl<'a, S: SandboxApi> Actor<'a, S> {
     /// Sends the code, at most once: its attempt id derives from the Execution
     /// ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever
-    /// delivers it and however often. With its code at hand ([`codes`](super::codes)) it goes
-    /// at once, and `Running` is written beside the exec once the action outlasts
-    /// [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded into its result: one
-    /// write); otherwise the `Running` write comes first and brings the code back. `version` is
+    /// delivers it and however often. The calls it makes are [`calls`]: with its code at hand
+    /// ([`codes`](super::codes)) it goes at once, and `Running` is written beside the exec once
+    /// the action outlasts [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded
+    /// into its result: one write); otherwise the `Running` write comes first and brings the
+    /// code back. `version` is
     /// the Execution's resourceVersion this run was decided on: `Running` is recorded only at
     /// that version.
     pub(super) async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
@@ -152,25 +205,23 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let timeout = self.timeout_seconds(executor);
         let deadline = Duration::from_secs(timeout.into());
         let session = self.session(&key, &sandbox_id);
-        let (outcome, sent) = match self.ctx.codes.get(&uid) {
-            Some(code) => {
+        let code = self.ctx.codes.get(&uid);
+        let recording = recording(code.is_some());
+        let ((outcome, sent), outlasted) = match recording {
+            Recording::Beside { after } => {
+                let code = code.expect("a run records beside its send only with the code at hand");
                 self.ctx.kept.forget_waiting(&uid);
                 let exec = traces::noted(session.run(&attempt, &code, deadline));
                 self.slot
-                    .without(self.record_beside(exec, &running, version))
+                    .without(self.record_beside(exec, &running, version, after))
                     .await
             }
-            None => {
+            Recording::First => {
                 let Some(recorded) = self.record_first(&running, version).await? else {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
-                self.slot
-                    .without(traces::noted(session.run(
-                        &attempt,
-                        &recorded.spec.code,
-                        deadline,
-                    )))
-                    .await
+                let exec = traces::noted(session.run(&attempt, &recorded.spec.code, deadline));
+                (self.slot.without(exec).await, false)
             }
         };
         self.note(|t| {
@@ -184,6 +235,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Ok(judged) => judged,
             Err(unknown) => return self.await_briq(executor, running, unknown).await,
         };
+        debug!(calls = ?calls(recording, outlasted, &verdict), "the run's calls");
         let action = self.finish_run(executor, running, &verdict, result).await;
         if action.is_ok() {
             self.emit_trace(&attempt, &verdict);
@@ -217,19 +269,25 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 
     /// Awaits `exec`, the code already sent, and records `running` beside it (conditionally,
-    /// at `version`) once the action outlasts [`RUNNING_WRITE_AFTER`]; an action that ends
-    /// first has it folded into its result write. The record informs, it does not guard: the
+    /// at `version`) once the action outlasts `after` ([`Recording::Beside`]); an action that
+    /// ends first has it folded into its result write. Also says whether it outlasted `after`. The record informs, it does not guard: the
     /// journal runs the attempt once, so a write that fails or finds the Execution changed (a
     /// second operator recorded the same attempt) is only logged, and the result is written in
     /// any case.
-    async fn record_beside<F, T>(&self, exec: F, running: &ExecutionStatus, version: &str) -> T
+    async fn record_beside<F, T>(
+        &self,
+        exec: F,
+        running: &ExecutionStatus,
+        version: &str,
+        after: Duration,
+    ) -> (T, bool)
     where
         F: Future<Output = T>,
     {
         let mut exec = std::pin::pin!(exec);
         tokio::select! {
-            done = &mut exec => return done,
-            () = tokio::time::sleep(RUNNING_WRITE_AFTER) => {}
+            done = &mut exec => return (done, false),
+            () = tokio::time::sleep(after) => {}
         }
         let (done, recorded) = tokio::join!(exec, self.record_running(running, version));
         match recorded {
@@ -243,7 +301,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 warn!(%error, "recording the attempt beside its run failed; its result is written next")
             }
         }
-        done
+        (done, true)
     }
 
     /// Writes `running`, only if the Execution is still at `version`; noted in its trace.

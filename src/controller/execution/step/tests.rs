@@ -382,3 +382,57 @@ fn decide_table() {
         assert_eq!(decide(&observed), expected, "{name}");
     }
 }
+
+/// The API calls of one Execution's happy path, from its creation to its result, as the pure
+/// parts that decide them say: created by the Python client (which names the executor as its
+/// owner) at the head of its queue, the executor Ready, the cache current, its code at hand.
+#[test]
+fn one_executions_happy_path_is_one_send_and_one_status_write() {
+    use crate::controller::execution::{
+        queue::{Turn, owners_with, turn_from_cache},
+        run::{Call, Recording, calls, recording},
+    };
+    let ready = ready();
+    // Judged from the caches: no read.
+    let observed = Observed {
+        adopted: true,
+        ..observed(Some(&ready))
+    };
+    assert_eq!(decide(&observed), Step::ConfirmTurn);
+    // The turn from the cache while it is current: no LIST.
+    assert_eq!(turn_from_cache(Turn::Mine, true), Some(Turn::Mine));
+    // The owner its creator set: no owner write.
+    let owned_by_its_creator = [crate::crd::history_owner(&ready).unwrap()];
+    assert_eq!(owners_with(&owned_by_its_creator, &ready, "u-py"), None);
+    let completed = Verdict::new(ExecutionReason::Completed, "the code ran");
+    let with_code = recording(true);
+    assert_eq!(
+        with_code,
+        Recording::Beside {
+            after: Duration::from_millis(100)
+        }
+    );
+    // An action shorter than 100 ms: the send, then the result with Running folded into it.
+    assert_eq!(
+        calls(with_code, false, &completed),
+        [Call::Send, Call::WriteResult]
+    );
+    // A longer one: Running written beside it, past 100 ms.
+    assert_eq!(
+        calls(with_code, true, &completed),
+        [Call::Send, Call::RecordRunning, Call::WriteResult]
+    );
+    // The code not at hand (the cache drops it past its budget): Running first brings it back.
+    assert_eq!(
+        calls(recording(false), false, &completed),
+        [Call::RecordRunning, Call::Send, Call::WriteResult]
+    );
+    // Off the happy path: a lost kernel marks the executor unusable before the result.
+    let lost = Verdict::new(ExecutionReason::KernelLost, "the kernel died").poisons("lost");
+    assert_eq!(
+        calls(with_code, false, &lost),
+        [Call::Send, Call::MarkUnusable, Call::WriteResult]
+    );
+    // Not created by a client that names the owner: one owner write before the turn.
+    assert_eq!(owners_with(&[], &ready, "u-py").map(|o| o.len()), Some(1));
+}
