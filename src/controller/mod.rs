@@ -16,7 +16,7 @@
 //! | wiring | [`run`]: the watches, caches and controllers, started and stopped together |
 //! | controllers | `executor/`, `execution/`, `pool/`, `orphans` (the sweeper) |
 //! | triggers | `wake` (what wakes whom), `recheck` (the bounded rechecks, pure) |
-//! | shared effects | `status`, `publish`, `credentials`, `index` (store views), `requeue` |
+//! | shared effects | `status`, `publish`, `credentials`, `key_guard` (keys in use), `index` (store views), `requeue` |
 //! | shared state | `context` (error, settings, [`Shared`]), `backoff`, `events`, `fair`, `cache`, `ownership` |
 //! | pure policy | `class` (which class, its limits) |
 //!
@@ -34,6 +34,7 @@ mod execution;
 mod executor;
 mod fair;
 mod index;
+mod key_guard;
 mod orphans;
 mod ownership;
 mod pool;

@@ -2,7 +2,7 @@
 //!
 //! Two parts:
 //! - **Key protection**: a Secret that holds the API key of an executor with a sandbox carries
-//!   [`KEY_IN_USE_FINALIZER`] (as Kubernetes protects a PVC in use), so deleting a namespace,
+//!   [`KEY_IN_USE_FINALIZER`](crate::crd::KEY_IN_USE_FINALIZER) ([`super::key_guard`]) (as Kubernetes protects a PVC in use), so deleting a namespace,
 //!   which deletes the executor and its key at once, cannot take the key away from the
 //!   executor's finalizer. The last executor using the Secret releases it after a confirmed
 //!   destroy; the sweeper releases it when no executor uses it and no sandbox of its key waits.
@@ -19,22 +19,21 @@ use std::{
 
 use k8s_openapi::{api::core::v1::Secret, jiff::Timestamp};
 use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
+    ResourceExt,
     runtime::{events::EventType, reflector::Store},
 };
-use serde_json::json;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::{
     context::{Error, Result, Shared},
     credentials::secret_key,
+    key_guard,
     publish::publish,
 };
 use crate::{
     briq::{ApiKey, DestroyOutcome, Sandbox, SandboxApi, SandboxState, sandbox_name},
-    crd::{BriqExecutor, KEY_IN_USE_FINALIZER},
+    crd::BriqExecutor,
 };
 
 /// Sandboxes named like an executor of the scope (`prefix`) that no live executor is named like:
@@ -106,58 +105,6 @@ fn observe(executors: &[Arc<BriqExecutor>]) -> (BTreeSet<String>, BTreeSet<KeySo
         }
     }
     (names, secrets)
-}
-
-/// Adds [`KEY_IN_USE_FINALIZER`] to `secret` unless it has it.
-pub async fn protect<S>(shared: &Shared<S>, secret: &Secret) -> Result<()> {
-    if secret
-        .finalizers()
-        .iter()
-        .any(|f| f == KEY_IN_USE_FINALIZER)
-    {
-        return Ok(());
-    }
-    if secret.metadata.deletion_timestamp.is_some() {
-        // No finalizer can be added to an object being deleted.
-        warn!(secret = %secret.name_any(), "the API key Secret is being deleted unprotected");
-        return Ok(());
-    }
-    let api: Api<Secret> = Api::namespaced(
-        shared.client.clone(),
-        &secret.namespace().unwrap_or_default(),
-    );
-    // Finalizers merge by value in a strategic merge patch: no other finalizer is touched.
-    let patch = json!({ "metadata": { "finalizers": [KEY_IN_USE_FINALIZER] } });
-    api.patch(
-        &secret.name_any(),
-        &PatchParams::default(),
-        &Patch::Strategic(&patch),
-    )
-    .await?;
-    info!(secret = %secret.name_any(), "protecting the API key Secret while its key is in use");
-    Ok(())
-}
-
-/// Removes [`KEY_IN_USE_FINALIZER`] from Secret `namespace/name`, if it is there.
-pub async fn release<S>(shared: &Shared<S>, namespace: &str, name: &str) -> Result<()> {
-    let api: Api<Secret> = Api::namespaced(shared.client.clone(), namespace);
-    let Some(secret) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    if !secret
-        .finalizers()
-        .iter()
-        .any(|f| f == KEY_IN_USE_FINALIZER)
-    {
-        return Ok(());
-    }
-    let patch = json!({
-        "metadata": { "$deleteFromPrimitiveList/finalizers": [KEY_IN_USE_FINALIZER] }
-    });
-    api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
-        .await?;
-    info!(%namespace, secret = %name, "released the API key Secret: no sandbox uses its key");
-    Ok(())
 }
 
 /// The sweeper's state: Secrets seen in use by executors since gone (their orphans may still
@@ -242,7 +189,7 @@ impl<S: SandboxApi> Sweeper<S> {
                         && waiting == 0
                         && !in_use.iter().any(|used| same_secret(used, namespace, name))
                     {
-                        match release(&self.shared, namespace, name).await {
+                        match key_guard::release(&self.shared, namespace, name).await {
                             Ok(()) => {
                                 self.remembered
                                     .lock()
@@ -332,22 +279,12 @@ fn same_secret(source: &KeySource, namespace: &str, name: &str) -> bool {
     matches!(source, KeySource::Secret { namespace: n, name: s, .. } if n == namespace && s == name)
 }
 
-/// Whether another executor than `except` (a uid) in `executors` takes its key from Secret
-/// `name`.
-pub fn secret_used_by_others(executors: &[BriqExecutor], name: &str, except: &str) -> bool {
-    executors.iter().any(|executor| {
-        executor.uid().as_deref() != Some(except)
-            && executor
-                .spec
-                .api_key_secret_ref
-                .as_ref()
-                .is_some_and(|reference| reference.name == name)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    use crate::controller::key_guard::secret_used_by_others;
 
     const NOW: &str = "2026-01-01T12:00:00Z";
     const GRACE: Duration = Duration::from_secs(300);

@@ -20,7 +20,7 @@ use crate::{
         class,
         context::{Error, Result},
         credentials::{class_of, key_and_secret},
-        orphans,
+        key_guard,
         recheck::{self, Wait},
         requeue::waited,
     },
@@ -38,7 +38,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         match key_and_secret(self.shared, executor).await {
             Ok((key, secret)) => {
                 if let Some(secret) = &secret {
-                    orphans::protect(self.shared, secret).await?;
+                    key_guard::protect(self.shared, secret).await?;
                 }
                 Ok(Some(key))
             }

@@ -21,7 +21,7 @@ use crate::{
     controller::{
         context::{Error, Result},
         credentials::api_key,
-        orphans,
+        key_guard,
         ownership::{Ownership, not_owned_message},
     },
     crd::{
@@ -157,11 +157,11 @@ impl<S: SandboxApi> Actor<'_, S> {
         let released = async {
             let others = self.api.list(&ListParams::default()).await?;
             let uid = executor.uid().unwrap_or_default();
-            if orphans::secret_used_by_others(&others.items, &reference.name, &uid) {
+            if key_guard::secret_used_by_others(&others.items, &reference.name, &uid) {
                 return Ok(());
             }
             let namespace = executor.namespace().unwrap_or_default();
-            orphans::release(self.shared, &namespace, &reference.name).await
+            key_guard::release(self.shared, &namespace, &reference.name).await
         }
         .await;
         if let Err(error) = released {
