@@ -460,6 +460,28 @@ fn the_operator_crate_imports_one_way() {
     assert!(circles.is_empty(), "{}", circles.join("\n"));
 }
 
+/// The controllers share what they share through the layers below them (`crd`, `index`,
+/// `status`, …), never through one another: one controller's change cannot break another.
+#[test]
+fn no_controller_imports_another() {
+    const CONTROLLERS: [&str; 4] = ["executor", "execution", "pool", "orphans"];
+    let edges = edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let controller = |module: &Module| match module.as_slice() {
+        [top, name, ..] if top == "controller" && CONTROLLERS.contains(&name.as_str()) => {
+            Some(name.clone())
+        }
+        _ => None,
+    };
+    let across: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| {
+            matches!((controller(from), controller(to)), (Some(a), Some(b)) if a != b)
+        })
+        .map(|((from, to), place)| format!("{} -> {}  ({place})", name(from), name(to)))
+        .collect();
+    assert!(across.is_empty(), "{}", across.join("\n"));
+}
+
 #[test]
 fn the_dev_crate_imports_one_way() {
     let circles = report(&Path::new(env!("CARGO_MANIFEST_DIR")).join("dev/src"));
