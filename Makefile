@@ -28,8 +28,8 @@ lint: tools
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	venv=$$(bash .ci/python-env.sh)
-	"$$venv/bin/ruff" check bridge dev/python images
-	"$$venv/bin/ruff" format --check bridge dev/python images
+	"$$venv/bin/ruff" check bridge dev/python dev/test-runner.py images
+	"$$venv/bin/ruff" format --check bridge dev/python dev/test-runner.py images
 	tools=$$(bash tests/tools/build.sh 2>/dev/null)
 	"$$tools/bin/helm" lint --strict charts/briq-operator
 	"$$tools/bin/helm" template briq-operator charts/briq-operator --include-crds >/dev/null
@@ -42,19 +42,31 @@ test-unit: python-env
 	$(MAKE) --no-print-directory test-unit-python
 
 # Every test: the fast tier, then Rust (contract, real kube-apiserver end to end) and Python
-# (sandbox bridge, agent client).
-test: test-unit control-plane python-env tools previous-release
-	venv=$$(bash .ci/python-env.sh)
+# (sandbox bridge, agent client). dev/test-runner.py times each step, runs the test binaries and
+# the Python suites TEST_JOBS at a time, and ends with where the time went: each step, each binary
+# and suite, the slowest 20 tests (also in target/test-report/, with each one's log).
+TEST_JOBS ?= 1
+test:
+	runner="python3 dev/test-runner.py"
+	$$runner reset
+	$$runner step "python environment" -- $(MAKE) --no-print-directory python-env
+	$$runner step "fast tier (make test-unit)" -- $(MAKE) --no-print-directory test-unit
+	$$runner step "control plane" -- $(MAKE) --no-print-directory control-plane
+	$$runner step "tools" -- $(MAKE) --no-print-directory tools
+	$$runner step "previous release" -- $(MAKE) --no-print-directory previous-release
+	venv=$$(bash .ci/python-env.sh 2>/dev/null)
 	export BRIQ_SANDBOX_VENV="$$venv"
 	export BRIQ_TOOLS_DIR="$$(bash tests/tools/build.sh 2>/dev/null)"
-	cargo test --workspace --all-targets
-	(cd bridge/sandbox && "$$venv/bin/python" -m pytest -q)
 	# The agent end to end: a real CodeAgent + KubernetesExecutor against `briq-dev local-stack`
 	# (kube-apiserver, local sandbox server, operator). cargo test builds briq-dev only as a test
 	# harness, so its binary is built here.
-	cargo build --quiet -p briq-dev
-	cd bridge/agent
-	BRIQ_DEV_BIN="$(CURDIR)/target/debug/briq-dev" "$$venv/bin/python" -m pytest -q
+	$$runner step "cargo build -p briq-dev" -- cargo build --quiet -p briq-dev
+	target="$${CARGO_TARGET_DIR:-$(CURDIR)/target}"
+	export BRIQ_DEV_BIN="$$target/debug/briq-dev"
+	# The unit tests of the libraries ran in the fast tier.
+	$$runner run --jobs $(TEST_JOBS) --skip-kind lib \
+	  --suite bridge/sandbox "$$venv/bin/python -m pytest -q --junitxml=$$target/test-report/sandbox.xml" \
+	  --suite bridge/agent "$$venv/bin/python -m pytest -q --junitxml=$$target/test-report/agent.xml"
 
 # The Python tests that need neither a kernel nor a cluster, in seconds: the sandbox bridge's
 # pure helpers, its setup command (a fake pip) and its compatibility with the previous release's
