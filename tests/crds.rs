@@ -268,16 +268,36 @@ async fn status_is_a_subresource_and_printer_columns_show_it() {
 #[tokio::test]
 async fn kubectl_explain_shows_the_descriptions() {
     let env = TestEnv::new("crd-explain").await;
-    let (ok, stdout, stderr) =
-        env.kubectl(&["explain", "briqexecutors.spec.executionTimeoutSeconds"]);
-    assert!(ok, "{stderr}");
+    let stdout = explain(&env, "briqexecutors.spec.executionTimeoutSeconds").await;
     assert!(
         stdout.contains("Default deadline of one Execution"),
         "{stdout}"
     );
-    let (ok, stdout, stderr) = env.kubectl(&["explain", "executions.status.finalAnswer"]);
-    assert!(ok, "{stderr}");
+    let stdout = explain(&env, "executions.status.finalAnswer").await;
     assert!(stdout.contains("safe serialization"), "{stdout}");
+}
+
+/// `kubectl explain FIELD`'s output. kubectl reads the schema from the API server's OpenAPI
+/// document, which takes a CRD in a moment after it is established (longer on a busy machine):
+/// until then it answers that it cannot find the resource.
+async fn explain(env: &TestEnv, field: &str) -> String {
+    let mut answer = None;
+    briq_dev::wait::poll(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(200),
+        "the API server's OpenAPI document has the CRDs' schemas",
+        || {
+            let (ok, stdout, stderr) = env.kubectl(&["explain", field]);
+            let published = ok || !stderr.contains("couldn't find resource");
+            answer = Some((ok, stdout, stderr));
+            std::future::ready(Ok(published))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}: {answer:?}"));
+    let (ok, stdout, stderr) = answer.expect("kubectl explain ran");
+    assert!(ok, "{stderr}");
+    stdout
 }
 
 #[tokio::test]
