@@ -25,6 +25,9 @@ use rcgen::{
 /// How long kube-apiserver may take to answer `/readyz` (its first start migrates etcd).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How many times a start whose ports another process took first is tried.
+const START_ATTEMPTS: u32 = 3;
+
 /// The audit policy of [`Options::audit_log`]: every request at level Metadata (who, verb,
 /// resource, response code; no bodies), without the RequestReceived stage, so a completed
 /// request is one line and a watch is two (ResponseStarted, ResponseComplete).
@@ -124,6 +127,24 @@ impl ControlPlane {
 
     /// [`ControlPlane::start`] with `options`.
     pub async fn start_with(bin_dir: &Path, options: Options) -> Result<Self, Error> {
+        // The ports are free when chosen, not reserved: until etcd and kube-apiserver bind them,
+        // another process may take one (the control plane of a test binary started at the same
+        // moment, an outgoing connection). The process that lost it exits at once, saying so in
+        // its log: start again, on other ports.
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(bin_dir, &options).await {
+                Err(Error::Exited { log_tail, .. })
+                    if attempt < START_ATTEMPTS && log_tail.contains("address already in use") =>
+                {
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(bin_dir: &Path, options: &Options) -> Result<Self, Error> {
         let mut binaries = vec!["etcd", "kube-apiserver"];
         if options.controller_manager {
             binaries.push("kube-controller-manager");
