@@ -44,8 +44,10 @@ test-unit: python-env
 # Every test: the fast tier, then Rust (contract, real kube-apiserver end to end) and Python
 # (sandbox bridge, agent client). dev/test-runner.py times each step, runs the test binaries and
 # the Python suites TEST_JOBS at a time, and ends with where the time went: each step, each binary
-# and suite, the slowest 20 tests (also in target/test-report/, with each one's log).
-TEST_JOBS ?= 1
+# and suite, the slowest 20 tests (also in target/test-report/, with each one's log). TEST_JOBS
+# defaults to one per CPU: each binary starts a control plane of its own (tests/upgrade.rs one
+# with the previous release's CRDs), so binaries share nothing but the machine.
+TEST_JOBS ?=
 test:
 	runner="python3 dev/test-runner.py"
 	$$runner reset
@@ -64,7 +66,7 @@ test:
 	target="$${CARGO_TARGET_DIR:-$(CURDIR)/target}"
 	export BRIQ_DEV_BIN="$$target/debug/briq-dev"
 	# The unit tests of the libraries ran in the fast tier.
-	$$runner run --jobs $(TEST_JOBS) --skip-kind lib \
+	$$runner run $(if $(TEST_JOBS),--jobs $(TEST_JOBS)) --skip-kind lib \
 	  --suite bridge/sandbox "$$venv/bin/python -m pytest -q --junitxml=$$target/test-report/sandbox.xml" \
 	  --suite bridge/agent "$$venv/bin/python -m pytest -q --junitxml=$$target/test-report/agent.xml"
 

@@ -147,7 +147,7 @@ def parse_libtest(job: Job, stdout: str) -> list[str]:
         elif outcome == "failed":
             job.failed.append(name)
             job.tests.append((name, float(event.get("exec_time", 0.0))))
-            shown.append(f"---- {job.label} {name} ({outcome}) ----")
+            shown.append(f"---- {job.label} {name} ----")
             shown.append(event.get("stdout", "").rstrip())
         elif outcome == "ignored":
             job.ignored += 1
@@ -283,10 +283,11 @@ def report(jobs: list[Job], jobs_at_once: int, wall: float, busy: float | None) 
 
 
 def run(args: argparse.Namespace) -> int:
-    jobs = test_binaries(set(args.skip_kind))
-    jobs += [suite(directory, command) for directory, command in args.suite]
-    # The longest first (as the last run timed them; unknown ones first of all), so that the
-    # last to end is a short one.
+    # The suites first: each holds many tests.
+    jobs = [suite(directory, command) for directory, command in args.suite]
+    jobs += test_binaries(set(args.skip_kind))
+    # The longest first, as the last run timed them (unknown ones first of all, in the order
+    # above), so that the last to end is a short one.
     history = load_history()
     jobs.sort(key=lambda job: -history.get(job.label, float("inf")))
     logs = report_dir() / "logs"
@@ -337,7 +338,15 @@ def main() -> int:
 
 
 def default_jobs() -> int:
-    return 1
+    """One test binary or suite per CPU. Most of a test's time is spent waiting (on the API
+    server, a kernel, a deadline), so a 2-core machine runs two at a time in about two thirds of
+    the time of one at a time (418 s against 623 s), its CPUs busy 85% of it; three saturate them
+    (98%) and stretch single tests up to twice as long for 7% less."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus)
 
 
 if __name__ == "__main__":
