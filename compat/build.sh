@@ -47,11 +47,19 @@ start=$(date +%s)
 log "building briq-operator $version from $commit (a debug build: a few minutes on a cold cache)"
 mkdir -p "$work/src"
 git -C "$root" archive "$commit" | tar -x -C "$work/src"
-(cd "$work/src" && CARGO_TARGET_DIR="$work/target" cargo build --locked --quiet \
+# Built in this checkout's target directory: the release depends on nearly all the same crates at
+# the same versions as this tree, and cargo compiles each (crate, version, features, profile)
+# once for both, so on a fresh machine the tests' build reuses most of this one. The release's
+# own crate is a package of its own there (another path); only its binary lands where this
+# tree's goes, target/debug/briq-operator: it is moved out at once, and cargo links this tree's
+# there again on its next build.
+target="${CARGO_TARGET_DIR:-$root/target}"
+(cd "$work/src" && CARGO_TARGET_DIR="$target" cargo build --locked --quiet \
   -p briq-operator --bin briq-operator >&2)
 rm -rf "$OUT"
 mkdir -p "$OUT/bin"
-mv "$work/target/debug/briq-operator" "$OUT/bin/"
+mv "$target/debug/briq-operator" "$OUT/bin/"
+rm -f "$target/debug/briq-operator.d"
 echo "$commit" > "$OUT/commit"
 touch "$OUT/.complete"
 log "built in $(( $(date +%s) - start )) s: $OUT"
