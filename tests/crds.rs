@@ -213,6 +213,53 @@ async fn execution_spec_and_executor_sandbox_fields_are_immutable() {
         .unwrap();
 }
 
+/// `spec.cancel` is the one field of an Execution's spec that may change, and only to true:
+/// every other field stays as created (an optional one stays set or unset), and a cancel
+/// cannot be taken back.
+#[tokio::test]
+async fn execution_spec_takes_cancel_once_and_nothing_else() {
+    let env = TestEnv::new("crd-cancel").await;
+    let spec = json!({ "executorRef": { "name": "py" }, "code": "1 + 1", "timeoutSeconds": 5 });
+    dynamic::<Execution>(&env)
+        .create(&PostParams::default(), &object::<Execution>("once", spec))
+        .await
+        .unwrap();
+    let api = env.api::<Execution>();
+    let patch = |edit: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.patch("once", &PatchParams::default(), &Patch::Merge(&edit))
+                .await
+        }
+    };
+    for edit in [
+        json!({ "spec": { "timeoutSeconds": 6 } }),
+        json!({ "spec": { "timeoutSeconds": null } }),
+        json!({ "spec": { "ttlSecondsAfterFinished": 60 } }),
+        json!({ "spec": { "executorRef": { "name": "other" } } }),
+        json!({ "spec": { "code": "2 + 2", "cancel": true } }),
+    ] {
+        let refusal = patch(edit.clone()).await.unwrap_err();
+        assert!(
+            refusal.to_string().contains("immutable but for cancel"),
+            "{edit}: {refusal}"
+        );
+    }
+    let cancelled = patch(json!({ "spec": { "cancel": true } })).await.unwrap();
+    assert!(cancelled.spec.cancel);
+    assert_eq!(cancelled.spec.code, "1 + 1");
+    patch(json!({ "spec": { "cancel": true } }))
+        .await
+        .expect("cancelling twice is harmless");
+    let refusal = patch(json!({ "spec": { "cancel": false } }))
+        .await
+        .unwrap_err();
+    assert!(
+        refusal.to_string().contains("cannot be withdrawn"),
+        "{refusal}"
+    );
+}
+
 #[tokio::test]
 async fn status_is_a_subresource_and_printer_columns_show_it() {
     let env = TestEnv::new("crd-status").await;

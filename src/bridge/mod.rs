@@ -97,6 +97,10 @@ pub enum Command<'a> {
     /// Run the code given on the command's stdin as `attempt`, through the [`RUN_CLIENT`]: the
     /// sandbox's journal runs an attempt at most once, however often it is delivered.
     Run { attempt: &'a str, timeout: Duration },
+    /// Cancel `attempt`: claimed as cancelled when never accepted (it never runs), else its
+    /// kernel interrupted and, when the code does not stop within `grace`, restarted; answers
+    /// the attempt's journaled result. Runs no code.
+    Cancel { attempt: &'a str, grace: Duration },
 }
 
 impl Command<'_> {
@@ -137,6 +141,11 @@ impl Command<'_> {
                 argv.extend(["run", "--state-dir", STATE_DIR].map(String::from));
                 argv.extend(["--timeout".into(), seconds(timeout)]);
                 argv.extend(["--attempt".into(), attempt.to_string()]);
+            }
+            Command::Cancel { attempt, grace } => {
+                argv.extend(["cancel", "--state-dir", STATE_DIR].map(String::from));
+                argv.extend(["--attempt".into(), attempt.to_string()]);
+                argv.extend(["--grace".into(), seconds(grace)]);
             }
         }
         argv
@@ -216,6 +225,9 @@ pub enum RunStatus {
     KernelLost,
     /// Only from `recall`: the sandbox never accepted the attempt, so its code never ran there.
     NotAccepted,
+    /// The attempt was cancelled: never run, or interrupted (the error says which, and whether
+    /// the kernel was restarted); logs and output up to then are kept.
+    Cancelled,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -315,9 +327,13 @@ fn check_result(result: &RunResult) -> Result<(), Malformed> {
         (RunStatus::FinalAnswer, _, _) => {
             return invalid("final_answer status without exactly an answer");
         }
-        (RunStatus::Error | RunStatus::FinalAnswerRejected, None, Some(_)) => {}
-        (RunStatus::Error | RunStatus::FinalAnswerRejected, _, _) => {
-            return invalid("error status without exactly an error");
+        (
+            RunStatus::Error | RunStatus::FinalAnswerRejected | RunStatus::Cancelled,
+            None,
+            Some(_),
+        ) => {}
+        (RunStatus::Error | RunStatus::FinalAnswerRejected | RunStatus::Cancelled, _, _) => {
+            return invalid("error or cancelled status without exactly an error");
         }
         (RunStatus::Ok | RunStatus::Timeout | RunStatus::KernelLost, None, _) => {}
         (RunStatus::NotAccepted, None, None) => {}

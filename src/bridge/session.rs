@@ -192,6 +192,24 @@ impl<S: SandboxApi> Session<'_, S> {
         }
     }
 
+    /// Cancels `attempt` ([`Command::Cancel`]): its journaled result once the cancel is done —
+    /// `cancelled` when it never ran or was interrupted, another status when it finished first.
+    pub async fn cancel(&self, attempt: &str, grace: Duration) -> Result<RunResult, CallError> {
+        match self
+            .call(
+                &Command::Cancel { attempt, grace },
+                grace + KERNEL_START_DEADLINE,
+            )
+            .await?
+        {
+            Envelope::Result(result) if result.status == RunStatus::NotAccepted => Err(
+                CallError::Malformed(Malformed::Invalid("a cancel answered not_accepted".into())),
+            ),
+            Envelope::Result(result) => Ok(result),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn call(&self, command: &Command<'_>, deadline: Duration) -> Result<Envelope, CallError> {
         self.call_with_input(command, deadline, None).await
     }

@@ -121,6 +121,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
             code,
             timeout_seconds: args.timeout,
             ttl_seconds_after_finished: None,
+            cancel: false,
         },
         status: None,
     };

@@ -5,6 +5,7 @@
 //! The same binary is a kubectl plugin when installed (or symlinked) as `kubectl-briq`: the
 //! commands are then at the top level (`kubectl briq exec py -c '1 + 1'`).
 
+mod cancel;
 mod cluster;
 mod describe;
 mod error;
@@ -56,6 +57,13 @@ pub enum Command {
     /// Executors holding a sandbox and Executions running (each of the most the class allows
     /// one namespace), and how many of each wait for a place, counted as the operator counts.
     Usage(usage::Args),
+    /// Cancel an Execution: one not sent yet never runs, a running one is interrupted in its
+    /// kernel (KeyboardInterrupt), keeping the executor and its Python state.
+    ///
+    /// Sets spec.cancel. It ends Cancelled, unless it finished first; code that does not stop
+    /// within a few seconds of the interrupt has its kernel restarted (its state is lost, and the
+    /// error says so). With --wait, prints the result and exits as `logs` does.
+    Cancel(cancel::Args),
 }
 
 /// `kubectl briq ...`: the same commands, at the top level.
@@ -94,6 +102,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Get(args) => get::run(args).await,
         Command::Describe(args) => describe::run(args).await,
         Command::Usage(args) => usage::run(args).await,
+        Command::Cancel(args) => cancel::run(args).await,
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {}", printable(&error.to_string()));

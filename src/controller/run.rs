@@ -270,6 +270,7 @@ pub async fn run_observed<S>(
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(move |execution| {
             keep_code.codes.heard(execution);
+            keep_code.cancels.heard(execution);
             cache::compact_execution(execution);
         })
         .reflect(execution_writer)

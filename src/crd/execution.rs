@@ -27,7 +27,7 @@ pub const MAX_CODE_CHARS: usize = 65_536;
 pub const MAX_STATUS_BYTES: usize = 262_144;
 
 /// One action: Python code run once, in order, in the kernel of the referenced `BriqExecutor`.
-/// The spec is immutable; to run code again, create a new Execution (for imperative runs use
+/// The spec is immutable but for `cancel`; to run code again, create a new Execution (for imperative runs use
 /// `metadata.generateName` with `kubectl create`). `Succeeded` is Unknown while queued or
 /// running and True or False once finished.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -47,9 +47,11 @@ pub const MAX_STATUS_BYTES: usize = 262_144;
     printcolumn = r#"{"name":"Output","type":"string","jsonPath":".status.output","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[x_kube(validation = Rule::new("self == oldSelf").message(
-    "Execution spec is immutable: an Execution runs once; create a new Execution to run code again"
+#[x_kube(validation = Rule::new(IMMUTABLE_BUT_CANCEL).message(
+    "Execution spec is immutable but for cancel: an Execution runs once; create a new Execution to run code again"
 ))]
+#[x_kube(validation = Rule::new("!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)")
+    .message("Execution spec.cancel cannot be withdrawn once set"))]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionSpec {
     /// The `BriqExecutor` (same namespace) whose kernel runs the code.
@@ -73,7 +75,23 @@ pub struct ExecutionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = MAX_TTL_SECONDS))]
     pub ttl_seconds_after_finished: Option<u32>,
+
+    /// Set to true to cancel the Execution (the one field that may change, and only to true):
+    /// one not sent yet never runs; a running one is interrupted in its kernel
+    /// (`KeyboardInterrupt`) and keeps its output up to then, and its executor stays usable
+    /// with its Python state; code that does not stop within a few seconds of the interrupt
+    /// has its kernel restarted (state lost, said so). It then ends `Cancelled`, unless it
+    /// finished first. Deleting a running Execution cancels it too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel: bool,
 }
+
+/// Every field of the spec but `cancel` keeps its value (an optional field stays set or unset).
+const IMMUTABLE_BUT_CANCEL: &str = "self.executorRef == oldSelf.executorRef && self.code == oldSelf.code \
+    && has(self.timeoutSeconds) == has(oldSelf.timeoutSeconds) \
+    && (!has(self.timeoutSeconds) || self.timeoutSeconds == oldSelf.timeoutSeconds) \
+    && has(self.ttlSecondsAfterFinished) == has(oldSelf.ttlSecondsAfterFinished) \
+    && (!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished == oldSelf.ttlSecondsAfterFinished)";
 
 /// Reference to a `BriqExecutor` in the Execution's namespace.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]

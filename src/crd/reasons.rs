@@ -101,6 +101,12 @@ reasons! {
         /// allows at once (`perNamespace.maxRunningExecutions`): it runs as soon as one of them
         /// ends.
         WaitingForCapacity,
+        /// Cancelled (`spec.cancel`, or the Execution deleted while it ran): never run when
+        /// cancelled before it was sent; otherwise interrupted in its kernel (`KeyboardInterrupt`),
+        /// its output up to then kept, the executor usable with its Python state. Code that
+        /// does not stop within the grace period has its kernel restarted: the executor stays
+        /// usable, its Python state is gone (the error says which).
+        Cancelled,
     }
 }
 
@@ -135,7 +141,8 @@ impl ExecutionReason {
             | ExecutorNeverAppeared
             | SandboxNotOwned
             | Interrupted
-            | QueueFull => Phase::Failed,
+            | QueueFull
+            | Cancelled => Phase::Failed,
         }
     }
 
@@ -302,6 +309,7 @@ mod tests {
             (SandboxNotOwned, Phase::Failed),
             (Interrupted, Phase::Failed),
             (QueueFull, Phase::Failed),
+            (Cancelled, Phase::Failed),
         ];
         assert_eq!(table.len(), ExecutionReason::ALL.len());
         for (reason, phase) in table {

@@ -128,6 +128,8 @@ pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, O
             "the kernel is gone (the sandbox slept or restarted) and its Python state with it; the executor is now unusable",
         )
         .poisons("its kernel was lost (the sandbox slept or restarted)"),
+        // The bridge's message says whether it ever ran, and whether the kernel kept its state.
+        RunStatus::Cancelled => Verdict::new(Cancelled, error_text("cancelled")),
         // The session turns a run's not_accepted into a malformed answer; one that got here
         // anyway is treated the same way.
         RunStatus::NotAccepted => Verdict::new(
@@ -222,6 +224,7 @@ impl<S> Context<S> {
         if let Some(uid) = execution.uid() {
             self.kept.finished(&uid);
             self.codes.forget(&uid);
+            self.cancels.forget(&uid);
         }
         self.wake_next(execution);
         self.wake_waiting_for_capacity(execution);

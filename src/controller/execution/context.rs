@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::{bookkeeping::Bookkeeping, capacity::places::Capacity, codes::Codes};
+use super::{bookkeeping::Bookkeeping, cancels::Cancels, capacity::places::Capacity, codes::Codes};
 use crate::{
     controller::{
         backoff::Backoff,
@@ -46,6 +46,8 @@ pub struct Context<S> {
     pub freshness: Freshness,
     /// The code of Executions not sent yet, within a budget (the cache drops it).
     pub codes: Codes,
+    /// Cancel requests the watch heard, for the runs this process waits on.
+    pub cancels: Cancels,
 }
 
 impl<S> Context<S> {
@@ -66,11 +68,14 @@ impl<S> Context<S> {
             capacity: Capacity::default(),
             freshness: Freshness::default(),
             codes: Codes::default(),
+            cancels: Cancels::default(),
         }
     }
 
     /// An Execution is gone: what was kept of it goes, and the next in its queue may run.
     pub fn deleted(&self, execution: &Execution) {
+        // Deleting a running Execution cancels it: the run waiting on it here hears it.
+        self.cancels.request(execution);
         if let Some(uid) = execution.uid() {
             self.kept.execution_deleted(&uid);
             self.codes.forget(&uid);
@@ -88,7 +93,7 @@ impl<S> Context<S> {
     }
 
     pub fn bookkeeping(&self) -> usize {
-        self.kept.len() + self.backoff.len() + self.capacity.len()
+        self.kept.len() + self.backoff.len() + self.capacity.len() + self.cancels.len()
     }
 
     /// Writes the execution counts that changed since the last time, one status write per
@@ -126,6 +131,7 @@ impl<S> Context<S> {
             |uid| executors.contains(uid),
         );
         self.codes.retain(|uid| executions.contains(uid));
+        self.cancels.retain(|uid| executions.contains(uid));
         prune_backoff(&self.backoff, &self.store);
     }
 

@@ -19,6 +19,7 @@
 //! | `Completed`, `FinalAnswer`, `CodeError`, `FinalAnswerRejected`, `Timeout`, `MalformedResponse` | conclude: the bridge's answer judged | `judge` (conclude.rs) |
 //! | `KernelLost` | conclude: the kernel or the sandbox gone | `judge` (conclude.rs), `ownership_verdict` (sandbox.rs) |
 //! | `TransportError` | conclude: briq refused for good; recover: the outcome stayed unknown | `judge` (conclude.rs), `outcome_stayed_unknown` (recover.rs) |
+//! | `Cancelled` | cancel: never sent, claimed by the journal, or interrupted in its kernel | `never_ran`, `Actor::cancel`, `Actor::cancellable` (cancel.rs), `judge` (conclude.rs) |
 //!
 //! Waiting reasons are written by `Actor::wait` (wait.rs), final ones by `Actor::conclude`
 //! (conclude.rs). Each reconcile observes (the caches first; only the head of a queue reads
@@ -34,6 +35,8 @@ mod actor;
 mod admit;
 mod bookkeeping;
 mod budget;
+mod cancel;
+mod cancels;
 mod capacity;
 mod codes;
 mod conclude;

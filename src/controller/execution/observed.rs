@@ -13,6 +13,8 @@ pub struct Observed<'a> {
     pub namespace: &'a str,
     /// Whether this process holds an unwritten result for it.
     pub unwritten_result: bool,
+    /// Whether it is cancelled (`spec.cancel`).
+    pub cancel: bool,
     /// The attempt recorded in the status, if any.
     pub attempt: Option<Attempt>,
     pub now: Timestamp,

@@ -151,7 +151,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 }
                 info!(%attempt, "the attempt never reached the sandbox; sending it now");
-                let outcome = session.run(&attempt, &fresh.spec.code, seconds).await;
+                let outcome = self
+                    .cancellable(
+                        session.run(&attempt, &fresh.spec.code, seconds),
+                        &session,
+                        &attempt,
+                    )
+                    .await;
                 match ran(outcome, timeout) {
                     Ok(judged) => judged,
                     Err(unknown) => return self.await_briq(executor, base, unknown).await,

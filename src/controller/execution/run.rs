@@ -211,7 +211,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Recording::Beside { after } => {
                 let code = code.expect("a run records beside its send only with the code at hand");
                 self.ctx.kept.forget_waiting(&uid);
-                let exec = traces::noted(session.run(&attempt, &code, deadline));
+                let exec = self.cancellable(
+                    traces::noted(session.run(&attempt, &code, deadline)),
+                    &session,
+                    &attempt,
+                );
                 self.slot
                     .without(self.record_beside(exec, &running, version, after))
                     .await
@@ -220,7 +224,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 let Some(recorded) = self.record_first(&running, version).await? else {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
-                let exec = traces::noted(session.run(&attempt, &recorded.spec.code, deadline));
+                let exec = self.cancellable(
+                    traces::noted(session.run(&attempt, &recorded.spec.code, deadline)),
+                    &session,
+                    &attempt,
+                );
                 (self.slot.without(exec).await, false)
             }
         };

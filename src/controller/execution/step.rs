@@ -9,6 +9,7 @@ use kube::{ResourceExt, runtime::controller::Action};
 use super::{
     actor::Actor,
     admit::{Refusal, admit, unable},
+    cancel::never_ran,
     observed::{Attempt, Observed},
     run::timeout_seconds,
 };
@@ -42,6 +43,12 @@ pub enum Step {
     Queue,
     /// At the head of the cached queue: confirm the turn and the executor afresh, then run.
     ConfirmTurn,
+    /// Cancelled, with a sandbox to ask: its journal claims the attempt or interrupts it
+    /// ([`Actor::cancel`](super::cancel)).
+    Cancel,
+    /// Cancelled, never recorded as running, and no usable sandbox could have taken it: it ends
+    /// `Cancelled` at once.
+    CancelUnsent,
 }
 
 pub fn decide(observed: &Observed) -> Step {
@@ -53,11 +60,26 @@ pub fn decide(observed: &Observed) -> Step {
             .executor
             .is_some_and(|e| unable(e, observed.executor_known_unusable).is_none());
         if askable {
-            return Step::Recover;
+            return if observed.cancel {
+                Step::Cancel
+            } else {
+                Step::Recover
+            };
         }
         return match attempt.may_report_for(observed.now) {
             Some(left) => Step::AwaitAttempt(left),
             None => Step::Interrupt,
+        };
+    }
+    if observed.cancel {
+        let has_sandbox = observed.executor.is_some_and(|e| {
+            unable(e, observed.executor_known_unusable).is_none()
+                && e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some())
+        });
+        return if has_sandbox {
+            Step::Cancel
+        } else {
+            Step::CancelUnsent
         };
     }
     if let Err(refusal) = admit(observed) {
@@ -78,6 +100,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executor_name: name,
             namespace: &self.namespace,
             unwritten_result: self.ctx.kept.unwritten(uid).is_some(),
+            cancel: self.execution.spec.cancel,
             attempt: self.status().attempt_id.map(|_| Attempt {
                 started: self.status().start_time.map(|t| t.0),
                 timeout_seconds: executor.map_or_else(
@@ -151,6 +174,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Step::Queue => {
                 self.adopt(executor).await?;
                 self.queued(recheck::recheck(Wait::Turn)).await
+            }
+            Step::Cancel => self.cancel(executor).await,
+            Step::CancelUnsent => {
+                let verdict = never_ran("no usable sandbox could have taken it");
+                self.conclude(self.status(), &verdict, None).await
             }
             Step::ConfirmTurn => {
                 let executor = executor.expect("a turn is confirmed on an admitted executor");

@@ -50,6 +50,7 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         executor_name: "py",
         namespace: "ns",
         unwritten_result: false,
+        cancel: false,
         attempt: None,
         now: at("30"),
         adopted: false,
@@ -152,6 +153,66 @@ fn decide_table() {
                 ..observed(None)
             },
             Step::Interrupt,
+        ),
+        (
+            "cancelled while running here before a restart, executor usable: its journal cancels it",
+            Observed {
+                cancel: true,
+                attempt: Some(attempt("20", 30)),
+                ..observed(Some(&ready))
+            },
+            Step::Cancel,
+        ),
+        (
+            "cancelled while running, executor unusable: the attempt is waited for as any other",
+            Observed {
+                cancel: true,
+                attempt: Some(attempt("20", 5)),
+                ..observed(Some(&unusable))
+            },
+            Step::AwaitAttempt(Duration::from_secs(10)),
+        ),
+        (
+            "cancelled while queued behind another: its sandbox's journal claims the attempt",
+            Observed {
+                cancel: true,
+                heads_queue: false,
+                ..observed(Some(&ready))
+            },
+            Step::Cancel,
+        ),
+        (
+            "cancelled with a result unwritten: the result it ended with is written",
+            Observed {
+                cancel: true,
+                unwritten_result: true,
+                ..observed(Some(&ready))
+            },
+            Step::WriteResult,
+        ),
+        (
+            "cancelled before its executor exists: nothing could have run it",
+            Observed {
+                cancel: true,
+                ..observed(None)
+            },
+            Step::CancelUnsent,
+        ),
+        (
+            "cancelled, executor provisioning without a sandbox yet",
+            Observed {
+                cancel: true,
+                ..observed(Some(&provisioning))
+            },
+            Step::CancelUnsent,
+        ),
+        (
+            "cancelled, executor unusable: its sandbox takes no more code",
+            Observed {
+                cancel: true,
+                ..observed(Some(&unusable))
+            },
+            Step::CancelUnsent,
         ),
         (
             "no executor yet",

@@ -1,0 +1,204 @@
+//! Cancelling an Execution (`spec.cancel`, or deleting it while it runs). The sandbox's journal
+//! decides, never this process: the bridge's `cancel` claims an attempt nobody sent yet (so no
+//! later delivery runs it), or interrupts the running one in its kernel and restarts the kernel
+//! when the code does not stop within [`CANCEL_GRACE`]; its answer is the attempt's journaled
+//! result, judged like any run's. Two triggers, neither lost: a reconcile that finds the
+//! Execution cancelled ([`Step::Cancel`](super::step::Step::Cancel), [`Actor::cancel`]), and,
+//! for the run this process is waiting on (a reconcile of the same object cannot start until it
+//! ends), the watch telling [`Cancels`](super::cancels::Cancels) ([`Actor::cancellable`]).
+
+use std::time::Duration;
+
+use kube::{ResourceExt, runtime::controller::Action};
+use tracing::{info, warn};
+
+use super::{
+    actor::Actor,
+    conclude::{Verdict, judge},
+    run::{Judged, attempt_id},
+    sandbox::Access,
+};
+use crate::{
+    bridge::{RunResult, session::CallError},
+    briq::{ErrorClass, SandboxApi},
+    controller::context::{Error, Result},
+    crd::{BriqExecutor, reasons::ExecutionReason},
+};
+
+/// How long interrupted code gets to stop before its kernel is restarted (its state lost).
+pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// What the sandbox answered to a cancel.
+#[derive(Debug)]
+pub enum CancelAnswer {
+    /// The attempt's journaled result (cancelled, or how it ended first): judge it.
+    Judge(Box<Judged>),
+    /// briq did not carry the question: ask again (cancelling twice is harmless).
+    AskAgain(CallError),
+    /// The sandbox's bridge gave no cancel answer (one installed by an earlier release, which
+    /// has no `cancel`): the attempt is left to its run or to the journal's `recall`.
+    NoCancel(CallError),
+}
+
+/// Reads the answer to the bridge's `cancel` of a run with `timeout`.
+pub fn cancel_answer(
+    answer: std::result::Result<RunResult, CallError>,
+    timeout: u32,
+) -> CancelAnswer {
+    match answer {
+        Ok(result) => CancelAnswer::Judge(Box::new(judge(Ok(result), timeout))),
+        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
+            CancelAnswer::Judge(Box::new(judge(Err(CallError::Briq(error)), timeout)))
+        }
+        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_))) => {
+            CancelAnswer::AskAgain(error)
+        }
+        Err(
+            error @ (CallError::Malformed(_)
+            | CallError::UnexpectedKind(_)
+            | CallError::TimedOut(_)),
+        ) => CancelAnswer::NoCancel(error),
+    }
+}
+
+/// The verdict of an Execution cancelled before anything could have sent it.
+pub fn never_ran(why: &str) -> Verdict {
+    Verdict::new(
+        ExecutionReason::Cancelled,
+        format!("cancelled before it ran: the code never ran ({why})"),
+    )
+}
+
+impl<'a, S: SandboxApi> Actor<'a, S> {
+    /// Cancels this unfinished Execution. With a usable executor, its sandbox's journal decides
+    /// (the attempt claimed as cancelled, or interrupted where it runs) and its answer is judged;
+    /// without one, nothing can have run it: it ends `Cancelled` at once.
+    pub(super) async fn cancel(&self, executor: Option<&BriqExecutor>) -> Result<Action> {
+        let base = self.status();
+        let Some(executor) =
+            executor.filter(|e| e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some()))
+        else {
+            return self
+                .conclude(base, &never_ran("its executor has no sandbox"), None)
+                .await;
+        };
+        let access = match self.sandbox(executor).await {
+            Err(Error::Briq(error)) if base.attempt_id.is_some() => {
+                return self.await_briq(executor, base, error.into()).await;
+            }
+            access => access?,
+        };
+        let (key, sandbox_id) = match access {
+            Access::Granted(key, sandbox_id) => (key, sandbox_id),
+            Access::Denied(action) => return Ok(action),
+        };
+        let attempt = attempt_id(&self.execution.uid().unwrap_or_default());
+        let timeout = self.timeout_seconds(executor);
+        let answer = self
+            .session(&key, &sandbox_id)
+            .cancel(&attempt, CANCEL_GRACE)
+            .await;
+        let (verdict, result) = match (cancel_answer(answer, timeout), &base.attempt_id) {
+            (CancelAnswer::Judge(judged), _) => *judged,
+            (CancelAnswer::AskAgain(error), Some(_)) => {
+                return self.await_briq(executor, base, error).await;
+            }
+            (CancelAnswer::AskAgain(error), None) => return Err(Error::Bridge(error)),
+            (CancelAnswer::NoCancel(error), Some(_)) => {
+                warn!(%error, "the sandbox's bridge cannot cancel; its journal tells how the run ends");
+                return self.recover(executor).await;
+            }
+            (CancelAnswer::NoCancel(error), None) => {
+                warn!(%error, "the sandbox's bridge cannot cancel; the attempt was never sent");
+                let verdict =
+                    never_ran("the sandbox's bridge predates cancel, and it was never sent");
+                return self.conclude(base, &verdict, None).await;
+            }
+        };
+        info!(reason = %verdict.reason, "cancelled");
+        self.finish_run(executor, base, &verdict, result).await
+    }
+
+    /// Awaits `run`, the code already sent as `attempt` through `session`'s sandbox; when the
+    /// Execution is cancelled meanwhile, the sandbox is told to cancel the attempt, and the
+    /// run's own answer (the journal's record, cancelled) still ends it.
+    pub(super) async fn cancellable<F, T>(
+        &self,
+        run: F,
+        session: &crate::bridge::session::Session<'_, S>,
+        attempt: &str,
+    ) -> T
+    where
+        F: Future<Output = T>,
+    {
+        let uid = self.execution.uid().unwrap_or_default();
+        let mut run = std::pin::pin!(run);
+        tokio::select! {
+            done = &mut run => return done,
+            () = self.ctx.cancels.requested(&uid) => {}
+        }
+        info!(%attempt, "cancelled while it runs: interrupting it in its kernel");
+        let (done, cancelled) = tokio::join!(run, session.cancel(attempt, CANCEL_GRACE));
+        if let Err(error) = cancelled {
+            warn!(%error, "the cancel failed; the run's own answer tells how it ended");
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        bridge::{Malformed, RunStatus},
+        controller::execution::fixtures::{not_found, result, unavailable},
+    };
+
+    #[test]
+    fn a_cancel_answer_is_judged_asked_again_or_left_to_the_journal() {
+        let cancelled = result(RunStatus::Cancelled, Some(("Cancelled", "interrupted")));
+        let CancelAnswer::Judge(judged) = cancel_answer(Ok(cancelled), 30) else {
+            panic!("a cancelled record is judged");
+        };
+        assert_eq!(judged.0.reason, ExecutionReason::Cancelled);
+        assert_eq!(judged.0.message, "Cancelled: interrupted");
+        assert_eq!(
+            judged.0.unusable, None,
+            "a cancel keeps the executor usable"
+        );
+
+        let restarted = result(
+            RunStatus::Cancelled,
+            Some(("KernelRestarted", "state gone")),
+        );
+        let CancelAnswer::Judge(judged) = cancel_answer(Ok(restarted), 30) else {
+            panic!("a cancelled record is judged");
+        };
+        assert_eq!(judged.0.message, "KernelRestarted: state gone");
+        assert_eq!(
+            judged.0.unusable, None,
+            "a restarted kernel runs the next one"
+        );
+
+        let finished_first = result(RunStatus::Ok, None);
+        let CancelAnswer::Judge(judged) = cancel_answer(Ok(finished_first), 30) else {
+            panic!("a record of a run that ended first is judged");
+        };
+        assert_eq!(judged.0.reason, ExecutionReason::Completed);
+
+        let CancelAnswer::Judge(judged) = cancel_answer(Err(CallError::Briq(not_found())), 30)
+        else {
+            panic!("a sandbox gone is judged");
+        };
+        assert_eq!(judged.0.reason, ExecutionReason::KernelLost);
+
+        assert!(matches!(
+            cancel_answer(Err(CallError::Briq(unavailable(503))), 30),
+            CancelAnswer::AskAgain(_)
+        ));
+        assert!(matches!(
+            cancel_answer(Err(CallError::Malformed(Malformed::Missing)), 30),
+            CancelAnswer::NoCancel(_)
+        ));
+    }
+}
