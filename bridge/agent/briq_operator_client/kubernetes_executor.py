@@ -34,6 +34,7 @@ How failures surface:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -61,6 +62,7 @@ from .vocabulary import (
 
 __all__ = [
     "CodeExecutionError",
+    "ExecutionCancelledError",
     "ExecutorClosedError",
     "ExecutorNotFoundError",
     "ExecutorNotReadyError",
@@ -173,11 +175,20 @@ class FinalAnswerRejectedError(CodeExecutionError, SerializationError):
     `SerializationError`, which is what their executors raise for a pickled answer."""
 
 
+class ExecutionCancelledError(CodeExecutionError):
+    """The action was cancelled (`KubernetesExecutor.cancel`, `kubectl briq cancel`, or its
+    Execution deleted while it ran). `name` is `Cancelled` when the code never ran or was
+    interrupted and the kernel kept its Python state, `KernelRestarted` when the code ignored
+    the interrupt and a new kernel (without the old state) took its place. The executor stays
+    usable either way; the model sees the message like any error of its code."""
+
+
 # Failed Executions whose code ran and raised: the model's business. Every other failure that
 # does not make the executor unusable (a full queue, ...) means the code did not run.
 CODE_ERROR_REASONS = {
     "CodeError": CodeExecutionError,
     "FinalAnswerRejected": FinalAnswerRejectedError,
+    "Cancelled": ExecutionCancelledError,
 }
 
 
@@ -333,6 +344,8 @@ class KubernetesExecutor(RemotePythonExecutor):
         self._executor_uid: str | None = None
         #: Name of the latest Execution this executor created.
         self.last_execution: str | None = None
+        # The Execution the current step waits on, for `cancel` from another thread.
+        self._running: str | None = None
 
         if create_executor:
             body = {
@@ -588,6 +601,7 @@ class KubernetesExecutor(RemotePythonExecutor):
                 return {"deleted_executor": succeeded.get("message", "")}
             return None
 
+        self._running = name
         try:
             result = self._wait(
                 EXECUTIONS,
@@ -598,6 +612,12 @@ class KubernetesExecutor(RemotePythonExecutor):
                 f"Execution {name} to finish",
                 initial=created,
             )
+        except KeyboardInterrupt:
+            # The agent's process was interrupted (Ctrl-C) during the step: so is the step's
+            # code, in its kernel, rather than left running on its own.
+            with contextlib.suppress(Exception):
+                self.cancel(name)
+            raise
         except _DeadlinePassed:
             raise self._poison(
                 "NoResult",
@@ -605,6 +625,8 @@ class KubernetesExecutor(RemotePythonExecutor):
                 "when its code runs is unknown",
                 name,
             ) from None
+        finally:
+            self._running = None
         if "deleted" in result:
             raise self._poison(
                 "ExecutionDeleted",
@@ -615,6 +637,34 @@ class KubernetesExecutor(RemotePythonExecutor):
         if "deleted_executor" in result:
             raise self._poison("ExecutorDeleted", result["deleted_executor"], name)
         return self._outcome(name, result)
+
+    def cancel(self, execution: str | None = None) -> bool:
+        """Cancels `execution` (default: the action running now, if any; safe to call from
+        another thread while `run_code_raise_errors` waits): it never runs if it was not sent
+        yet, else its code is interrupted in the kernel, which keeps its Python state. The
+        step that ran it then raises `ExecutionCancelledError`. False when there was nothing
+        to cancel (no action running, or the Execution is gone)."""
+        name = execution or self._running
+        if name is None:
+            return False
+        try:
+            self._api.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                EXECUTIONS,
+                name,
+                {"spec": {"cancel": True}},
+                _request_timeout=30,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise KubernetesExecutorError(
+                f"cancelling Execution {name}: {error.status} {error.reason}: {error.body}"
+            ) from error
+        self.logger.log(f"Execution {self.namespace}/{name} cancel requested", level=LogLevel.INFO)
+        return True
 
     def _outcome(self, name: str, obj: dict) -> CodeOutput:
         status = obj.get("status") or {}

@@ -7,6 +7,7 @@ import datetime
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -197,6 +198,46 @@ def test_a_code_error_is_shown_to_the_model_and_the_next_step_succeeds(executor)
     assert agent.run("Divide.") == 2.0
     assert len(model.calls) == 2
     assert "ZeroDivisionError" in str(agent.memory.steps[1].error)
+
+
+def test_a_runaway_step_cancelled_is_shown_to_the_model_and_the_kernel_keeps_its_state(
+    executor, custom_objects
+):
+    """`KubernetesExecutor.cancel` from another thread (a watchdog, a UI's stop button) while a
+    step's code spins: the code is interrupted, the model sees that it was cancelled, and the
+    next step still has the variable set before the loop."""
+
+    cancelled = []
+
+    def cancel_once_running() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            name = executor._running
+            if name and reason(execution(custom_objects, name)) == "Running":
+                assert executor.cancel()
+                cancelled.append(name)
+                return
+            time.sleep(0.05)
+
+    def after_cancel(messages) -> str:
+        assert "Cancelled" in messages_text(messages)
+        return action("It was stopped; x is still there.", "final_answer(x + 1)")
+
+    agent, model = agent_with(
+        executor,
+        [
+            action("Spin.", "x = 41\nprint('spinning', flush=True)\nwhile True:\n    pass"),
+            after_cancel,
+        ],
+    )
+    watchdog = threading.Thread(target=cancel_once_running)
+    watchdog.start()
+    assert agent.run("Spin, then answer.") == 42
+    watchdog.join()
+    assert len(model.calls) == 2
+    assert "Cancelled" in str(agent.memory.steps[1].error)
+    assert reason(execution(custom_objects, cancelled[0])) == "Cancelled"
+    assert not executor.cancel(), "nothing runs now: nothing to cancel"
 
 
 def test_a_rejected_final_answer_is_shown_to_the_model(executor):
