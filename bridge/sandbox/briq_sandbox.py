@@ -1207,9 +1207,9 @@ def at_most_once(
         if found is None:
             raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
         return found
-    answer = run()
-    journal.finish(attempt, *answer)
-    return answer
+    # The answer on record: converted when the attempt was cancelled meanwhile, or the one a
+    # runner recorded first (when it ran the action for us).
+    return journal.finish(attempt, *run())
 
 
 def run_in_kernel(
@@ -1330,6 +1330,45 @@ def summarize(
 # A request that does not parse gets a BridgeError result envelope with exit code 1.
 
 
+def cancelled_result(envelope: dict, exit_code: int, mark: dict) -> dict:
+    """`envelope`, written for an attempt whose cancel `mark` exists, as the `cancelled` result
+    (PROTOCOL.md "Cancel"): logs, output and counts as collected, no final answer, an error
+    saying what became of the kernel. A bridge failure (exit code 1) says nothing about the
+    code and stays as it is, and so does a result that is `cancelled` already."""
+    if exit_code != 0 or envelope.get("status") in ("cancelled", "not_accepted"):
+        return envelope
+    seconds = f"{envelope.get('duration_ms', 0) / 1000:.1f}"
+    restart_after = mark.get("restart_after")
+    status, name = envelope.get("status"), (envelope.get("error") or {}).get("name")
+    if restart_after is not None:
+        error = error_info(
+            "KernelRestarted",
+            f"cancelled: the code did not stop within {restart_after:g} s of the interrupt; "
+            "the kernel was restarted and its Python state is gone",
+        )
+    elif status == "kernel_lost":
+        error = error_info(
+            "KernelLost",
+            f"cancelled after {seconds} s: the kernel was lost while the code ran; its Python "
+            "state is gone",
+        )
+    elif status == "timeout" or name == "KeyboardInterrupt":
+        error = error_info(
+            "Cancelled",
+            f"cancelled after {seconds} s: the code was interrupted (KeyboardInterrupt); the "
+            "kernel keeps its state",
+        )
+    else:
+        # It ended on its own (or turned the interrupt into something else) as it was cancelled.
+        ended = status if name is None else f"{status}: {name}"
+        error = error_info(
+            "Cancelled",
+            f"cancelled after {seconds} s: the code ended ({ended}) as it was interrupted; the "
+            "kernel keeps its state",
+        )
+    return {**envelope, "status": "cancelled", "final_answer": None, "error": error}
+
+
 class Journal:
     """The attempts this sandbox accepted and what each finished with. `<id>.accepted` is made
     with O_EXCL before the code runs (so of two deliveries only one runs it) and holds the wall
@@ -1345,10 +1384,13 @@ class Journal:
             raise ValueError("an attempt id is 16 to 64 lowercase hex digits")
         return self.dir / f"{attempt}.{suffix}"
 
-    def accept(self, attempt: str, wait_until: float, prune: bool = True) -> bool:
+    def accept(
+        self, attempt: str, wait_until: float, prune: bool = True, acknowledge: bool = True
+    ) -> bool:
         """Record `attempt` as accepted; False when it was accepted before (by anyone). A newly
-        accepted attempt acknowledges every earlier record; then the journal is pruned unless
-        told not to (the runner prunes after it answered)."""
+        accepted attempt acknowledges every earlier record unless told not to (a cancel claims
+        an attempt while an earlier one may still run); then the journal is pruned unless told
+        not to (the runner prunes after it answered)."""
         if split_users():
             private_dir(self.dir)
         else:
@@ -1360,7 +1402,8 @@ class Journal:
             return False
         with os.fdopen(fd, "w") as handle:
             json.dump({"wait_until": wait_until}, handle)
-        self.acknowledge_all_but(attempt)
+        if acknowledge:
+            self.acknowledge_all_but(attempt)
         if prune:
             self.prune(time.time())
         return True
@@ -1403,24 +1446,108 @@ class Journal:
             return {"wait_until": 0.0}
         return {"wait_until": wait_until}
 
-    def finish(self, attempt: str, envelope: dict, exit_code: int) -> None:
-        """Record the result of an accepted attempt; never fails (the answer at hand matters
-        more than the record of it)."""
-        import tempfile
+    @contextlib.contextmanager
+    def attempt_lock(self, attempt: str) -> Iterator[None]:
+        """Hold `attempt`'s lock (a flock on its accepted record, which exists before anyone
+        writes its result or cancels it): whoever writes the result and whoever cancels it
+        decide under it, so a result is converted by the cancel marker it was written under.
+        Without an accepted record there is nothing to lock (and nobody to race with)."""
+        import fcntl
 
         try:
-            target = self._path(attempt, "finished")
-            fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
-                os.replace(tmp_name, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
-                raise
+            fd = os.open(self._path(attempt, "accepted"), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def mark_cancel(self, attempt: str, restart_after: float | None = None) -> bool:
+        """Write `attempt`'s cancel marker (`<id>.cancel`, whole by rename, mode 0600) under
+        its lock. Without `restart_after` it is the cancel's first step: False when a marker is
+        there already (another cancel works on it). With it, it records that the kernel is
+        killed and restarted because the code did not stop within that many seconds of the
+        interrupt (the marker is rewritten)."""
+        target = self._path(attempt, "cancel")
+        if restart_after is None and os.path.lexists(target):
+            return False
+        self._write_whole(attempt, target, {"restart_after": restart_after})
+        return True
+
+    def cancel_mark(self, attempt: str) -> dict | None:
+        """`attempt`'s cancel marker, or None when nobody cancelled it. A marker that does not
+        parse still cancels (without a restart)."""
+        try:
+            text = self._path(attempt, "cancel").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {"restart_after": None}
+        try:
+            restart_after = json.loads(text)["restart_after"]
+            if restart_after is not None:
+                restart_after = float(restart_after)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            restart_after = None
+        return {"restart_after": restart_after}
+
+    def _write_whole(self, attempt: str, target: Path, record: dict) -> None:
+        """`record` as JSON at `target`, replaced whole by rename (mode 0600)."""
+        import tempfile
+
+        fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+            os.replace(tmp_name, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+            raise
+
+    def finish(self, attempt: str, envelope: dict, exit_code: int) -> tuple[dict, int]:
+        """Record the result of an accepted attempt and return the result on record, which is
+        what the caller must answer: the first writer's (a result written already wins), and
+        converted to `cancelled` when the attempt was cancelled (its marker exists). Every
+        writer of a result comes here, so every one honours a cancel. Never fails (the answer
+        at hand matters more than the record of it)."""
+        answer = (envelope, exit_code)
+        try:
+            with self.attempt_lock(attempt):
+                mark = self.cancel_mark(attempt)
+                if mark is not None:
+                    answer = (cancelled_result(envelope, exit_code, mark), exit_code)
+                return self._record_first(attempt, *answer)
         except Exception as exc:
             print(f"bridge: could not journal attempt {attempt}: {exc}", file=sys.stderr)
+            return answer
+
+    def _record_first(self, attempt: str, envelope: dict, exit_code: int) -> tuple[dict, int]:
+        """Write `<id>.finished` unless it exists: a temporary file linked into place, so a
+        reader sees no record or the whole one and the first writer wins. Returns the record."""
+        import tempfile
+
+        target = self._path(attempt, "finished")
+        fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError:
+                recorded = self.finished(attempt)
+                if recorded is not None:
+                    return recorded
+                # A record that does not parse is no result (and nobody reads it as one): this
+                # writer's result replaces it.
+                os.replace(tmp_name, target)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+        return envelope, exit_code
 
     def finished(self, attempt: str) -> tuple[dict, int] | None:
         """The recorded (envelope, exit code) of `attempt`, or None when there is none (yet)."""
@@ -1435,13 +1562,16 @@ class Journal:
             return envelope, exit_code
         return None
 
-    def await_finished(self, attempt: str) -> tuple[dict, int] | None:
+    def await_finished(self, attempt: str, until: float | None = None) -> tuple[dict, int] | None:
         """The result of an attempt accepted earlier: at once when recorded, else once it is,
-        until the accepted record's time is up (then None: the outcome is unknown)."""
-        record = self.accepted(attempt)
+        until the accepted record's time (or the wall clock time `until`, when given) is up;
+        then None: the outcome is unknown."""
+        if until is None:
+            record = self.accepted(attempt)
+            until = -1.0 if record is None else record["wait_until"]
         while True:
             found = self.finished(attempt)
-            if found is not None or record is None or time.time() >= record["wait_until"]:
+            if found is not None or time.time() >= until:
                 return found
             time.sleep(JOURNAL_POLL_S)
 
@@ -1830,7 +1960,7 @@ class Runner:
         else:
             envelope, exit_code, stop = self.execute(code, request["timeout"])
         if request.get("attempt") is not None:
-            Journal().finish(request["attempt"], envelope, exit_code)
+            envelope, exit_code = Journal().finish(request["attempt"], envelope, exit_code)
         self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
         return stop
 
