@@ -3,7 +3,7 @@
 
 This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
 
-    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run> [options]
+    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run|recall|cancel> [opts]
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -89,6 +89,15 @@ JOURNAL_KEEP = 256
 JOURNAL_MAX_AGE_S = 3_600.0
 # How often a second delivery of a running attempt looks for its result.
 JOURNAL_POLL_S = 0.05
+
+# `cancel` (PROTOCOL.md "Cancel"). How long deliveries of an attempt a cancel claimed before it
+# ran wait for the cancelled record it writes at once.
+CANCEL_CLAIM_WAIT_S = 5.0
+# After the kill of a kernel that ignored the interrupt: how long the runner gets to journal
+# the attempt (it notices the kernel gone within PID_CHECK_INTERVAL_S), and to exit.
+CANCEL_LOST_WAIT_S = 3.0
+# How long the fresh kernel (and its runner) may take to start after such a kill.
+CANCEL_RESTART_DEADLINE_S = 30.0
 
 # smolagents 1.26 serialization tags that the host would turn back into numpy arrays or PIL
 # images (serialization.py and the patched FinalAnswerTool.forward both emit exactly these).
@@ -1172,13 +1181,7 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
         args.code = action_from_stdin(args.attempt)
     code = Path(args.code).read_text(encoding="utf-8")
     state = KernelState(args.state_dir)
-    try:
-        state_dir = os.lstat(state.dir)
-    except FileNotFoundError:
-        state_dir = None
-    if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
-        # Its pid, connection file and socket could all be someone else's: run nothing.
-        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
+    check_state_dir(state)
 
     def run() -> tuple[dict, int]:
         pid = state.live_pid()
@@ -1188,6 +1191,18 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
         return run_in_kernel(state, pid, args, code, deadline)
 
     return at_most_once(args.attempt, args.timeout, run)
+
+
+def check_state_dir(state: KernelState) -> None:
+    """Raise UnsafeLayout unless the state dir is missing or a directory of our effective uid
+    that nobody else can write: else its pid, connection file and socket could all be someone
+    else's (run nothing, signal nobody)."""
+    try:
+        state_dir = os.lstat(state.dir)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
+        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
 
 
 def at_most_once(
@@ -1716,6 +1731,78 @@ def cmd_recall(args: argparse.Namespace) -> tuple[dict, int]:
     return found
 
 
+def cmd_cancel(args: argparse.Namespace) -> tuple[dict, int]:
+    """Cancel attempt `args.attempt` and keep the kernel when it can be kept (PROTOCOL.md
+    "Cancel"); the attempt's result on record. Runs no user code.
+
+    Never accepted: claimed here and recorded `cancelled` (it never runs). Finished: its record,
+    unchanged. Running: a cancel marker (which makes the journal record whatever result comes
+    as `cancelled`), SIGINT to the kernel, and up to `grace` seconds for the result; then the
+    marker records the restart, the kernel's group is killed, the runner gets a moment to
+    record the attempt (or it is recorded here), and a fresh kernel and runner are started."""
+    state = KernelState(args.state_dir)
+    check_state_dir(state)
+    journal = Journal()
+    attempt = args.attempt
+    found = journal.finished(attempt)
+    if found is not None:
+        return found  # too late: it ended as recorded
+    if journal.accept(attempt, time.time() + CANCEL_CLAIM_WAIT_S, prune=False, acknowledge=False):
+        # Nothing is acknowledged or pruned: an earlier attempt may still be running.
+        never_ran = error_info("Cancelled", "cancelled before it ran: the code never ran")
+        return journal.finish(attempt, result_envelope("cancelled", error=never_ran), 0)
+
+    pid = state.live_pid()
+    with journal.attempt_lock(attempt):
+        # Under the attempt's lock: a result written after this sees the marker, and one written
+        # before it is found here (then nobody is interrupted: the kernel may run the next one).
+        found = journal.finished(attempt)
+        first = found is None and journal.mark_cancel(attempt)
+        if first and pid is not None:
+            # As the timeout does: ipykernel raises KeyboardInterrupt in the running code.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+    if found is not None:
+        return found
+    if not first:
+        # Another cancel works on it: its result, once that cancel or the runner records it.
+        until = time.time() + args.grace + CANCEL_LOST_WAIT_S + RUNNER_ANSWER_MARGIN_S
+        found = journal.await_finished(attempt, until)
+        if found is None:
+            raise OutcomeUnknown(f"attempt {attempt} is being cancelled and has no result yet")
+        return found
+
+    found = journal.await_finished(attempt, time.time() + args.grace)
+    if found is not None:
+        return found
+    with journal.attempt_lock(attempt):
+        found = journal.finished(attempt)
+        if found is None:
+            # From here on any result recorded for it says the kernel was restarted: it will be.
+            journal.mark_cancel(attempt, restart_after=args.grace)
+    if found is not None:
+        return found
+    runner = read_pid_file(state.runner_pid_file)
+    if pid is not None:
+        kill_kernel_group(pid)
+    # The runner (or the run that executes it) sees its kernel gone and records the attempt.
+    found = journal.await_finished(attempt, time.time() + CANCEL_LOST_WAIT_S)
+    if found is None:
+        # Nobody is left to record it (the runner died too): the first record wins, so this
+        # one is written only if none is there by now.
+        lost = error_info("KernelLost", f"kernel {pid} was killed by the cancel")
+        found = journal.finish(attempt, result_envelope("kernel_lost", error=lost), 0)
+    # Let the old runner send its answer and exit on its own before start-kernel replaces it.
+    until = time.monotonic() + CANCEL_LOST_WAIT_S
+    while runner is not None and process_is_runner(runner) and time.monotonic() < until:
+        time.sleep(0.02)
+    restart = argparse.Namespace(state_dir=args.state_dir, deadline=CANCEL_RESTART_DEADLINE_S)
+    kernel, _ = cmd_start_kernel(restart)
+    if not kernel["alive"]:
+        print(f"bridge: no fresh kernel after the cancel: {kernel['message']}", file=sys.stderr)
+    return found
+
+
 def run_through_runner(
     state: KernelState, pid: int, code_path: str, timeout: float, attempt: str | None = None
 ) -> tuple[dict, int] | None:
@@ -2171,6 +2258,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     recall = command("recall", cmd_recall, "result")
     recall.add_argument("--attempt", type=attempt_type, required=True)
+
+    cancel = command("cancel", cmd_cancel, "result")
+    cancel.add_argument("--state-dir", default=".briq/state")
+    cancel.add_argument("--attempt", type=attempt_type, required=True)
+    cancel.add_argument("--grace", type=seconds_type, default=3.0)
 
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.
