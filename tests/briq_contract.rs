@@ -336,6 +336,88 @@ async fn detached_processes_survive_exec_until_sleep_restart_or_destroy() {
     h.finish().await;
 }
 
+/// Stop and start (what suspending an executor builds on): a stopped sandbox ends its processes,
+/// keeps its files, answers no exec or file call (409, so nothing ran) until started; both are
+/// idempotent.
+#[tokio::test]
+async fn a_stopped_sandbox_keeps_its_files_runs_nothing_and_starts_again() {
+    let h = harness().await;
+    let sandbox = h.sandbox("stopped").await;
+    let detached = sh("echo kept > state.txt; setsid sleep 300 >/dev/null 2>&1 </dev/null &");
+    assert_eq!(h.exec(&sandbox.id, &detached).await.exit_code, Some(0));
+    assert_eq!(h.processes(&sandbox.id).await, 1);
+
+    for _ in 0..2 {
+        let stopped = h.client.stop_sandbox(&h.key, &sandbox.id).await.unwrap();
+        assert_eq!(stopped.state, SandboxState::Stopped);
+    }
+    assert_eq!(h.processes(&sandbox.id).await, 0, "stop ends every process");
+    let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(got.state, SandboxState::Stopped);
+    let refused = h
+        .client
+        .exec(&h.key, &sandbox.id, &command(&["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (refused.class(), refused.exec_outcome()),
+        (ErrorClass::Terminal, ExecOutcome::NotRun),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("stopped"), "{refused}");
+    let unread = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/state.txt")
+        .await;
+    assert!(unread.is_err(), "a stopped sandbox serves no file");
+
+    for _ in 0..2 {
+        let started = h.client.start_sandbox(&h.key, &sandbox.id).await.unwrap();
+        assert_eq!(started.state, SandboxState::Running);
+    }
+    let kept = h.exec(&sandbox.id, &command(&["cat", "state.txt"])).await;
+    assert_eq!(kept.stdout, "kept\n", "the disk is kept");
+    assert_eq!(h.processes(&sandbox.id).await, 0, "processes start over");
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+/// briq's bad days on stop and start: a stop answered 5xx (not performed) and a start that
+/// fails are retried to the same end; a stop of a sandbox that is gone says so.
+#[tokio::test]
+async fn a_stop_answered_5xx_and_a_failed_start_are_retried_to_the_same_end() {
+    let h = harness().await;
+    let sandbox = h.sandbox("flaky").await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Stop, Fault::status(503)).times(2))
+        .await
+        .unwrap();
+    let stopped = h.client.stop_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    assert_eq!(h.calls(Operation::Stop).await, 3, "two 503s, then the stop");
+
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Start, Fault::status(500)).times(1))
+        .await
+        .unwrap();
+    let started = h.client.start_sandbox(&h.key, &sandbox.id).await.unwrap();
+    assert_eq!(started.state, SandboxState::Running);
+    assert_eq!(h.calls(Operation::Start).await, 2);
+    assert_eq!(
+        h.exec(&sandbox.id, &command(&["true"])).await.exit_code,
+        Some(0)
+    );
+
+    h.destroy(&sandbox.id).await;
+    let gone = h
+        .client
+        .stop_sandbox(&h.key, &sandbox.id)
+        .await
+        .unwrap_err();
+    assert_eq!(gone.class(), ErrorClass::NotFound, "{gone:?}");
+    h.finish().await;
+}
+
 #[tokio::test]
 async fn wrong_key_is_unauthorized_and_never_printed() {
     let h = harness().await;

@@ -41,6 +41,8 @@ pub mod paths {
     pub const EXEC: &str = "/v1/sandboxes/{id}/exec";
     pub const FILES: &str = "/v1/sandboxes/{id}/files";
     pub const PREVIEW: &str = "/v1/sandboxes/{id}/preview/{port}";
+    pub const STOP: &str = "/v1/sandboxes/{id}/stop";
+    pub const START: &str = "/v1/sandboxes/{id}/start";
 }
 
 /// Lifecycle states of a sandbox (the names are confirmed).

@@ -443,6 +443,37 @@ impl SandboxApi for BriqClient {
         )
     }
 
+    async fn stop_sandbox(&self, key: &ApiKey, id: &str) -> Result<Sandbox, Error> {
+        redacted(
+            key,
+            async {
+                idempotent("stop", || async {
+                    self.call(key, self.request(Method::POST, paths::STOP, &[id]))
+                        .await?
+                        .decode()
+                })
+                .await
+            }
+            .await,
+        )
+    }
+
+    async fn start_sandbox(&self, key: &ApiKey, id: &str) -> Result<Sandbox, Error> {
+        redacted(
+            key,
+            async {
+                let started: Sandbox = idempotent("start", || async {
+                    self.call(key, self.request(Method::POST, paths::START, &[id]))
+                        .await?
+                        .decode()
+                })
+                .await?;
+                self.wait_running(key, started).await
+            }
+            .await,
+        )
+    }
+
     async fn exec(
         &self,
         key: &ApiKey,

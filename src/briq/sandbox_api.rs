@@ -44,6 +44,15 @@ pub trait SandboxApi: Send + Sync {
         id: &str,
     ) -> impl Future<Output = Result<DestroyOutcome>> + Send;
 
+    /// Stops a sandbox: its processes end, its disk is kept, and it answers no exec or file
+    /// call until started again. Idempotent (stopping a stopped sandbox is done), so retried.
+    fn stop_sandbox(&self, key: &ApiKey, id: &str) -> impl Future<Output = Result<Sandbox>> + Send;
+
+    /// Starts a stopped sandbox and waits until it runs (its processes start over, its disk as
+    /// it was). Idempotent, so retried.
+    fn start_sandbox(&self, key: &ApiKey, id: &str)
+    -> impl Future<Output = Result<Sandbox>> + Send;
+
     /// Runs a command synchronously. Never retried: on an `Uncertain` error it may have run.
     fn exec(
         &self,

@@ -20,6 +20,8 @@ pub enum Operation {
     WriteFile,
     ReadFile,
     Preview,
+    Stop,
+    Start,
 }
 
 /// Which operations a fault applies to.

@@ -20,7 +20,7 @@ use super::state::Shared;
 use briq_operator::bridge::NONCE_ENV;
 use briq_operator::briq::api::{
     CreateSandbox, ExecBody, FileContent, FileQuery, ListQuery, MAX_EXEC_TIMEOUT, MAX_FILE_BYTES,
-    PreviewAnswer, SandboxList, WriteFileAnswer, paths,
+    PreviewAnswer, SandboxList, SandboxState, WriteFileAnswer, paths,
 };
 
 type Ctx = (State<Arc<Shared>>, Extension<RequestId>);
@@ -32,6 +32,8 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route(paths::EXEC, post(exec))
         .route(paths::FILES, get(read_file).put(write_file))
         .route(paths::PREVIEW, get(preview))
+        .route(paths::STOP, post(stop))
+        .route(paths::START, post(start))
 }
 
 /// Counts the call, applies a pending fault, and runs `effect` in its own task so that it
@@ -155,6 +157,35 @@ async fn destroy((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -
     .await
 }
 
+/// Stop: processes end, files stay; idempotent.
+async fn stop((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Stop,
+        Some(id.clone()),
+        async move {
+            let stopped = inner.kill_processes(&id, SandboxState::Stopped).await?;
+            Ok(Json(stopped).into_response())
+        },
+    )
+    .await
+}
+
+/// Start: runs again with its files; idempotent.
+async fn start((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
+    let inner = Arc::clone(&shared);
+    perform(
+        &shared,
+        &rid,
+        Operation::Start,
+        Some(id.clone()),
+        async move { Ok(Json(inner.start(&id)?).into_response()) },
+    )
+    .await
+}
+
 async fn exec(
     (State(shared), Extension(rid)): Ctx,
     Path(id): Path<String>,
@@ -179,7 +210,7 @@ async fn exec(
                 )));
             }
             let entry = inner.entry(&id)?;
-            entry.wake();
+            entry.wake()?;
             let cwd = resolve(&entry.fs, body.cwd.as_deref().unwrap_or("/"))
                 .map_err(|e| ApiError::invalid(e.to_string()))?;
             tokio::fs::create_dir_all(&cwd)
@@ -233,7 +264,7 @@ async fn write_file(
                 )));
             }
             let entry = inner.entry(&id)?;
-            entry.wake();
+            entry.wake()?;
             let host =
                 resolve(&entry.fs, &body.path).map_err(|e| ApiError::invalid(e.to_string()))?;
             if let Some(parent) = host.parent() {
@@ -269,7 +300,7 @@ async fn read_file(
         async move {
             let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
             let entry = inner.entry(&id)?;
-            entry.wake();
+            entry.wake()?;
             let host =
                 resolve(&entry.fs, &query.path).map_err(|e| ApiError::invalid(e.to_string()))?;
             let metadata = tokio::fs::metadata(&host)
@@ -310,7 +341,7 @@ async fn preview(
         Some(id.clone()),
         async move {
             let entry = inner.entry(&id)?;
-            entry.wake();
+            entry.wake()?;
             // Sandbox processes are host processes: their ports are the host's.
             let url = format!("http://{}/", SocketAddr::new(inner.preview_host, port));
             Ok(Json(PreviewAnswer { url }).into_response())

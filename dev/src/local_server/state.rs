@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use briq_operator::briq::ApiKey;
-use briq_operator::briq::api::{CreateSandbox, Sandbox, SandboxState};
+use briq_operator::briq::api::{CreateSandbox, ErrorCode, Sandbox, SandboxState};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -66,12 +66,23 @@ impl Entry {
         lock(&self.sandbox).clone()
     }
 
-    /// Any use of a sleeping sandbox wakes it, as on briq.
-    pub(crate) fn wake(&self) {
+    /// Any use of a sleeping sandbox wakes it, as on briq; a stopped one answers no use until
+    /// it is started (assumed: briq's docs say only that stop and start exist and are
+    /// idempotent), with 409.
+    pub(crate) fn wake(&self) -> Result<(), ApiError> {
         let mut sandbox = lock(&self.sandbox);
-        if sandbox.state == SandboxState::Sleeping {
-            sandbox.state = SandboxState::Running;
+        match sandbox.state {
+            SandboxState::Sleeping => sandbox.state = SandboxState::Running,
+            SandboxState::Stopped => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::CONFLICT,
+                    ErrorCode::InvalidRequest,
+                    format!("sandbox {} is stopped: start it first", sandbox.id),
+                ));
+            }
+            _ => {}
         }
+        Ok(())
     }
 
     pub(crate) fn is_destroyed(&self) -> bool {
@@ -236,6 +247,15 @@ impl Shared {
         self.kill_what_runs(&entry, id).await;
         let mut sandbox = lock(&entry.sandbox);
         sandbox.state = state;
+        Ok(sandbox.clone())
+    }
+
+    /// Starts a stopped (or sleeping) sandbox: it runs again, its files as they were, no
+    /// process of before. Starting a running sandbox changes nothing.
+    pub(crate) fn start(&self, id: &str) -> Result<Sandbox, ApiError> {
+        let entry = self.entry(id)?;
+        let mut sandbox = lock(&entry.sandbox);
+        sandbox.state = SandboxState::Running;
         Ok(sandbox.clone())
     }
 
