@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use kube::{ResourceExt, runtime::controller::Action};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{
@@ -127,9 +128,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 
     /// Awaits `run`, the code already sent as `attempt` through `session`'s sandbox; when the
-    /// Execution is cancelled meanwhile, the sandbox is told to cancel the attempt (again and
-    /// again while briq does not carry the request: an outage must not let the code run on to
-    /// its deadline), and the run's own answer (the journal's record, cancelled) still ends it.
+    /// Execution is cancelled meanwhile, the sandbox is told to cancel the attempt, and the
+    /// run's own answer (the journal's record, cancelled) ends it — once the cancel has
+    /// answered too: a cancel that restarts the kernel answers when the new kernel is up, and
+    /// the next Execution must not find none.
     pub(super) async fn cancellable<F, T>(
         &self,
         run: F,
@@ -146,18 +148,26 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             () = self.ctx.cancels.requested(&uid) => {}
         }
         info!(%attempt, "cancelled while it runs: interrupting it in its kernel");
-        tokio::select! {
-            done = &mut run => return done,
-            () = keep_cancelling(session, attempt) => {}
-        }
-        run.await
+        let (ended, run_ended) = watch::channel(false);
+        let run = async {
+            let done = run.await;
+            ended.send_replace(true);
+            done
+        };
+        tokio::join!(run, keep_cancelling(session, attempt, run_ended)).0
     }
 }
 
-/// Tells the sandbox to cancel `attempt` until it has answered (or cannot cancel): a request
-/// briq did not carry is sent again after a pause that grows to [`MAX_CANCEL_PAUSE`] (or the
-/// pause briq asked for). Its answer is not needed: the run's own answer is the journal's record.
-async fn keep_cancelling<S: SandboxApi>(session: &Session<'_, S>, attempt: &str) {
+/// Tells the sandbox to cancel `attempt` until it has answered or cannot cancel, or until the
+/// run has ended: a request briq did not carry (an outage must not let the code run on to its
+/// deadline) is sent again after a pause that grows to [`MAX_CANCEL_PAUSE`] (or the pause briq
+/// asked for). A call in flight is always awaited. Its answer is not needed: the run's own
+/// answer is the journal's record.
+async fn keep_cancelling<S: SandboxApi>(
+    session: &Session<'_, S>,
+    attempt: &str,
+    mut run_ended: watch::Receiver<bool>,
+) {
     let mut pause = FIRST_CANCEL_PAUSE;
     loop {
         let error = match session.cancel(attempt, CANCEL_GRACE).await {
@@ -166,15 +176,19 @@ async fn keep_cancelling<S: SandboxApi>(session: &Session<'_, S>, attempt: &str)
         };
         let retry_after = error.retry_after();
         match cancel_answer(Err(error), 0) {
-            CancelAnswer::AskAgain(error) => {
+            CancelAnswer::AskAgain(error) if !*run_ended.borrow() => {
                 warn!(%error, ?pause, "briq did not carry the cancel; asking again");
             }
+            CancelAnswer::AskAgain(_) => return,
             CancelAnswer::Judge(_) | CancelAnswer::NoCancel(_) => {
                 warn!("the sandbox cannot cancel; the run goes on to its own end");
                 return;
             }
         }
-        tokio::time::sleep(retry_after.unwrap_or(pause)).await;
+        tokio::select! {
+            () = tokio::time::sleep(retry_after.unwrap_or(pause)) => {}
+            _ = run_ended.wait_for(|ended| *ended) => return,
+        }
         pause = (pause * 2).min(MAX_CANCEL_PAUSE);
     }
 }
