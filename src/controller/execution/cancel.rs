@@ -19,7 +19,10 @@ use super::{
     sandbox::Access,
 };
 use crate::{
-    bridge::{RunResult, session::CallError},
+    bridge::{
+        RunResult,
+        session::{CallError, Session},
+    },
     briq::{ErrorClass, SandboxApi},
     controller::context::{Error, Result},
     crd::{BriqExecutor, reasons::ExecutionReason},
@@ -27,6 +30,10 @@ use crate::{
 
 /// How long interrupted code gets to stop before its kernel is restarted (its state lost).
 pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// The pauses between cancels of a running attempt that briq did not carry.
+const FIRST_CANCEL_PAUSE: Duration = Duration::from_millis(500);
+const MAX_CANCEL_PAUSE: Duration = Duration::from_secs(5);
 
 /// What the sandbox answered to a cancel.
 #[derive(Debug)]
@@ -120,12 +127,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 
     /// Awaits `run`, the code already sent as `attempt` through `session`'s sandbox; when the
-    /// Execution is cancelled meanwhile, the sandbox is told to cancel the attempt, and the
-    /// run's own answer (the journal's record, cancelled) still ends it.
+    /// Execution is cancelled meanwhile, the sandbox is told to cancel the attempt (again and
+    /// again while briq does not carry the request: an outage must not let the code run on to
+    /// its deadline), and the run's own answer (the journal's record, cancelled) still ends it.
     pub(super) async fn cancellable<F, T>(
         &self,
         run: F,
-        session: &crate::bridge::session::Session<'_, S>,
+        session: &Session<'_, S>,
         attempt: &str,
     ) -> T
     where
@@ -138,11 +146,36 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             () = self.ctx.cancels.requested(&uid) => {}
         }
         info!(%attempt, "cancelled while it runs: interrupting it in its kernel");
-        let (done, cancelled) = tokio::join!(run, session.cancel(attempt, CANCEL_GRACE));
-        if let Err(error) = cancelled {
-            warn!(%error, "the cancel failed; the run's own answer tells how it ended");
+        tokio::select! {
+            done = &mut run => return done,
+            () = keep_cancelling(session, attempt) => {}
         }
-        done
+        run.await
+    }
+}
+
+/// Tells the sandbox to cancel `attempt` until it has answered (or cannot cancel): a request
+/// briq did not carry is sent again after a pause that grows to [`MAX_CANCEL_PAUSE`] (or the
+/// pause briq asked for). Its answer is not needed: the run's own answer is the journal's record.
+async fn keep_cancelling<S: SandboxApi>(session: &Session<'_, S>, attempt: &str) {
+    let mut pause = FIRST_CANCEL_PAUSE;
+    loop {
+        let error = match session.cancel(attempt, CANCEL_GRACE).await {
+            Ok(_) => return,
+            Err(error) => error,
+        };
+        let retry_after = error.retry_after();
+        match cancel_answer(Err(error), 0) {
+            CancelAnswer::AskAgain(error) => {
+                warn!(%error, ?pause, "briq did not carry the cancel; asking again");
+            }
+            CancelAnswer::Judge(_) | CancelAnswer::NoCancel(_) => {
+                warn!("the sandbox cannot cancel; the run goes on to its own end");
+                return;
+            }
+        }
+        tokio::time::sleep(retry_after.unwrap_or(pause)).await;
+        pause = (pause * 2).min(MAX_CANCEL_PAUSE);
     }
 }
 

@@ -1,0 +1,216 @@
+//! What agents ask of an executor's life beyond running code: cancelling an action (it stops,
+//! the kernel and its Python state stay; one queued never runs), whatever else happens meanwhile
+//! (an operator restart, a briq outage, the Execution deleted). Real kube-apiserver, real
+//! operator, the local briq-compatible server with real kernels.
+
+mod support;
+
+use std::time::Duration;
+
+use briq_dev::local_server::Outage;
+use briq_operator::crd::{BriqExecutor, Execution};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::{
+    Gate, Operator, TestEnv, condition, create_execution_from, create_executor, finished, output,
+    reason, run, wait_for, wait_ready,
+};
+
+/// Code that says it started (in its logs), then never ends on its own.
+const RUNAWAY: &str = "print('started', flush=True)\nwhile True:\n    pass";
+
+/// Code that swallows every interrupt: only a kernel restart ends it.
+const STUBBORN: &str = "import time\nprint('started', flush=True)\nwhile True:\n    try:\n        \
+                        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass";
+
+/// Creates Execution `name` running `code` on `executor` with the longest deadline, so that only
+/// a cancel can end it within the test's waits.
+async fn start(env: &TestEnv, name: &str, executor: &str, code: &str) {
+    let spec = json!({ "executorRef": { "name": executor }, "code": code, "timeoutSeconds": 40 });
+    create_execution_from(env, name, spec).await;
+}
+
+async fn cancel(env: &TestEnv, name: &str) {
+    let patch = Patch::Merge(json!({ "spec": { "cancel": true } }));
+    env.api::<Execution>()
+        .patch(name, &PatchParams::default(), &patch)
+        .await
+        .expect("setting spec.cancel");
+}
+
+/// Waits until the Execution's code runs in its kernel: recorded `Running` (written once an
+/// action outlasts 100 ms) with its attempt.
+async fn running(env: &TestEnv, name: &str) {
+    wait_for(&env.api::<Execution>(), name, 60, |e| {
+        reason(e) == "Running" && e.status.as_ref().is_some_and(|s| s.attempt_id.is_some())
+    })
+    .await;
+}
+
+fn error_name(execution: &Execution) -> String {
+    execution
+        .status
+        .as_ref()
+        .and_then(|s| s.error.as_ref())
+        .map(|e| e.name.clone())
+        .unwrap_or_default()
+}
+
+fn logs(execution: &Execution) -> String {
+    execution
+        .status
+        .as_ref()
+        .and_then(|s| s.logs.clone())
+        .unwrap_or_default()
+}
+
+/// The executor is Ready, usable, and its kernel still holds `x = 41`.
+async fn keeps_its_state(env: &TestEnv, executor: &str, probe: &str) {
+    let after = run(env, probe, executor, "x + 1").await;
+    assert_eq!(reason(&after), "Completed", "{:?}", after.status);
+    assert_eq!(output(&after), "42");
+    let executor = env.api::<BriqExecutor>().get(executor).await.unwrap();
+    assert_eq!(condition(&executor, "Ready").0, "True");
+    assert!(!executor.status.unwrap_or_default().unusable);
+}
+
+async fn executor_with_state(env: &TestEnv, name: &str) {
+    create_executor(env, name, json!({})).await;
+    wait_ready(env, name).await;
+    let set = run(env, &format!("{name}-set"), name, "x = 41").await;
+    assert_eq!(reason(&set), "Completed", "{:?}", set.status);
+}
+
+#[tokio::test]
+async fn a_runaway_loop_cancelled_ends_cancelled_and_its_executor_keeps_its_python_state() {
+    let env = TestEnv::new("cancel-runaway").await;
+    let _operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    start(&env, "runaway", "py", RUNAWAY).await;
+    running(&env, "runaway").await;
+    cancel(&env, "runaway").await;
+    let cancelled = finished(&env, "runaway", 30).await;
+    assert_eq!(reason(&cancelled), "Cancelled", "{:?}", cancelled.status);
+    assert_eq!(error_name(&cancelled), "Cancelled");
+    assert!(
+        condition(&cancelled, "Succeeded")
+            .2
+            .contains("keeps its state"),
+        "{:?}",
+        cancelled.status
+    );
+    assert!(
+        logs(&cancelled).contains("started"),
+        "output up to the cancel is kept"
+    );
+
+    keeps_its_state(&env, "py", "after").await;
+}
+
+#[tokio::test]
+async fn code_that_swallows_the_interrupt_is_cancelled_by_a_kernel_restart_that_says_the_state_is_gone()
+ {
+    let env = TestEnv::new("cancel-stubborn").await;
+    let _operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    start(&env, "stubborn", "py", STUBBORN).await;
+    running(&env, "stubborn").await;
+    cancel(&env, "stubborn").await;
+    let cancelled = finished(&env, "stubborn", 60).await;
+    assert_eq!(reason(&cancelled), "Cancelled", "{:?}", cancelled.status);
+    assert_eq!(error_name(&cancelled), "KernelRestarted");
+    let message = condition(&cancelled, "Succeeded").2;
+    assert!(message.contains("state is gone"), "{message}");
+
+    // A new kernel: usable, and `x` went with the old one.
+    let after = run(&env, "after", "py", "x").await;
+    assert_eq!(reason(&after), "CodeError", "{:?}", after.status);
+    assert_eq!(error_name(&after), "NameError");
+    let works = run(&env, "works", "py", "1 + 1").await;
+    assert_eq!(output(&works), "2");
+}
+
+#[tokio::test]
+async fn an_execution_cancelled_while_queued_never_runs() {
+    let env = TestEnv::new("cancel-queued").await;
+    let _operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    let gate = Gate::new();
+    start(&env, "head", "py", &gate.code("x")).await;
+    running(&env, "head").await;
+    start(&env, "queued", "py", "x = 0\nx").await;
+    wait_for(&env.api::<Execution>(), "queued", 30, |e| {
+        reason(e) == "Queued"
+    })
+    .await;
+    cancel(&env, "queued").await;
+    let cancelled = finished(&env, "queued", 30).await;
+    assert_eq!(reason(&cancelled), "Cancelled", "{:?}", cancelled.status);
+    let message = condition(&cancelled, "Succeeded").2;
+    assert!(message.contains("never ran"), "{message}");
+
+    gate.open();
+    let head = finished(&env, "head", 30).await;
+    assert_eq!(output(&head), "41", "{:?}", head.status);
+    keeps_its_state(&env, "py", "after").await;
+}
+
+#[tokio::test]
+async fn a_cancel_made_while_the_operator_was_down_reaches_the_same_end() {
+    let env = TestEnv::new("cancel-restart").await;
+    let mut operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    start(&env, "runaway", "py", RUNAWAY).await;
+    running(&env, "runaway").await;
+    operator.kill().await;
+    cancel(&env, "runaway").await;
+    operator.resume();
+    let cancelled = finished(&env, "runaway", 30).await;
+    assert_eq!(reason(&cancelled), "Cancelled", "{:?}", cancelled.status);
+    assert_eq!(error_name(&cancelled), "Cancelled");
+    keeps_its_state(&env, "py", "after").await;
+}
+
+#[tokio::test]
+async fn a_cancel_during_a_briq_outage_ends_as_the_journal_confirms_once_briq_answers() {
+    let env = TestEnv::new("cancel-outage").await;
+    let operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    start(&env, "runaway", "py", RUNAWAY).await;
+    running(&env, "runaway").await;
+    operator
+        .admin()
+        .begin_outage(&Outage::new(503, Duration::from_secs(10)))
+        .await
+        .unwrap();
+    // The cancel reaches briq during its outage (answered 503, not performed): it is asked
+    // again until briq carries it, so the code does not run on to its 40 s deadline (Timeout,
+    // the executor unusable).
+    cancel(&env, "runaway").await;
+    let cancelled = finished(&env, "runaway", 90).await;
+    assert_eq!(reason(&cancelled), "Cancelled", "{:?}", cancelled.status);
+    assert_eq!(error_name(&cancelled), "Cancelled");
+    keeps_its_state(&env, "py", "after").await;
+}
+
+#[tokio::test]
+async fn deleting_a_running_execution_stops_its_code_and_keeps_the_executor() {
+    let env = TestEnv::new("cancel-delete").await;
+    let _operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+
+    start(&env, "runaway", "py", RUNAWAY).await;
+    running(&env, "runaway").await;
+    env.api::<Execution>()
+        .delete("runaway", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Without the cancel, the loop would hold the kernel until its 40 s deadline and then
+    // leave the executor unusable (Timeout); this one runs as soon as the kernel is free.
+    keeps_its_state(&env, "py", "after").await;
+}
