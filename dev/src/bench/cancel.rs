@@ -75,10 +75,13 @@ pub async fn run(
         restarted_runs,
     )
     .await;
-    // Deleted whether or not the runs went well: the next scenario finds a clean machine.
-    objects::delete_executors(&executors).await?;
+    // Deleted whether or not the runs went well: the next scenario finds a clean machine. A
+    // failed run's error says more than a failed clean-up's, so it is returned first.
+    let deleted = objects::delete_executors(&executors).await;
     operator.stop().await;
-    measured
+    let measured = measured?;
+    deleted?;
+    Ok(measured)
 }
 
 async fn measure(
@@ -98,16 +101,10 @@ async fn measure(
         let name = format!("interrupted-{i:03}");
         let took = cancel_running(executions, &executor, &name, RUNAWAY, "Cancelled").await?;
         interrupted.push(took);
-        sequential_of(
-            executions,
-            &executor,
-            &format!("{name}-after"),
-            1,
-            "x + 1",
-            "42",
-        )
-        .await
-        .context("the kernel's state did not survive the cancel")?;
+        let after = format!("{name}-after");
+        sequential_of(executions, &executor, &after, 1, "x + 1", "42")
+            .await
+            .context("the kernel's state did not survive the cancel")?;
         progress.step(format!(
             "11: interrupted run {} cancelled in {:.2}s",
             i + 1,

@@ -1,8 +1,9 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
-//! sandboxes, and claims from warm pools against cold creates, prints the figures as a Markdown
-//! table and writes them as JSON (`--out`), so two runs can be compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, cancels of running
+//! actions, scale on simulated sandboxes, and claims from warm pools against cold creates,
+//! prints the figures as a Markdown table and writes them as JSON (`--out`), so two runs can be
+//! compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
