@@ -115,6 +115,19 @@ async fn execution_names(env: &TestEnv) -> Vec<String> {
     names
 }
 
+/// `missing` is how a command about Execution `nope`, which does not exist, ended: exit 2 and
+/// one line that says so.
+fn assert_not_found(env: &TestEnv, missing: &Ran) {
+    assert_eq!(missing.code, 2, "{missing:?}");
+    assert_eq!(
+        missing.stderr,
+        format!(
+            "error: Execution nope not found in namespace {}\n",
+            env.namespace
+        )
+    );
+}
+
 /// The reason of an Execution's `Succeeded` condition.
 fn reason(execution: &Execution) -> Option<&str> {
     let conditions = &execution.status.as_ref()?.conditions;
@@ -271,14 +284,40 @@ async fn a_code_error_exits_1_with_the_traceback_and_logs_shows_it_again() {
     }
 
     let missing = briq(&env, &["logs", "nope"]).await;
-    assert_eq!(missing.code, 2, "{missing:?}");
-    assert_eq!(
-        missing.stderr,
-        format!(
-            "error: Execution nope not found in namespace {}\n",
-            env.namespace
-        )
+    assert_not_found(&env, &missing);
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_execution_prints_what_it_printed_and_exits_1() {
+    let env = TestEnv::new("cli-cancel").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "py").await;
+    let gate = tempfile::tempdir().unwrap();
+    create_gated_execution(&env, "stuck", &gate.path().join("never")).await;
+
+    let cancelled = briq(&env, &["cancel", "stuck", "--wait"]).await;
+    assert_eq!(cancelled.code, 1, "{cancelled:?}");
+    assert!(
+        cancelled
+            .stderr
+            .starts_with("execution/stuck cancel requested\n"),
+        "{cancelled:?}"
     );
+    assert!(cancelled.stderr.contains("Cancelled: "), "{cancelled:?}");
+    let done = env.api::<Execution>().get("stuck").await.unwrap();
+    assert_eq!(reason(&done), Some("Cancelled"));
+
+    let again = briq(&env, &["cancel", "stuck"]).await;
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.stderr,
+        "execution/stuck had already ended (Cancelled); nothing to cancel\n"
+    );
+    let missing = briq(&env, &["cancel", "nope"]).await;
+    assert_not_found(&env, &missing);
+    // The executor runs the next one: the interrupt kept its kernel.
+    let next = briq(&env, &["exec", "py", "-c", "1 + 1"]).await;
+    assert_eq!((next.code, next.stdout.as_str()), (0, "2\n"), "{next:?}");
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
 
-    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run> [options]
+    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run|recall|cancel> [opts]
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -89,6 +89,15 @@ JOURNAL_KEEP = 256
 JOURNAL_MAX_AGE_S = 3_600.0
 # How often a second delivery of a running attempt looks for its result.
 JOURNAL_POLL_S = 0.05
+
+# `cancel` (PROTOCOL.md "Cancel"). How long deliveries of an attempt a cancel claimed before it
+# ran wait for the cancelled record it writes at once.
+CANCEL_CLAIM_WAIT_S = 5.0
+# After the kill of a kernel that ignored the interrupt: how long the runner gets to journal
+# the attempt (it notices the kernel gone within PID_CHECK_INTERVAL_S), and to exit.
+CANCEL_LOST_WAIT_S = 3.0
+# How long the fresh kernel (and its runner) may take to start after such a kill.
+CANCEL_RESTART_DEADLINE_S = 30.0
 
 # smolagents 1.26 serialization tags that the host would turn back into numpy arrays or PIL
 # images (serialization.py and the patched FinalAnswerTool.forward both emit exactly these).
@@ -1172,13 +1181,7 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
         args.code = action_from_stdin(args.attempt)
     code = Path(args.code).read_text(encoding="utf-8")
     state = KernelState(args.state_dir)
-    try:
-        state_dir = os.lstat(state.dir)
-    except FileNotFoundError:
-        state_dir = None
-    if state_dir is not None and not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
-        # Its pid, connection file and socket could all be someone else's: run nothing.
-        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
+    check_state_dir(state)
 
     def run() -> tuple[dict, int]:
         pid = state.live_pid()
@@ -1188,6 +1191,18 @@ def cmd_run(args: argparse.Namespace) -> tuple[dict, int]:
         return run_in_kernel(state, pid, args, code, deadline)
 
     return at_most_once(args.attempt, args.timeout, run)
+
+
+def check_state_dir(state: KernelState) -> None:
+    """Raise UnsafeLayout unless the state dir is missing or a directory of our effective uid
+    that nobody else can write: else its pid, connection file and socket could all be someone
+    else's (run nothing, signal nobody)."""
+    try:
+        state_dir = os.lstat(state.dir)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISDIR(state_dir.st_mode) and trusted(state_dir)):
+        raise UnsafeLayout(f"{state.dir} is not a directory of ours that only we can write")
 
 
 def at_most_once(
@@ -1207,9 +1222,9 @@ def at_most_once(
         if found is None:
             raise OutcomeUnknown(f"attempt {attempt} was accepted before and has no result")
         return found
-    answer = run()
-    journal.finish(attempt, *answer)
-    return answer
+    # The answer on record: converted when the attempt was cancelled meanwhile, or the one a
+    # runner recorded first (when it ran the action for us).
+    return journal.finish(attempt, *run())
 
 
 def run_in_kernel(
@@ -1330,6 +1345,45 @@ def summarize(
 # A request that does not parse gets a BridgeError result envelope with exit code 1.
 
 
+def cancelled_result(envelope: dict, exit_code: int, mark: dict) -> dict:
+    """`envelope`, written for an attempt whose cancel `mark` exists, as the `cancelled` result
+    (PROTOCOL.md "Cancel"): logs, output and counts as collected, no final answer, an error
+    saying what became of the kernel. A bridge failure (exit code 1) says nothing about the
+    code and stays as it is, and so does a result that is `cancelled` already."""
+    if exit_code != 0 or envelope.get("status") in ("cancelled", "not_accepted"):
+        return envelope
+    seconds = f"{envelope.get('duration_ms', 0) / 1000:.1f}"
+    restart_after = mark.get("restart_after")
+    status, name = envelope.get("status"), (envelope.get("error") or {}).get("name")
+    if restart_after is not None:
+        error = error_info(
+            "KernelRestarted",
+            f"cancelled: the code did not stop within {restart_after:g} s of the interrupt; "
+            "the kernel was restarted and its Python state is gone",
+        )
+    elif status == "kernel_lost":
+        error = error_info(
+            "KernelLost",
+            f"cancelled after {seconds} s: the kernel was lost while the code ran; its Python "
+            "state is gone",
+        )
+    elif status == "timeout" or name == "KeyboardInterrupt":
+        error = error_info(
+            "Cancelled",
+            f"cancelled after {seconds} s: the code was interrupted (KeyboardInterrupt); the "
+            "kernel keeps its state",
+        )
+    else:
+        # It ended on its own (or turned the interrupt into something else) as it was cancelled.
+        ended = status if name is None else f"{status}: {name}"
+        error = error_info(
+            "Cancelled",
+            f"cancelled after {seconds} s: the code ended ({ended}) as it was interrupted; the "
+            "kernel keeps its state",
+        )
+    return {**envelope, "status": "cancelled", "final_answer": None, "error": error}
+
+
 class Journal:
     """The attempts this sandbox accepted and what each finished with. `<id>.accepted` is made
     with O_EXCL before the code runs (so of two deliveries only one runs it) and holds the wall
@@ -1345,10 +1399,13 @@ class Journal:
             raise ValueError("an attempt id is 16 to 64 lowercase hex digits")
         return self.dir / f"{attempt}.{suffix}"
 
-    def accept(self, attempt: str, wait_until: float, prune: bool = True) -> bool:
+    def accept(
+        self, attempt: str, wait_until: float, prune: bool = True, acknowledge: bool = True
+    ) -> bool:
         """Record `attempt` as accepted; False when it was accepted before (by anyone). A newly
-        accepted attempt acknowledges every earlier record; then the journal is pruned unless
-        told not to (the runner prunes after it answered)."""
+        accepted attempt acknowledges every earlier record unless told not to (a cancel claims
+        an attempt while an earlier one may still run); then the journal is pruned unless told
+        not to (the runner prunes after it answered)."""
         if split_users():
             private_dir(self.dir)
         else:
@@ -1360,7 +1417,8 @@ class Journal:
             return False
         with os.fdopen(fd, "w") as handle:
             json.dump({"wait_until": wait_until}, handle)
-        self.acknowledge_all_but(attempt)
+        if acknowledge:
+            self.acknowledge_all_but(attempt)
         if prune:
             self.prune(time.time())
         return True
@@ -1403,24 +1461,108 @@ class Journal:
             return {"wait_until": 0.0}
         return {"wait_until": wait_until}
 
-    def finish(self, attempt: str, envelope: dict, exit_code: int) -> None:
-        """Record the result of an accepted attempt; never fails (the answer at hand matters
-        more than the record of it)."""
-        import tempfile
+    @contextlib.contextmanager
+    def attempt_lock(self, attempt: str) -> Iterator[None]:
+        """Hold `attempt`'s lock (a flock on its accepted record, which exists before anyone
+        writes its result or cancels it): whoever writes the result and whoever cancels it
+        decide under it, so a result is converted by the cancel marker it was written under.
+        Without an accepted record there is nothing to lock (and nobody to race with)."""
+        import fcntl
 
         try:
-            target = self._path(attempt, "finished")
-            fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
-                os.replace(tmp_name, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
-                raise
+            fd = os.open(self._path(attempt, "accepted"), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def mark_cancel(self, attempt: str, restart_after: float | None = None) -> bool:
+        """Write `attempt`'s cancel marker (`<id>.cancel`, whole by rename, mode 0600) under
+        its lock. Without `restart_after` it is the cancel's first step: False when a marker is
+        there already (another cancel works on it). With it, it records that the kernel is
+        killed and restarted because the code did not stop within that many seconds of the
+        interrupt (the marker is rewritten)."""
+        target = self._path(attempt, "cancel")
+        if restart_after is None and os.path.lexists(target):
+            return False
+        self._write_whole(attempt, target, {"restart_after": restart_after})
+        return True
+
+    def cancel_mark(self, attempt: str) -> dict | None:
+        """`attempt`'s cancel marker, or None when nobody cancelled it. A marker that does not
+        parse still cancels (without a restart)."""
+        try:
+            text = self._path(attempt, "cancel").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {"restart_after": None}
+        try:
+            restart_after = json.loads(text)["restart_after"]
+            if restart_after is not None:
+                restart_after = float(restart_after)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            restart_after = None
+        return {"restart_after": restart_after}
+
+    def _write_whole(self, attempt: str, target: Path, record: dict) -> None:
+        """`record` as JSON at `target`, replaced whole by rename (mode 0600)."""
+        import tempfile
+
+        fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+            os.replace(tmp_name, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+            raise
+
+    def finish(self, attempt: str, envelope: dict, exit_code: int) -> tuple[dict, int]:
+        """Record the result of an accepted attempt and return the result on record, which is
+        what the caller must answer: the first writer's (a result written already wins), and
+        converted to `cancelled` when the attempt was cancelled (its marker exists). Every
+        writer of a result comes here, so every one honours a cancel. Never fails (the answer
+        at hand matters more than the record of it)."""
+        answer = (envelope, exit_code)
+        try:
+            with self.attempt_lock(attempt):
+                mark = self.cancel_mark(attempt)
+                if mark is not None:
+                    answer = (cancelled_result(envelope, exit_code, mark), exit_code)
+                return self._record_first(attempt, *answer)
         except Exception as exc:
             print(f"bridge: could not journal attempt {attempt}: {exc}", file=sys.stderr)
+            return answer
+
+    def _record_first(self, attempt: str, envelope: dict, exit_code: int) -> tuple[dict, int]:
+        """Write `<id>.finished` unless it exists: a temporary file linked into place, so a
+        reader sees no record or the whole one and the first writer wins. Returns the record."""
+        import tempfile
+
+        target = self._path(attempt, "finished")
+        fd, tmp_name = tempfile.mkstemp(dir=self.dir, prefix=f".{attempt}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"envelope": envelope, "exit_code": exit_code}, handle)
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError:
+                recorded = self.finished(attempt)
+                if recorded is not None:
+                    return recorded
+                # A record that does not parse is no result (and nobody reads it as one): this
+                # writer's result replaces it.
+                os.replace(tmp_name, target)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+        return envelope, exit_code
 
     def finished(self, attempt: str) -> tuple[dict, int] | None:
         """The recorded (envelope, exit code) of `attempt`, or None when there is none (yet)."""
@@ -1435,13 +1577,16 @@ class Journal:
             return envelope, exit_code
         return None
 
-    def await_finished(self, attempt: str) -> tuple[dict, int] | None:
+    def await_finished(self, attempt: str, until: float | None = None) -> tuple[dict, int] | None:
         """The result of an attempt accepted earlier: at once when recorded, else once it is,
-        until the accepted record's time is up (then None: the outcome is unknown)."""
-        record = self.accepted(attempt)
+        until the accepted record's time (or the wall clock time `until`, when given) is up;
+        then None: the outcome is unknown."""
+        if until is None:
+            record = self.accepted(attempt)
+            until = -1.0 if record is None else record["wait_until"]
         while True:
             found = self.finished(attempt)
-            if found is not None or record is None or time.time() >= record["wait_until"]:
+            if found is not None or time.time() >= until:
                 return found
             time.sleep(JOURNAL_POLL_S)
 
@@ -1583,6 +1728,78 @@ def cmd_recall(args: argparse.Namespace) -> tuple[dict, int]:
     found = journal.await_finished(args.attempt)
     if found is None:
         raise OutcomeUnknown(f"attempt {args.attempt} was accepted and has no result")
+    return found
+
+
+def cmd_cancel(args: argparse.Namespace) -> tuple[dict, int]:
+    """Cancel attempt `args.attempt` and keep the kernel when it can be kept (PROTOCOL.md
+    "Cancel"); the attempt's result on record. Runs no user code.
+
+    Never accepted: claimed here and recorded `cancelled` (it never runs). Finished: its record,
+    unchanged. Running: a cancel marker (which makes the journal record whatever result comes
+    as `cancelled`), SIGINT to the kernel, and up to `grace` seconds for the result; then the
+    marker records the restart, the kernel's group is killed, the runner gets a moment to
+    record the attempt (or it is recorded here), and a fresh kernel and runner are started."""
+    state = KernelState(args.state_dir)
+    check_state_dir(state)
+    journal = Journal()
+    attempt = args.attempt
+    found = journal.finished(attempt)
+    if found is not None:
+        return found  # too late: it ended as recorded
+    if journal.accept(attempt, time.time() + CANCEL_CLAIM_WAIT_S, prune=False, acknowledge=False):
+        # Nothing is acknowledged or pruned: an earlier attempt may still be running.
+        never_ran = error_info("Cancelled", "cancelled before it ran: the code never ran")
+        return journal.finish(attempt, result_envelope("cancelled", error=never_ran), 0)
+
+    pid = state.live_pid()
+    with journal.attempt_lock(attempt):
+        # Under the attempt's lock: a result written after this sees the marker, and one written
+        # before it is found here (then nobody is interrupted: the kernel may run the next one).
+        found = journal.finished(attempt)
+        first = found is None and journal.mark_cancel(attempt)
+        if first and pid is not None:
+            # As the timeout does: ipykernel raises KeyboardInterrupt in the running code.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+    if found is not None:
+        return found
+    if not first:
+        # Another cancel works on it: its result, once that cancel or the runner records it.
+        until = time.time() + args.grace + CANCEL_LOST_WAIT_S + RUNNER_ANSWER_MARGIN_S
+        found = journal.await_finished(attempt, until)
+        if found is None:
+            raise OutcomeUnknown(f"attempt {attempt} is being cancelled and has no result yet")
+        return found
+
+    found = journal.await_finished(attempt, time.time() + args.grace)
+    if found is not None:
+        return found
+    with journal.attempt_lock(attempt):
+        found = journal.finished(attempt)
+        if found is None:
+            # From here on any result recorded for it says the kernel was restarted: it will be.
+            journal.mark_cancel(attempt, restart_after=args.grace)
+    if found is not None:
+        return found
+    runner = read_pid_file(state.runner_pid_file)
+    if pid is not None:
+        kill_kernel_group(pid)
+    # The runner (or the run that executes it) sees its kernel gone and records the attempt.
+    found = journal.await_finished(attempt, time.time() + CANCEL_LOST_WAIT_S)
+    if found is None:
+        # Nobody is left to record it (the runner died too): the first record wins, so this
+        # one is written only if none is there by now.
+        lost = error_info("KernelLost", f"kernel {pid} was killed by the cancel")
+        found = journal.finish(attempt, result_envelope("kernel_lost", error=lost), 0)
+    # Let the old runner send its answer and exit on its own before start-kernel replaces it.
+    until = time.monotonic() + CANCEL_LOST_WAIT_S
+    while runner is not None and process_is_runner(runner) and time.monotonic() < until:
+        time.sleep(0.02)
+    restart = argparse.Namespace(state_dir=args.state_dir, deadline=CANCEL_RESTART_DEADLINE_S)
+    kernel, _ = cmd_start_kernel(restart)
+    if not kernel["alive"]:
+        print(f"bridge: no fresh kernel after the cancel: {kernel['message']}", file=sys.stderr)
     return found
 
 
@@ -1830,7 +2047,7 @@ class Runner:
         else:
             envelope, exit_code, stop = self.execute(code, request["timeout"])
         if request.get("attempt") is not None:
-            Journal().finish(request["attempt"], envelope, exit_code)
+            envelope, exit_code = Journal().finish(request["attempt"], envelope, exit_code)
         self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
         return stop
 
@@ -2041,6 +2258,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     recall = command("recall", cmd_recall, "result")
     recall.add_argument("--attempt", type=attempt_type, required=True)
+
+    cancel = command("cancel", cmd_cancel, "result")
+    cancel.add_argument("--state-dir", default=".briq/state")
+    cancel.add_argument("--attempt", type=attempt_type, required=True)
+    cancel.add_argument("--grace", type=seconds_type, default=3.0)
 
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.

@@ -9,7 +9,7 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    cluster::{Cluster, NamespaceArg},
+    cluster::ExecutionArg,
     error::Error,
     exit::Exit,
     logs::{await_finished, print},
@@ -19,11 +19,8 @@ use crate::crd::Execution;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The Execution to cancel.
-    execution: String,
-
     #[command(flatten)]
-    namespace: NamespaceArg,
+    target: ExecutionArg,
 
     /// Wait (on a watch) until the Execution has ended, and print its result as `logs` does.
     #[arg(long)]
@@ -31,9 +28,8 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Result<Exit, Error> {
-    let cluster = Cluster::connect(args.namespace).await?;
-    let executions = cluster.api::<Execution>();
-    let name = &args.execution;
+    let (cluster, executions, named) = args.target.connect().await?;
+    let name = &named;
     let cancelled =
         request_cancel(&executions, name)
             .await?

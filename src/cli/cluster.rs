@@ -4,12 +4,32 @@
 use kube::{Api, Client};
 
 use super::error::Error;
+use crate::crd::Execution;
 
 #[derive(clap::Args)]
 pub struct NamespaceArg {
     /// Namespace [default: the kubeconfig context's namespace, else `default`].
     #[arg(short, long)]
     pub namespace: Option<String>,
+}
+
+/// One existing Execution, named on the command line, and where it is.
+#[derive(clap::Args)]
+pub struct ExecutionArg {
+    /// The Execution (`exec` prints its name on stderr).
+    pub execution: String,
+
+    #[command(flatten)]
+    pub namespace: NamespaceArg,
+}
+
+impl ExecutionArg {
+    /// The cluster, its Executions in the namespace, and the Execution's name.
+    pub async fn connect(self) -> Result<(Cluster, Api<Execution>, String), Error> {
+        let cluster = Cluster::connect(self.namespace).await?;
+        let executions = cluster.api::<Execution>();
+        Ok((cluster, executions, self.execution))
+    }
 }
 
 pub struct Cluster {

@@ -3,22 +3,13 @@
 
 use kube::{Api, runtime::wait::await_condition};
 
-use super::{
-    cluster::{Cluster, NamespaceArg},
-    error::Error,
-    exit::Exit,
-    output::emit,
-    status::succeeded,
-};
+use super::{cluster::ExecutionArg, error::Error, exit::Exit, output::emit, status::succeeded};
 use crate::crd::{Execution, ExecutionError};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The Execution (`exec` prints its name on stderr).
-    execution: String,
-
     #[command(flatten)]
-    namespace: NamespaceArg,
+    target: ExecutionArg,
 
     /// Wait (on a watch) until the Execution has finished.
     #[arg(long)]
@@ -26,9 +17,8 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Result<Exit, Error> {
-    let cluster = Cluster::connect(args.namespace).await?;
-    let executions = cluster.api::<Execution>();
-    let name = &args.execution;
+    let (cluster, executions, named) = args.target.connect().await?;
+    let name = &named;
     let execution = if args.wait {
         await_finished(&executions, name, &cluster.namespace).await?
     } else {

@@ -201,21 +201,24 @@ def test_a_code_error_is_shown_to_the_model_and_the_next_step_succeeds(executor)
 
 
 def test_a_runaway_step_cancelled_is_shown_to_the_model_and_the_kernel_keeps_its_state(
-    executor, custom_objects
+    kubeconfig, custom_objects
 ):
     """`KubernetesExecutor.cancel` from another thread (a watchdog, a UI's stop button) while a
     step's code spins: the code is interrupted, the model sees that it was cancelled, and the
-    next step still has the variable set before the loop."""
-
+    next step still has the variable set before the loop. (An executor of its own: without the
+    cancel, the loop runs to its deadline and leaves the executor unusable.)"""
     cancelled = []
 
-    def cancel_once_running() -> None:
+    def running(name: str) -> bool:
+        conditions = (execution(custom_objects, name).get("status") or {}).get("conditions")
+        return any(c["type"] == "Succeeded" and c["reason"] == "Running" for c in conditions or [])
+
+    def cancel_once_running(executor) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             name = executor._running
-            if name and reason(execution(custom_objects, name)) == "Running":
-                assert executor.cancel()
-                cancelled.append(name)
+            if name and running(name):
+                cancelled.append((name, executor.cancel()))
                 return
             time.sleep(0.05)
 
@@ -223,21 +226,22 @@ def test_a_runaway_step_cancelled_is_shown_to_the_model_and_the_kernel_keeps_its
         assert "Cancelled" in messages_text(messages)
         return action("It was stopped; x is still there.", "final_answer(x + 1)")
 
-    agent, model = agent_with(
-        executor,
-        [
-            action("Spin.", "x = 41\nprint('spinning', flush=True)\nwhile True:\n    pass"),
-            after_cancel,
-        ],
-    )
-    watchdog = threading.Thread(target=cancel_once_running)
-    watchdog.start()
-    assert agent.run("Spin, then answer.") == 42
-    watchdog.join()
-    assert len(model.calls) == 2
-    assert "Cancelled" in str(agent.memory.steps[1].error)
-    assert reason(execution(custom_objects, cancelled[0])) == "Cancelled"
-    assert not executor.cancel(), "nothing runs now: nothing to cancel"
+    spin = "x = 41\nprint('spinning', flush=True)\nwhile True:\n    pass"
+    with new_executor(kubeconfig, executor_spec={"env": NO_NETWORK_ENV}) as executor:
+        agent, model = agent_with(executor, [action("Spin.", spin), after_cancel])
+        watchdog = threading.Thread(target=cancel_once_running, args=(executor,))
+        watchdog.start()
+        try:
+            answer = agent.run("Spin, then answer.")
+        finally:
+            watchdog.join()
+        assert answer == 42
+        assert len(model.calls) == 2
+        assert "Cancelled" in str(agent.memory.steps[1].error)
+        [(name, requested)] = cancelled
+        assert requested
+        assert reason(execution(custom_objects, name)) == "Cancelled"
+        assert not executor.cancel(), "nothing runs now: nothing to cancel"
 
 
 def test_a_rejected_final_answer_is_shown_to_the_model(executor):

@@ -66,6 +66,7 @@ RESULT_STATUSES = {
     "timeout",
     "kernel_lost",
     "not_accepted",
+    "cancelled",
 }
 
 
