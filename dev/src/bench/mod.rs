@@ -260,7 +260,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.errors.extend(failures);
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
-            Ok(Outcome::Cancel(cancel)) => report.cancel = Some(cancel),
+            Ok(Outcome::Cancel(cancel)) => {
+                if let Some(why) = &cancel.next_after_restart_failed {
+                    let label = "11 (the action right after a kernel restart)";
+                    report.errors.insert(label.into(), why.clone());
+                }
+                report.cancel = Some(cancel);
+            }
             Ok(Outcome::Traces(traces)) => report.traces = Some(traces),
             Ok(Outcome::Fairness(fairness)) => report.fairness = Some(fairness),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),

@@ -241,17 +241,18 @@ pub fn table(report: &Report) -> String {
                 super::cancel::TARGET_INTERRUPTED_SECONDS
             ),
         ));
-        let next = c
-            .next_after_restart_ms
-            .as_ref()
-            .map_or("n/a".into(), |s| ms(s.median));
+        let next = match (&c.next_after_restart_failed, &c.next_after_restart_ms) {
+            (Some(_), _) => "**failed** (see below)".into(),
+            (None, Some(s)) => format!("{} (median)", ms(s.median)),
+            (None, None) => "n/a".into(),
+        };
         rows.push(timing(
             "11",
             "cancel → Cancelled, kernel restarted (code ignores the interrupt)",
             c.restarted_ms.as_ref(),
             format!(
                 "includes the {} s grace; the next action (first on the fresh kernel) create → \
-                 Succeeded {next} (median)",
+                 Succeeded {next}",
                 super::cancel::OPERATOR_GRACE_SECONDS
             ),
         ));
