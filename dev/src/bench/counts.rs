@@ -15,6 +15,10 @@ pub struct Counts {
     pub memory_executors: usize,
     pub memory_executions: usize,
     pub cold_start_runs: usize,
+    /// Scenario 11: cancels of code that stops at the interrupt, and of code that ignores it
+    /// (each costs the operator's grace before its kernel restart).
+    pub cancel_runs: usize,
+    pub cancel_restart_runs: usize,
     /// Executions per round of scenario 9 (three rounds with traces off, three exported).
     pub traces_per_round: usize,
     pub simulated_executors: Vec<usize>,
@@ -53,6 +57,8 @@ impl Counts {
                 memory_executors: 100,
                 memory_executions: 1_000,
                 cold_start_runs: 1,
+                cancel_runs: 3,
+                cancel_restart_runs: 1,
                 traces_per_round: 5,
                 simulated_executors: vec![10, 50, 100],
                 simulated_actions: 10,
@@ -76,6 +82,8 @@ impl Counts {
                 memory_executors: 1_000,
                 memory_executions: 10_000,
                 cold_start_runs: 5,
+                cancel_runs: 10,
+                cancel_restart_runs: 3,
                 traces_per_round: 50,
                 simulated_executors: vec![10, 100, 1_000],
                 simulated_actions: 10,

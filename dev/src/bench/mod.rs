@@ -1,8 +1,9 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
-//! sandboxes, and claims from warm pools against cold creates, prints the figures as a Markdown
-//! table and writes them as JSON (`--out`), so two runs can be compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, cancels of running
+//! actions, scale on simulated sandboxes, and claims from warm pools against cold creates,
+//! prints the figures as a Markdown table and writes them as JSON (`--out`), so two runs can be
+//! compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
@@ -13,6 +14,7 @@
 
 mod agent;
 mod audit;
+mod cancel;
 mod cold_start;
 mod counts;
 mod fairness;
@@ -57,7 +59,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-10, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-11, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -69,6 +71,7 @@ enum Outcome {
     /// The points measured, and the labelled errors of those that failed.
     Scaling(Vec<scaling::Point>, Vec<(String, String)>),
     ColdStart(cold_start::ColdStart),
+    Cancel(cancel::Cancel),
     Memory(memory::Memory),
     /// Scenario 7's points, the labelled errors of those that failed, and the API ceiling.
     Simulated(
@@ -85,8 +88,8 @@ enum Outcome {
 /// The order scenarios run in. Fairness watches every namespace: it comes first, while no other
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
-/// Warm pools delete what they made.
-const ORDER: [u8; 9] = [10, 1, 2, 6, 8, 9, 7, 5, 3];
+/// Warm pools and cancel delete what they made.
+const ORDER: [u8; 10] = [10, 1, 2, 6, 11, 8, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -142,6 +145,15 @@ async fn scenario(
             .await?,
         ),
         6 => Outcome::ColdStart(cold_start::run(stack, progress, counts.cold_start_runs).await?),
+        11 => Outcome::Cancel(
+            cancel::run(
+                stack,
+                progress,
+                counts.cancel_runs,
+                counts.cancel_restart_runs,
+            )
+            .await?,
+        ),
         7 => {
             let measure = |scale| simulated::point(stack, progress, scale);
             let (points, mut failures) = each_point(n, progress, counts.simulated(), measure).await;
@@ -206,6 +218,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         api_cost: None,
         memory: None,
         cold_start: None,
+        cancel: None,
         simulated: None,
         api_ceiling: None,
         pools: None,
@@ -247,6 +260,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.errors.extend(failures);
             }
             Ok(Outcome::ColdStart(cold)) => report.cold_start = Some(cold),
+            Ok(Outcome::Cancel(cancel)) => {
+                if let Some(why) = &cancel.next_after_restart_failed {
+                    let label = "11 (the action right after a kernel restart)";
+                    report.errors.insert(label.into(), why.clone());
+                }
+                report.cancel = Some(cancel);
+            }
             Ok(Outcome::Traces(traces)) => report.traces = Some(traces),
             Ok(Outcome::Fairness(fairness)) => report.fairness = Some(fairness),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),

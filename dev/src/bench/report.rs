@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    agent, cold_start, counts::Counts, fairness, latency, memory, pools, scaling, simulated, traces,
+    agent, cancel, cold_start, counts::Counts, fairness, latency, memory, pools, scaling,
+    simulated, traces,
 };
 
 /// Everything one run measured (the JSON of `--out`).
@@ -23,6 +24,7 @@ pub struct Report {
     pub api_cost: Option<latency::ApiCost>,
     pub memory: Option<memory::Memory>,
     pub cold_start: Option<cold_start::ColdStart>,
+    pub cancel: Option<cancel::Cancel>,
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{
     report::Report,
-    rows::{Row, burst_notes, cpu_notes, mib, plain, pool_rows, times, timing},
+    rows::{Row, burst_notes, cpu_notes, mib, ms, plain, pool_rows, times, timing},
     simulated::{TARGET_CEILING_SHARE, TARGET_READY_SECONDS},
 };
 
@@ -230,6 +230,32 @@ pub fn table(report: &Report) -> String {
             Some(reason) => rows.push(plain("6", figure, format!("n/a ({reason})"))),
             None => rows.push(timing("6", figure, c.pip_ms.as_ref(), String::new())),
         }
+    }
+    if let Some(c) = &report.cancel {
+        rows.push(timing(
+            "11",
+            "cancel → Cancelled, interrupted (kernel and state kept)",
+            c.interrupted_ms.as_ref(),
+            format!(
+                "target ≤ {:.0} s",
+                super::cancel::TARGET_INTERRUPTED_SECONDS
+            ),
+        ));
+        let next = match (&c.next_after_restart_failed, &c.next_after_restart_ms) {
+            (Some(_), _) => "**failed** (see below)".into(),
+            (None, Some(s)) => format!("{} (median)", ms(s.median)),
+            (None, None) => "n/a".into(),
+        };
+        rows.push(timing(
+            "11",
+            "cancel → Cancelled, kernel restarted (code ignores the interrupt)",
+            c.restarted_ms.as_ref(),
+            format!(
+                "includes the {} s grace; the next action (first on the fresh kernel) create → \
+                 Succeeded {next}",
+                super::cancel::OPERATOR_GRACE_SECONDS
+            ),
+        ));
     }
     if let Some(t) = &report.traces {
         rows.push(timing(
