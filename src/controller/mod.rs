@@ -46,5 +46,6 @@ mod status;
 mod wake;
 
 pub use context::{Error, Result, Settings};
+pub use execution::CANCEL_GRACE;
 pub use orphans::orphans;
 pub use run::{Observer, run, run_observed};

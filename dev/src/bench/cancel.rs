@@ -34,11 +34,6 @@ const RUNAWAY_TIMEOUT_SECONDS: u32 = 40;
 /// Bound of each wait: the runaway's deadline, with room to spare.
 const BOUND: Duration = Duration::from_secs(60);
 
-/// How long the operator lets interrupted code stop before it restarts the kernel
-/// (`CANCEL_GRACE` in `src/controller/execution/cancel.rs`, private to the operator): part of
-/// every restarted run's figure.
-pub const OPERATOR_GRACE_SECONDS: u64 = 3;
-
 /// The target for a cancel of code that stops at the interrupt.
 pub const TARGET_INTERRUPTED_SECONDS: f64 = 2.0;
 

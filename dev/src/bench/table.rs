@@ -253,7 +253,7 @@ pub fn table(report: &Report) -> String {
             format!(
                 "includes the {} s grace; the next action (first on the fresh kernel) create → \
                  Succeeded {next}",
-                super::cancel::OPERATOR_GRACE_SECONDS
+                briq_operator::controller::CANCEL_GRACE.as_secs()
             ),
         ));
     }
