@@ -1423,13 +1423,21 @@ def user_names(shell):
 
 
 def defined_here(name, value):
-    """A function or class defined in the kernel under this very name: saved by its source."""
-    if not (inspect.isfunction(value) or isinstance(value, type)):
+    """A function or class defined in the kernel under this very name, decorated or not (a
+    functools.wraps wrapper pickles by reference to the name it replaces): saved by source."""
+    if not callable(value):
         return False
-    return (
-        getattr(value, "__module__", None) == "__main__"
-        and getattr(value, "__name__", None) == name
-        and getattr(value, "__qualname__", None) == name
+    try:
+        inner = inspect.unwrap(value)
+    except Exception:
+        return False
+    if not (inspect.isfunction(inner) or isinstance(inner, type)):
+        return False
+    return all(
+        getattr(item, "__module__", None) == "__main__"
+        and getattr(item, "__name__", None) == name
+        and getattr(item, "__qualname__", None) == name
+        for item in (value, inner)
     )
 
 
