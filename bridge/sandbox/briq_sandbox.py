@@ -1694,26 +1694,50 @@ def state_summary_problem(summary: Any) -> str | None:
     return None
 
 
-def await_execute_reply(client: Any, msg_id: str, pid: int, until: float) -> tuple[str, Any]:
-    """("done", reply content) once the execute_reply to `msg_id` arrives; ("lost", None) when
-    kernel `pid` dies first, ("deadline", None) at `until`."""
-    while True:
-        if not process_is_kernel(pid):
-            return "lost", None
-        now = time.monotonic()
-        if now >= until:
-            return "deadline", None
-        msg = receive(client.shell_channel, min(PID_CHECK_INTERVAL_S, until - now))
-        if not isinstance(msg, dict):
-            continue
-        parent, header = msg.get("parent_header"), msg.get("header")
-        if (
+class StateRequest:
+    """The bridge's own execute_request to the kernel: whether the kernel has started it (its
+    busy status on iopub) and the content of its execute_reply once it came."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self.started = False
+        self.reply: Any = None
+        self.replied = False
+
+    def ours(self, msg: Any, kind: str) -> bool:
+        parent = msg.get("parent_header") if isinstance(msg, dict) else None
+        header = msg.get("header") if isinstance(msg, dict) else None
+        return (
             isinstance(parent, dict)
             and isinstance(header, dict)
-            and parent.get("msg_id") == msg_id
-            and header.get("msg_type") == "execute_reply"
-        ):
-            return "done", msg.get("content")
+            and parent.get("msg_id") == self.msg_id
+            and header.get("msg_type") == kind
+        )
+
+    def wait(self, client: Any, pid: int, until: float) -> str:
+        """Wait for the reply ("done"), until kernel `pid` dies ("lost") or `until`
+        ("deadline")."""
+        import zmq
+
+        iopub, shell = client.iopub_channel, client.shell_channel
+        poller = zmq.Poller()
+        poller.register(iopub.socket, zmq.POLLIN)
+        poller.register(shell.socket, zmq.POLLIN)
+        while not self.replied:
+            if not process_is_kernel(pid):
+                return "lost"
+            now = time.monotonic()
+            if now >= until:
+                return "deadline"
+            ready = dict(poller.poll(int(min(until - now, PID_CHECK_INTERVAL_S) * 1000) + 1))
+            if iopub.socket in ready and (msg := receive(iopub, 0)) is not None:
+                content = msg.get("content")
+                if self.ours(msg, "status") and isinstance(content, dict):
+                    self.started = self.started or content.get("execution_state") == "busy"
+            if shell.socket in ready and (msg := receive(shell, 0)) is not None:
+                if self.ours(msg, "execute_reply"):
+                    self.reply, self.replied, self.started = msg.get("content"), True, True
+        return "done"
 
 
 def kernel_state_summary(content: Any) -> tuple[dict | None, str]:
@@ -1763,35 +1787,49 @@ def state_command(args: argparse.Namespace, operation: str) -> tuple[dict, int]:
         return state_envelope(False, kernel_gone_message(state)), 1
     path = state_file()
     shown = os.path.relpath(path)
-    client = connect(state, shell=True)
+    client = connect(state, shell=True, iopub=True)
     try:
-        msg_id = client.execute(
-            "",
-            silent=True,
-            store_history=False,
-            user_expressions={"briq_state": state_expression(operation, path)},
-            allow_stdin=False,
-            stop_on_error=False,
-        )
-        outcome, content = await_execute_reply(client, msg_id, pid, deadline)
+        # A live iopub subscription first, to see the kernel start our request.
+        if not await_iopub(client, pid, deadline):
+            outcome = "lost" if not process_is_kernel(pid) else "silent"
+        else:
+            request = StateRequest(
+                client.execute(
+                    "",
+                    silent=True,
+                    store_history=False,
+                    user_expressions={"briq_state": state_expression(operation, path)},
+                    allow_stdin=False,
+                    stop_on_error=False,
+                )
+            )
+            outcome = request.wait(client, pid, deadline)
+        if outcome == "silent":
+            message = (
+                f"the kernel did not answer within the deadline of {args.deadline:g} s "
+                f"(busy or frozen); nothing was asked of it ({operation})"
+            )
+            return state_envelope(False, message), 1
         if outcome == "deadline":
+            late = f"the deadline of {args.deadline:g} s passed before the kernel finished"
+            if not request.started:
+                # Busy with something else (the operator saves idle executors only): that is
+                # not ours to interrupt. Our request stays queued and runs when it is done.
+                message = f"{late} ({operation}): it was busy and had not started it"
+                return state_envelope(False, message), 1
             # As a run's timeout: KeyboardInterrupt in the kernel (a save's partial file is
             # removed, the previous one stays), which then answers our request.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGINT)
-            grace = time.monotonic() + INTERRUPT_GRACE_S
-            after, _ = await_execute_reply(client, msg_id, pid, grace)
+            after = request.wait(client, pid, time.monotonic() + INTERRUPT_GRACE_S)
             idle = "it is idle again" if after == "done" else "it did not answer"
-            message = (
-                f"the deadline of {args.deadline:g} s passed before the kernel finished "
-                f"({operation}); kernel interrupted (SIGINT), {idle}"
-            )
+            message = f"{late} ({operation}); kernel interrupted (SIGINT), {idle}"
             return state_envelope(False, message), 1
     finally:
         client.stop_channels()
     if outcome == "lost":
         return state_envelope(False, f"kernel process {pid} is gone: it died during {operation}"), 1
-    summary, problem = kernel_state_summary(content)
+    summary, problem = kernel_state_summary(request.reply)
     if summary is None:
         return state_envelope(False, problem), 1
     saved, unsaved, size = summary["saved"], summary["unsaved"], summary["bytes"]

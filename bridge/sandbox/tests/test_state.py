@@ -9,6 +9,8 @@ import ast
 import copy
 import os
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import KERNEL_UID, SPLIT, process_gone
@@ -266,6 +268,39 @@ def test_a_save_past_its_deadline_is_interrupted_and_the_previous_file_stays(fre
     assert sorted(os.listdir(state_file(fresh_sandbox).parent)) == ["namespace.pickle"]
     assert first["saved"] == ["kept"]
     assert value(fresh_sandbox, "kept + 1") == 2  # the kernel still works
+
+
+@pytest.mark.parametrize(
+    ("chatty", "says"),
+    [(False, "did not answer"), (True, "busy and had not started it")],
+    ids=["quiet", "chatty"],
+)
+def test_a_kernel_busy_with_an_action_is_not_interrupted(fresh_sandbox, chatty, says):
+    # The operator saves idle executors only; should it ask a busy one, the action (run by the
+    # runner) is left alone and the save says why it did not happen. A quiet action keeps the
+    # bridge from even subscribing (nothing is sent); a chatty one lets it queue its request.
+    running_file, go = fresh_sandbox.user_dir / "running", fresh_sandbox.user_dir / "go"
+    action = (
+        "import os, time\n"
+        f"open({str(running_file)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        f"    {'print(1, flush=True)' if chatty else 'pass'}\n"
+        "    time.sleep(0.05)\n"
+        "'finished'"
+    )
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(fresh_sandbox.run, action, 60)
+        deadline = time.monotonic() + 30
+        while not running_file.exists():  # the kernel is busy with the action
+            assert time.monotonic() < deadline and not running.done()
+            time.sleep(0.05)
+        call = save(fresh_sandbox, "--deadline", "2")
+        assert call.returncode == 1 and call.envelope["ok"] is False
+        assert says in call.envelope["message"], call.envelope
+        go.touch()
+        result = running.result(timeout=60)
+    assert (result["status"], result["output"]) == ("ok", "'finished'"), result
+    assert ok(save(fresh_sandbox))["saved"] == ["os", "time"]
 
 
 def valid_reply() -> dict:
