@@ -3,7 +3,10 @@
 
 This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
 
-    BRIQ_NONCE=NONCE python3 .briq/bridge.py <setup|start-kernel|probe|run|recall|cancel> [opts]
+    BRIQ_NONCE=NONCE python3 .briq/bridge.py <command> [opts]
+
+with one of the commands setup, start-kernel, probe, run, recall, cancel, save-state and
+restore-state.
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -104,6 +107,18 @@ CANCEL_RESTART_DEADLINE_S = 30.0
 REJECTED_TAGS = frozenset({"ndarray", "PIL.Image"})
 REJECTED_HINT = "return arrays as lists and images as bytes"
 
+# `save-state` / `restore-state` (PROTOCOL.md "Saving and restoring the namespace"): the file,
+# relative to the kernel user's directory (its cwd and HOME), that the kernel itself pickles
+# its user namespace into and unpickles it from; the bridge never reads it. The kernel's
+# summary is untrusted: at most STATE_MAX_NAMES names per list, each an identifier of at most
+# STATE_NAME_LENGTH characters, each reason at most STATE_WHY_LIMIT characters.
+STATE_FILE = ".briq-state/namespace.pickle"
+STATE_MAX_NAMES = 256
+STATE_NAME_LENGTH = 256
+STATE_WHY_LIMIT = 200
+# The `source` of the payload the kernel's snippet puts in the reply to its own request.
+STATE_PAYLOAD_SOURCE = "briq_state"
+
 # How long an interrupted kernel gets to become idle again before we report the timeout.
 INTERRUPT_GRACE_S = 2.0
 # How long an existing kernel gets to answer kernel_info on its control channel.
@@ -165,6 +180,23 @@ def setup_envelope(ok: bool, installed: bool, message: str, pip_tail: str | None
 
 def kernel_envelope(alive: bool, started: bool, pid: int | None, message: str) -> dict:
     return {"kind": "kernel", "alive": alive, "started": started, "pid": pid, "message": message}
+
+
+def state_envelope(
+    ok: bool,
+    message: str,
+    saved: list[str] | None = None,
+    unsaved: list[dict] | None = None,
+    size: int = 0,
+) -> dict:
+    return {
+        "kind": "state",
+        "ok": ok,
+        "saved": saved or [],
+        "unsaved": unsaved or [],
+        "bytes": size,
+        "message": message,
+    }
 
 
 def result_envelope(
@@ -1333,6 +1365,499 @@ def summarize(
 
 
 # --------------------------------------------------------------------------------------------
+# Saving and restoring the kernel's namespace (save-state / restore-state)
+# --------------------------------------------------------------------------------------------
+#
+# The kernel pickles and unpickles its own namespace, as the kernel user, into a file in that
+# user's directory: the saved state never leaves the sandbox and the bridge never reads it.
+# The bridge sends one execute_request with empty code (silent, no history) whose only user
+# expression runs STATE_KERNEL_CODE in a dictionary of its own, so that the user's namespace
+# gets no new name. The code hands its summary back as a payload of that request's
+# execute_reply (never through stdout or the display formatters), which the bridge validates.
+
+STATE_KERNEL_CODE = r'''
+import ast
+import importlib
+import inspect
+import linecache
+import os
+import pickle
+import sys
+import tempfile
+import types
+import uuid
+
+from IPython import get_ipython
+
+ARGS = __briq_args__
+MAX_NAMES = ARGS["max_names"]
+NAME_LENGTH = ARGS["name_length"]
+WHY_LIMIT = ARGS["why_limit"]
+# IPython's own names: never the user's.
+IGNORED = frozenset(("In", "Out", "get_ipython", "exit", "quit"))
+# linecache names of the sources restore defines, so that a restored function or class can be
+# saved again (inspect finds its source there).
+RESTORED = "<briq-restored-"
+FORMAT = 1
+
+
+def why_of(exc):
+    text = str(exc) or type(exc).__name__
+    return text.encode("utf-8", "replace").decode("utf-8")[:WHY_LIMIT]
+
+
+def user_names(shell):
+    """The user's names, in the namespace's order, and how many keys are not identifiers."""
+    ns, hidden, absent = shell.user_ns, shell.user_ns_hidden, object()
+    names, odd = [], 0
+    for name, value in list(ns.items()):
+        if isinstance(name, str) and (name.startswith("_") or name in IGNORED):
+            continue
+        if hidden.get(name, absent) is value:
+            continue
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > NAME_LENGTH:
+            odd += 1
+            continue
+        names.append(name)
+    return names, odd
+
+
+def defined_here(name, value):
+    """A function or class defined in the kernel under this very name, decorated or not (a
+    functools.wraps wrapper pickles by reference to the name it replaces): saved by source."""
+    if not callable(value):
+        return False
+    try:
+        inner = inspect.unwrap(value)
+    except Exception:
+        return False
+    if not (inspect.isfunction(inner) or isinstance(inner, type)):
+        return False
+    return all(
+        getattr(item, "__module__", None) == "__main__"
+        and getattr(item, "__name__", None) == name
+        and getattr(item, "__qualname__", None) == name
+        for item in (value, inner)
+    )
+
+
+def definition(text, name, line=None):
+    """The source of the last top-level def or class `name` in `text` (decorators included),
+    the one holding `line` when given."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    lines = text.splitlines(True)
+    found = None
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in tree.body:
+        if isinstance(node, kinds) and node.name == name:
+            start = min([node.lineno] + [item.lineno for item in node.decorator_list])
+            if line is None or start <= line <= node.end_lineno:
+                found = "".join(lines[start - 1 : node.end_lineno])
+    return found
+
+
+def code_places(value):
+    """(file, first line) of the code of a function, or of a class's methods."""
+    if isinstance(value, type):
+        members = list(vars(value).values())
+    else:
+        members = [inspect.unwrap(value)]
+    places = []
+    for member in members:
+        if isinstance(member, property):
+            member = member.fget
+        member = getattr(member, "__func__", member)
+        code = getattr(member, "__code__", None)
+        if isinstance(code, types.CodeType):
+            places.append((code.co_filename, code.co_firstlineno))
+    return places
+
+
+def source_of(shell, name, value):
+    for filename, line in code_places(value):
+        source = definition("".join(linecache.getlines(filename)), name, line)
+        if source is not None:
+            return source
+    # A class without methods: the newest restored source or input cell that defines it.
+    prefix = RESTORED + name + "-"
+    restored = [key for key in list(linecache.cache) if str(key).startswith(prefix)]
+    texts = ["".join(linecache.getlines(key)) for key in reversed(restored)]
+    texts += list(reversed(shell.history_manager.input_hist_parsed))
+    for text in texts:
+        source = definition(text, name)
+        if source is not None:
+            return source
+    kind = "class" if isinstance(value, type) else "function"
+    raise OSError(f"the source of {kind} {name} was not found")
+
+
+def save(shell, path):
+    ns = shell.user_ns
+    names, odd = user_names(shell)
+    if len(names) > MAX_NAMES:
+        raise ValueError(f"the namespace holds {len(names)} names; at most {MAX_NAMES} are saved")
+    modules, sources, values, saved, unsaved = {}, [], {}, [], []
+    for name in names:
+        value = ns[name]
+        try:
+            if isinstance(value, types.ModuleType):
+                module = value.__name__
+                if sys.modules.get(module) is not value:
+                    raise ValueError(f"module {module!r} cannot be imported again by its name")
+                modules[name] = module
+            elif defined_here(name, value):
+                sources.append((name, source_of(shell, name, value)))
+            else:
+                values[name] = pickle.dumps(value, protocol=5)
+        except Exception as exc:
+            unsaved.append({"name": name, "why": why_of(exc)})
+        else:
+            saved.append(name)
+    state = {
+        "format": FORMAT,
+        "order": saved,
+        "modules": modules,
+        "sources": sources,
+        "values": values,
+    }
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".namespace.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump(state, handle, protocol=5)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    size = os.stat(path).st_size
+    return {"found": True, "saved": saved, "unsaved": unsaved, "bytes": size, "odd": odd}
+
+
+def define(ns, name, source):
+    filename = f"{RESTORED}{name}-{uuid.uuid4().hex}>"
+    code = compile(source, filename, "exec")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(code, ns)
+    if name not in ns:
+        raise NameError(f"its source did not define {name}")
+
+
+def restore(shell, path):
+    ns = shell.user_ns
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return {"found": False, "saved": [], "unsaved": [], "bytes": 0, "odd": 0}
+    state = pickle.loads(data)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a saved namespace this bridge knows")
+    restored, failed = set(), {}
+    for name, module in state["modules"].items():
+        try:
+            ns[name] = importlib.import_module(module)
+        except Exception as exc:
+            failed[name] = exc
+        else:
+            restored.add(name)
+
+    def define_all(items):
+        left = []
+        for name, source in items:
+            try:
+                define(ns, name, source)
+            except Exception as exc:
+                failed[name] = exc
+                left.append((name, source))
+            else:
+                restored.add(name)
+        return left
+
+    # Functions and classes before the values that refer to them, again while that makes
+    # progress (a class may need its base or a decorator defined first), and once more after
+    # the values (a decorator may be a value).
+    pending = list(state["sources"])
+    while pending:
+        left = define_all(pending)
+        if len(left) == len(pending):
+            break
+        pending = left
+    for name, blob in state["values"].items():
+        try:
+            ns[name] = pickle.loads(blob)
+        except Exception as exc:
+            failed[name] = exc
+        else:
+            restored.add(name)
+    define_all(pending)
+    order = state["order"]
+    saved = [name for name in order if name in restored]
+    unsaved = [
+        {"name": name, "why": why_of(failed[name])}
+        for name in order
+        if name in failed and name not in restored
+    ]
+    return {"found": True, "saved": saved, "unsaved": unsaved, "bytes": len(data), "odd": 0}
+
+
+def main():
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("not running in IPython")
+    operation = save if ARGS["op"] == "save" else restore
+    summary = operation(shell, ARGS["path"])
+    shell.payload_manager.write_payload({"source": ARGS["source"], "summary": summary}, False)
+
+
+main()
+'''
+
+
+def state_expression(operation: str, path: Path) -> str:
+    """The user expression that runs STATE_KERNEL_CODE in a dictionary of its own (no name
+    lands in the user's namespace; builtins are taken from the builtins module, not from names
+    the user may have rebound). Its value is None: the summary comes as a payload."""
+    arguments = {
+        "op": operation,
+        "path": str(path),
+        "source": STATE_PAYLOAD_SOURCE,
+        "max_names": STATE_MAX_NAMES,
+        "name_length": STATE_NAME_LENGTH,
+        "why_limit": STATE_WHY_LIMIT,
+    }
+    scope = (
+        f"{{'__builtins__': __import__('builtins'), '__name__': '__briq_state__', "
+        f"'__briq_code__': {STATE_KERNEL_CODE!r}, '__briq_args__': {arguments!r}}}"
+    )
+    return f"(lambda g: g['__builtins__'].exec(g['__briq_code__'], g))({scope})"
+
+
+def state_file() -> Path:
+    """Where the kernel keeps the saved namespace: in the kernel user's directory (its cwd and
+    HOME: /work/home in root mode, else /work)."""
+    home = user_dir() if split_users() else Path.cwd()
+    return home / STATE_FILE
+
+
+def valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def valid_state_name(name: Any) -> bool:
+    return isinstance(name, str) and len(name) <= STATE_NAME_LENGTH and name.isidentifier()
+
+
+def state_summary_problem(summary: Any) -> str | None:
+    """Why the kernel's summary is not one its snippet can have written, or None."""
+    fields = {"found", "saved", "unsaved", "bytes", "odd"}
+    if not isinstance(summary, dict) or set(summary) != fields:
+        return "not a summary object"
+    saved, unsaved = summary["saved"], summary["unsaved"]
+    if not isinstance(summary["found"], bool):
+        return "found is not a boolean"
+    for key, limit in (("bytes", 2**63), ("odd", 2**31)):
+        value = summary[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
+            return f"{key} is not a count"
+    if not isinstance(saved, list) or len(saved) > STATE_MAX_NAMES:
+        return f"saved is not a list of at most {STATE_MAX_NAMES} names"
+    if not all(valid_state_name(name) for name in saved):
+        return "saved holds something that is not a name"
+    if not isinstance(unsaved, list) or len(unsaved) > STATE_MAX_NAMES:
+        return f"unsaved is not a list of at most {STATE_MAX_NAMES} entries"
+    for entry in unsaved:
+        if not isinstance(entry, dict) or set(entry) != {"name", "why"}:
+            return "unsaved holds something that is not {name, why}"
+        if not valid_state_name(entry["name"]):
+            return "unsaved holds something that is not a name"
+        why = entry["why"]
+        if not isinstance(why, str) or len(why) > STATE_WHY_LIMIT or not valid_unicode(why):
+            return f"unsaved holds a reason that is not a string of at most {STATE_WHY_LIMIT}"
+    names = saved + [entry["name"] for entry in unsaved]
+    if len(set(names)) != len(names):
+        return "a name is listed twice"
+    if not summary["found"] and (names or summary["bytes"] or summary["odd"]):
+        return "nothing was found, yet something is listed"
+    return None
+
+
+class StateRequest:
+    """The bridge's own execute_request to the kernel: whether the kernel has started it (its
+    busy status on iopub) and the content of its execute_reply once it came."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
+        self.started = False
+        self.reply: Any = None
+        self.replied = False
+
+    def ours(self, msg: Any, kind: str) -> bool:
+        parent = msg.get("parent_header") if isinstance(msg, dict) else None
+        header = msg.get("header") if isinstance(msg, dict) else None
+        return (
+            isinstance(parent, dict)
+            and isinstance(header, dict)
+            and parent.get("msg_id") == self.msg_id
+            and header.get("msg_type") == kind
+        )
+
+    def wait(self, client: Any, pid: int, until: float) -> str:
+        """Wait for the reply ("done"), until kernel `pid` dies ("lost") or `until`
+        ("deadline")."""
+        import zmq
+
+        iopub, shell = client.iopub_channel, client.shell_channel
+        poller = zmq.Poller()
+        poller.register(iopub.socket, zmq.POLLIN)
+        poller.register(shell.socket, zmq.POLLIN)
+        while not self.replied:
+            if not process_is_kernel(pid):
+                return "lost"
+            now = time.monotonic()
+            if now >= until:
+                return "deadline"
+            ready = dict(poller.poll(int(min(until - now, PID_CHECK_INTERVAL_S) * 1000) + 1))
+            if iopub.socket in ready and (msg := receive(iopub, 0)) is not None:
+                content = msg.get("content")
+                if self.ours(msg, "status") and isinstance(content, dict):
+                    self.started = self.started or content.get("execution_state") == "busy"
+            if shell.socket in ready and (msg := receive(shell, 0)) is not None:
+                if self.ours(msg, "execute_reply"):
+                    self.reply, self.replied, self.started = msg.get("content"), True, True
+        return "done"
+
+
+def kernel_state_summary(content: Any) -> tuple[dict | None, str]:
+    """The validated summary in an execute_reply's content, or None and what is wrong."""
+    if not isinstance(content, dict):
+        return None, "malformed summary: the reply has no content"
+    if content.get("status") != "ok":
+        problem = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"
+        return None, f"the kernel did not run the request ({clip(str(problem), 1_000)})"
+    expressions = content.get("user_expressions")
+    outcome = expressions.get("briq_state") if isinstance(expressions, dict) else None
+    if isinstance(outcome, dict) and outcome.get("status") == "error":
+        problem = f"{outcome.get('ename', 'Error')}: {outcome.get('evalue', '')}"
+        return None, f"the kernel failed: {clip(strip_ansi(str(problem)), 1_000)}"
+    if not isinstance(outcome, dict) or outcome.get("status") != "ok":
+        return None, "malformed summary: the kernel did not evaluate the request"
+    payloads = content.get("payload")
+    ours = [
+        item
+        for item in (payloads if isinstance(payloads, list) else [])
+        if isinstance(item, dict) and item.get("source") == STATE_PAYLOAD_SOURCE
+    ]
+    if len(ours) != 1 or set(ours[0]) != {"source", "summary"}:
+        return None, f"malformed summary: {len(ours)} summaries in the reply"
+    summary = ours[0]["summary"]
+    problem = state_summary_problem(summary)
+    if problem is not None:
+        return None, f"malformed summary: {problem}"
+    return summary, ""
+
+
+def kernel_gone_message(state: KernelState) -> str:
+    recorded = state.read_pid()
+    if recorded is None or not state.connection_file.exists():
+        return f"no kernel: there is no kernel state in {state.dir} (it is gone or never started)"
+    return f"no kernel: kernel process {recorded} is gone"
+
+
+def state_command(args: argparse.Namespace, operation: str) -> tuple[dict, int]:
+    """Ask the live kernel to save (`operation` "save") or restore ("restore") its namespace
+    over a connection of our own (never through the runner, which serves run requests)."""
+    deadline = time.monotonic() + args.deadline
+    state = KernelState(args.state_dir)
+    check_state_dir(state)
+    pid = state.live_pid()
+    if pid is None:
+        return state_envelope(False, kernel_gone_message(state)), 1
+    path = state_file()
+    shown = os.path.relpath(path)
+    client = connect(state, shell=True, iopub=True)
+    try:
+        # A live iopub subscription first, to see the kernel start our request.
+        if not await_iopub(client, pid, deadline):
+            outcome = "lost" if not process_is_kernel(pid) else "silent"
+        else:
+            request = StateRequest(
+                client.execute(
+                    "",
+                    silent=True,
+                    store_history=False,
+                    user_expressions={"briq_state": state_expression(operation, path)},
+                    allow_stdin=False,
+                    stop_on_error=False,
+                )
+            )
+            outcome = request.wait(client, pid, deadline)
+        if outcome == "silent":
+            message = (
+                f"the kernel did not answer within the deadline of {args.deadline:g} s "
+                f"(busy or frozen); nothing was asked of it ({operation})"
+            )
+            return state_envelope(False, message), 1
+        if outcome == "deadline":
+            late = f"the deadline of {args.deadline:g} s passed before the kernel finished"
+            if not request.started:
+                # Busy with something else (the operator saves idle executors only): that is
+                # not ours to interrupt. Our request stays queued and runs when it is done.
+                message = f"{late} ({operation}): it was busy and had not started it"
+                return state_envelope(False, message), 1
+            # As a run's timeout: KeyboardInterrupt in the kernel (a save's partial file is
+            # removed, the previous one stays), which then answers our request.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+            after = request.wait(client, pid, time.monotonic() + INTERRUPT_GRACE_S)
+            idle = "it is idle again" if after == "done" else "it did not answer"
+            message = f"{late} ({operation}); kernel interrupted (SIGINT), {idle}"
+            return state_envelope(False, message), 1
+    finally:
+        client.stop_channels()
+    if outcome == "lost":
+        return state_envelope(False, f"kernel process {pid} is gone: it died during {operation}"), 1
+    summary, problem = kernel_state_summary(request.reply)
+    if summary is None:
+        return state_envelope(False, problem), 1
+    saved, unsaved, size = summary["saved"], summary["unsaved"], summary["bytes"]
+    if operation == "save":
+        message = f"saved {len(saved)} names to {shown} ({size} bytes)"
+    elif not summary["found"]:
+        message = f"nothing was saved: there is no {shown} to restore from"
+    else:
+        message = f"restored {len(saved)} names from {shown} ({size} bytes)"
+    if unsaved:
+        verb = "saved" if operation == "save" else "restored"
+        message += f"; {len(unsaved)} could not be {verb}: " + ", ".join(
+            entry["name"] for entry in unsaved
+        )
+    if summary["odd"]:
+        message += f"; {summary['odd']} namespace keys that are not names were left out"
+    return state_envelope(True, clip(message, 4_000), saved, unsaved, size), 0
+
+
+def cmd_save_state(args: argparse.Namespace) -> tuple[dict, int]:
+    return state_command(args, "save")
+
+
+def cmd_restore_state(args: argparse.Namespace) -> tuple[dict, int]:
+    return state_command(args, "restore")
+
+
+# --------------------------------------------------------------------------------------------
 # The runner: one long-lived kernel client per kernel, behind a Unix socket
 # --------------------------------------------------------------------------------------------
 #
@@ -2226,6 +2751,8 @@ def bridge_failure(kind: str, message: str) -> dict:
         return setup_envelope(False, False, message)
     if kind == "kernel":
         return kernel_envelope(False, False, None, message)
+    if kind == "state":
+        return state_envelope(False, message)
     return result_envelope("error", error=error_info("BridgeError", message))
 
 
@@ -2263,6 +2790,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--state-dir", default=".briq/state")
     cancel.add_argument("--attempt", type=attempt_type, required=True)
     cancel.add_argument("--grace", type=seconds_type, default=3.0)
+
+    for name, handler in (("save-state", cmd_save_state), ("restore-state", cmd_restore_state)):
+        sub = command(name, handler, "state")
+        sub.add_argument("--state-dir", default=".briq/state")
+        sub.add_argument("--deadline", type=seconds_type, default=30.0)
 
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.

@@ -43,6 +43,7 @@ ENVELOPE_FIELDS = {
     "spilled": {"kind", "bytes", "sha256"},
     "setup": {"kind", "ok", "installed", "message", "pip_tail"},
     "kernel": {"kind", "alive", "started", "pid", "message"},
+    "state": {"kind", "ok", "saved", "unsaved", "bytes", "message"},
     "result": {
         "kind",
         "status",
