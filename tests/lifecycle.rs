@@ -214,3 +214,63 @@ async fn deleting_a_running_execution_stops_its_code_and_keeps_the_executor() {
     // leave the executor unusable (Timeout); this one runs as soon as the kernel is free.
     keeps_its_state(&env, "py", "after").await;
 }
+
+/// The pieces suspending an executor is made of, on a real kernel and the local server's stop and
+/// start: the kernel saves its namespace inside the sandbox, the sandbox stops (every process
+/// ends, the disk stays) and starts, a new kernel starts, and the namespace comes back — a
+/// value, a defined function and a module alias — while what cannot be saved (an open socket)
+/// is named, never dropped in silence. The operator only ever reads names and counts.
+#[tokio::test]
+async fn a_namespace_saved_in_the_sandbox_comes_back_after_a_stop_and_start() {
+    use briq_operator::{
+        bridge::session::Session,
+        briq::{BriqClient, ClientOptions, SandboxApi as _, SandboxState},
+    };
+
+    let env = TestEnv::new("suspend-parts").await;
+    // No probe while the test stops the sandbox behind the operator's back: the operator would
+    // rightly call its kernel lost (suspending will tell it first).
+    let operator = Operator::start_with(&env, |settings| {
+        settings.probe_interval = Duration::from_secs(3600)
+    })
+    .await;
+    create_executor(&env, "py", json!({})).await;
+    let ready = wait_ready(&env, "py").await;
+    let code = "import json as j, socket\nx = 41\ndef f():\n    return 1\nsock = socket.socket()";
+    let set = run(&env, "set", "py", code).await;
+    assert_eq!(reason(&set), "Completed", "{:?}", set.status);
+
+    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    let sandbox_id = support::sandbox_of(&ready);
+    let session = Session {
+        api: &client,
+        key: operator.server.api_key(),
+        sandbox_id: &sandbox_id,
+    };
+    let deadline = Duration::from_secs(30);
+    let saved = session.save_state(deadline).await.unwrap();
+    assert!(saved.ok, "{saved:?}");
+    let mut names = saved.saved.clone();
+    names.sort();
+    assert_eq!(names, ["f", "j", "socket", "x"]);
+    assert_eq!(saved.unsaved.len(), 1, "{saved:?}");
+    assert_eq!(saved.unsaved[0].name, "sock");
+    assert!(saved.bytes > 0);
+
+    let key = operator.server.api_key();
+    let stopped = client.stop_sandbox(key, &sandbox_id).await.unwrap();
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    assert_eq!(
+        client.start_sandbox(key, &sandbox_id).await.unwrap().state,
+        SandboxState::Running
+    );
+    let kernel = session.start_kernel().await.unwrap();
+    assert!(kernel.alive && kernel.started, "a new kernel: {kernel:?}");
+    let restored = session.restore_state(deadline).await.unwrap();
+    assert!(restored.ok, "{restored:?}");
+    assert_eq!(restored.saved.len(), 4, "{restored:?}");
+
+    let back = run(&env, "back", "py", "j.dumps(x + f())").await;
+    assert_eq!(reason(&back), "Completed", "{:?}", back.status);
+    assert_eq!(output(&back), "'42'");
+}

@@ -6,6 +6,9 @@
 #[cfg(test)]
 mod compat;
 pub mod session;
+mod state;
+
+pub use state::{StateReport, Unsaved};
 
 use std::time::Duration;
 
@@ -101,6 +104,11 @@ pub enum Command<'a> {
     /// kernel interrupted and, when the code does not stop within `grace`, restarted; answers
     /// the attempt's journaled result. Runs no code.
     Cancel { attempt: &'a str, grace: Duration },
+    /// Save the kernel's user namespace inside the sandbox (the kernel pickles it into its own
+    /// directory); answers which names were saved and which not, with why.
+    SaveState { deadline: Duration },
+    /// Restore the namespace saved last into the (new) kernel.
+    RestoreState { deadline: Duration },
 }
 
 impl Command<'_> {
@@ -142,6 +150,14 @@ impl Command<'_> {
                 argv.extend(["--timeout".into(), seconds(timeout)]);
                 argv.extend(["--attempt".into(), attempt.to_string()]);
             }
+            Command::SaveState { deadline } | Command::RestoreState { deadline } => {
+                let name = match self {
+                    Command::SaveState { .. } => "save-state",
+                    _ => "restore-state",
+                };
+                argv.extend([name, "--state-dir", STATE_DIR, "--deadline"].map(String::from));
+                argv.push(seconds(deadline));
+            }
             Command::Cancel { attempt, grace } => {
                 argv.extend(["cancel", "--state-dir", STATE_DIR].map(String::from));
                 argv.extend(["--attempt".into(), attempt.to_string()]);
@@ -159,6 +175,8 @@ pub enum Envelope {
     Setup(SetupReport),
     Kernel(KernelReport),
     Result(RunResult),
+    /// What `save-state` or `restore-state` did ([`StateReport`]).
+    State(StateReport),
     /// The real envelope was too large for briq's stdout and went to [`spill_file`].
     Spilled(Spill),
 }
@@ -285,8 +303,14 @@ pub fn parse(stdout: &str, nonce: &Nonce) -> Result<Envelope, Malformed> {
     let body = stdout[body_start..body_start + body_len].trim();
     let envelope: Envelope =
         serde_json::from_str(body).map_err(|e| Malformed::Invalid(e.to_string()))?;
-    if let Envelope::Result(result) = &envelope {
-        check_result(result)?;
+    match &envelope {
+        Envelope::Result(result) => check_result(result)?,
+        Envelope::State(report) => {
+            if let Some(why) = state::problem(report) {
+                return Err(Malformed::Invalid(why.into()));
+            }
+        }
+        _ => {}
     }
     Ok(envelope)
 }

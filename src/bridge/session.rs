@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, time::Duration};
 use crate::{
     bridge::{
         self, Command, Envelope, KernelReport, Malformed, Nonce, RunResult, RunStatus, SetupReport,
+        StateReport,
     },
     briq::{self, ApiKey, ExecRequest, SandboxApi},
 };
@@ -133,17 +134,21 @@ impl<S: SandboxApi> Session<'_, S> {
                 pip_tail: setup.pip_tail,
             });
         }
-        let kernel = self
-            .kernel(&Command::StartKernel {
-                deadline: KERNEL_START_DEADLINE,
-            })
-            .await?;
+        let kernel = self.start_kernel().await?;
         if !kernel.alive {
             return Err(SetupError::Kernel(kernel.message));
         }
         Ok(Provisioned {
             pip_installed: setup.installed,
         })
+    }
+
+    /// Starts the kernel unless a live one answers (after the sandbox restarted, a new one).
+    pub async fn start_kernel(&self) -> Result<KernelReport, CallError> {
+        self.kernel(&Command::StartKernel {
+            deadline: KERNEL_START_DEADLINE,
+        })
+        .await
     }
 
     async fn kernel(&self, command: &Command<'_>) -> Result<KernelReport, CallError> {
@@ -210,6 +215,28 @@ impl<S: SandboxApi> Session<'_, S> {
         }
     }
 
+    /// Saves the kernel's namespace inside the sandbox ([`Command::SaveState`]).
+    pub async fn save_state(&self, deadline: Duration) -> Result<StateReport, CallError> {
+        self.state(&Command::SaveState { deadline }, deadline).await
+    }
+
+    /// Restores the namespace saved last into the kernel ([`Command::RestoreState`]).
+    pub async fn restore_state(&self, deadline: Duration) -> Result<StateReport, CallError> {
+        self.state(&Command::RestoreState { deadline }, deadline)
+            .await
+    }
+
+    async fn state(
+        &self,
+        command: &Command<'_>,
+        deadline: Duration,
+    ) -> Result<StateReport, CallError> {
+        match self.call(command, deadline).await? {
+            Envelope::State(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn call(&self, command: &Command<'_>, deadline: Duration) -> Result<Envelope, CallError> {
         self.call_with_input(command, deadline, None).await
     }
@@ -254,6 +281,7 @@ fn unexpected(envelope: &Envelope) -> CallError {
         Envelope::Setup(_) => "setup",
         Envelope::Kernel(_) => "kernel",
         Envelope::Result(_) => "result",
+        Envelope::State(_) => "state",
         Envelope::Spilled(_) => "spilled",
     })
 }
