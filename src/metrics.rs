@@ -65,6 +65,8 @@ pub struct Live {
     pub running: i64,
     /// BriqExecutors that hold a sandbox.
     pub sandboxes: i64,
+    /// BriqExecutors suspended (`spec.suspend`): their sandbox stopped, their namespace saved.
+    pub suspended: i64,
     /// Entries of the controllers' in-process bookkeeping (backoffs, locks, results not yet
     /// written, …); each goes with its object, so this falls back to 0 when the objects do.
     pub bookkeeping: i64,
@@ -99,6 +101,7 @@ pub struct Metrics {
     oldest_queued: Gauge,
     running: Gauge,
     sandboxes: Gauge,
+    suspended: Gauge,
     bookkeeping: Gauge,
     leader: Gauge,
     waiting_for_briq: Gauge,
@@ -214,6 +217,12 @@ impl Default for Metrics {
             "BriqExecutors holding a briq sandbox",
             sandboxes.clone(),
         );
+        let suspended = Gauge::default();
+        registry.register(
+            "executors_suspended",
+            "BriqExecutors suspended: their sandbox stopped with the kernel's namespace saved in it",
+            suspended.clone(),
+        );
         registry.register(
             "bookkeeping_entries",
             "Entries of the controllers' in-process bookkeeping (pruned with their objects)",
@@ -304,6 +313,7 @@ impl Default for Metrics {
             oldest_queued,
             running,
             sandboxes,
+            suspended,
             bookkeeping,
             leader,
             waiting_for_briq,
@@ -406,6 +416,7 @@ impl Metrics {
         self.oldest_queued.set(live.oldest_queued_seconds);
         self.running.set(live.running);
         self.sandboxes.set(live.sandboxes);
+        self.suspended.set(live.suspended);
         self.bookkeeping.set(live.bookkeeping);
         self.waiting_for_briq.set(live.waiting_for_briq);
         self.briq_unreachable.set(live.briq_unreachable_keys);

@@ -1,6 +1,7 @@
 //! What agents ask of an executor's life beyond running code: cancelling an action (it stops,
 //! the kernel and its Python state stay; one queued never runs), whatever else happens meanwhile
-//! (an operator restart, a briq outage, the Execution deleted). Real kube-apiserver, real
+//! (an operator restart, a briq outage, the Execution deleted); suspending an idle executor and
+//! resuming it with its Python state. Real kube-apiserver, real
 //! operator, the local briq-compatible server with real kernels.
 
 mod support;
@@ -273,4 +274,122 @@ async fn a_namespace_saved_in_the_sandbox_comes_back_after_a_stop_and_start() {
     let back = run(&env, "back", "py", "j.dumps(x + f())").await;
     assert_eq!(reason(&back), "Completed", "{:?}", back.status);
     assert_eq!(output(&back), "'42'");
+}
+
+/// Sets `spec.suspend` of executor `name`.
+async fn set_suspend(env: &TestEnv, name: &str, suspend: bool) {
+    let patch = Patch::Merge(json!({ "spec": { "suspend": suspend } }));
+    env.api::<BriqExecutor>()
+        .patch(name, &PatchParams::default(), &patch)
+        .await
+        .expect("setting spec.suspend");
+}
+
+/// Waits until executor `name` reports `Suspended`.
+async fn suspended(env: &TestEnv, name: &str) -> BriqExecutor {
+    wait_for(&env.api::<BriqExecutor>(), name, 60, |executor| {
+        condition(executor, "Ready").1 == "Suspended"
+    })
+    .await
+}
+
+/// The state briq (the local server) gives the sandbox `id`.
+async fn sandbox_state(
+    operator: &Operator,
+    id: &str,
+) -> Result<briq_operator::briq::SandboxState, briq_operator::briq::Error> {
+    use briq_operator::briq::{BriqClient, ClientOptions, SandboxApi as _};
+    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    client
+        .get_sandbox(operator.server.api_key(), id)
+        .await
+        .map(|sandbox| sandbox.state)
+}
+
+/// A value, a function and a module alias set on an executor, with an open socket beside them.
+const STATE: &str =
+    "import json as j, socket\nx = 41\ndef f():\n    return 1\nsock = socket.socket()";
+
+#[tokio::test]
+async fn a_suspended_executor_stops_its_sandbox_and_resumes_with_its_namespace_naming_what_it_could_not_save()
+ {
+    use briq_operator::briq::SandboxState;
+
+    let env = TestEnv::new("suspend-resume").await;
+    let operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({})).await;
+    let sandbox = support::sandbox_of(&wait_ready(&env, "py").await);
+    let set = run(&env, "set", "py", STATE).await;
+    assert_eq!(reason(&set), "Completed", "{:?}", set.status);
+
+    set_suspend(&env, "py", true).await;
+    let asleep = suspended(&env, "py").await;
+    assert_eq!(condition(&asleep, "Suspended").0, "True");
+    let suspension = asleep.status.clone().unwrap().suspension.expect("recorded");
+    assert_eq!(suspension.saved_names, 4, "{suspension:?}");
+    assert!(suspension.saved_bytes > 0);
+    let unsaved: Vec<&str> = suspension.unsaved.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(
+        unsaved,
+        ["sock"],
+        "the socket is named, never dropped in silence"
+    );
+    assert!(condition(&asleep, "Ready").2.contains("sock"));
+    assert_eq!(
+        sandbox_state(&operator, &sandbox).await.unwrap(),
+        SandboxState::Stopped
+    );
+
+    set_suspend(&env, "py", false).await;
+    let awake = wait_ready(&env, "py").await;
+    assert_eq!(condition(&awake, "Suspended").1, "Resumed");
+    assert_eq!(support::sandbox_of(&awake), sandbox, "the same sandbox");
+    let back = run(&env, "back", "py", "j.dumps(x + f())").await;
+    assert_eq!(reason(&back), "Completed", "{:?}", back.status);
+    assert_eq!(output(&back), "'42'");
+    let gone = run(&env, "gone", "py", "sock").await;
+    assert_eq!(error_name(&gone), "NameError", "{:?}", gone.status);
+}
+
+#[tokio::test]
+async fn an_execution_created_while_suspended_resumes_the_executor_runs_once_and_it_suspends_again()
+{
+    let env = TestEnv::new("suspend-wake").await;
+    let _operator = Operator::start(&env).await;
+    executor_with_state(&env, "py").await;
+    set_suspend(&env, "py", true).await;
+    suspended(&env, "py").await;
+
+    let bumped = run(&env, "bump", "py", "x += 1\nx").await;
+    assert_eq!(reason(&bumped), "Completed", "{:?}", bumped.status);
+    assert_eq!(output(&bumped), "42");
+    // spec.suspend still asks it: once nothing waits, it is suspended again.
+    suspended(&env, "py").await;
+    let again = run(&env, "again", "py", "x").await;
+    assert_eq!(
+        output(&again),
+        "42",
+        "the action ran once: x was bumped once"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_suspended_executor_destroys_its_sandbox() {
+    let env = TestEnv::new("suspend-delete").await;
+    let operator = Operator::start(&env).await;
+    create_executor(&env, "py", json!({ "suspend": true })).await;
+    let asleep = suspended(&env, "py").await;
+    let sandbox = support::sandbox_of(&asleep);
+
+    env.api::<BriqExecutor>()
+        .delete("py", &DeleteParams::default())
+        .await
+        .unwrap();
+    support::wait_deleted(&env.api::<BriqExecutor>(), "py", 60).await;
+    let state = sandbox_state(&operator, &sandbox).await;
+    assert!(
+        matches!(state, Err(ref e) if e.class() == briq_operator::briq::ErrorClass::NotFound)
+            || matches!(state, Ok(briq_operator::briq::SandboxState::Destroyed)),
+        "{state:?}"
+    );
 }

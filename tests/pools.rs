@@ -654,3 +654,26 @@ async fn a_restarted_operator_makes_no_members_before_its_executor_cache_shows_t
     );
     restarted.stop().await;
 }
+
+/// A pool exists to keep kernels warm: a template that says `suspend: true` does not put its
+/// members to sleep, so a claim never gets a stopped sandbox (and never waits for a resume).
+#[tokio::test]
+async fn a_pool_never_hands_out_a_suspended_member_even_when_its_template_asks_to_suspend() {
+    let env = TestEnv::new("pool-suspend").await;
+    let _operator = Operator::start(&env).await;
+    create_pool(&env, "warm", 1, json!({ "suspend": true })).await;
+    pool_ready(&env, "warm", 1).await;
+    let member = unclaimed(&env, "warm").await.remove(0);
+    assert_eq!(condition(&member, "Ready").1, "KernelReady");
+
+    // No cold create within the test: the claim is served from the pool or not at all.
+    let pool_ref = json!({ "poolRef": { "name": "warm", "coldCreateAfterSeconds": 600 } });
+    create_executor(&env, "agent", pool_ref).await;
+    let agent = wait_ready(&env, "agent").await;
+    assert_eq!(sandbox_of(&agent), sandbox_of(&member));
+    let ran = run(&env, "one", "agent", "1 + 1").await;
+    assert_eq!(
+        (reason(&ran).as_str(), output(&ran).as_str()),
+        ("Completed", "2")
+    );
+}

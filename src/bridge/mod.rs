@@ -6,7 +6,7 @@
 #[cfg(test)]
 mod compat;
 pub mod session;
-mod state;
+pub mod state;
 
 pub use state::{StateReport, Unsaved};
 

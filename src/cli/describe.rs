@@ -176,6 +176,10 @@ impl View<'_> {
             ],
         );
 
+        if let Some(suspension) = &status.suspension {
+            self.suspension(&mut out, suspension);
+        }
+
         out.push_str("Conditions:\n");
         let conditions: Vec<Vec<String>> = status
             .conditions
@@ -303,6 +307,42 @@ impl View<'_> {
 
     fn since(&self, time: Timestamp) -> String {
         human(elapsed(&Time(time), self.now))
+    }
+
+    /// The executor's last suspension: when, what was saved, and what was not (with why).
+    fn suspension(&self, out: &mut String, suspension: &crate::crd::Suspension) {
+        out.push_str("Suspension:\n");
+        fields(
+            out,
+            "  ",
+            &[
+                ("Suspended", self.ago(suspension.suspended_time.as_ref())),
+                ("Resumed", self.ago(suspension.resumed_time.as_ref())),
+                (
+                    "Saved",
+                    format!(
+                        "{} names, {} bytes",
+                        suspension.saved_names, suspension.saved_bytes
+                    ),
+                ),
+            ],
+        );
+        if suspension.unsaved.is_empty() {
+            return;
+        }
+        out.push_str("  Not Saved:\n");
+        let rows: Vec<Vec<String>> = suspension
+            .unsaved
+            .iter()
+            .map(|u| vec![u.name.clone(), u.why.clone()])
+            .collect();
+        let mut table = String::new();
+        indented_table(&mut table, &["NAME", "WHY"], &rows);
+        for line in table.lines() {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
     }
 
     fn ago(&self, time: Option<&Time>) -> String {
@@ -485,6 +525,44 @@ Events:
   Normal   Provisioning   9m50s (x3 over 9m59s)   briq-operator   Provisioning note
   Normal   Ready          9m40s                   briq-operator   Ready note
 "
+        );
+    }
+
+    #[test]
+    fn a_suspended_executor_shows_what_was_saved_and_what_was_not() {
+        let mut executor = executor();
+        let status = executor.status.as_mut().unwrap();
+        status.suspension = Some(
+            serde_json::from_value(serde_json::json!({
+                "suspendedTime": "2025-01-01T00:09:00Z", "savedBytes": 2048, "savedNames": 3,
+                "unsaved": [{ "name": "sock", "why": "cannot pickle 'socket' object" }],
+            }))
+            .unwrap(),
+        );
+        let view = View {
+            executor: &executor,
+            executions: &[],
+            events: None,
+            recent: 1,
+            now: now(),
+        };
+        let shown = view.render();
+        let block: Vec<&str> = shown
+            .lines()
+            .skip_while(|l| *l != "Suspension:")
+            .take_while(|l| *l != "Conditions:")
+            .collect();
+        assert_eq!(
+            block,
+            [
+                "Suspension:",
+                "  Suspended:  60s ago",
+                "  Resumed:    <none>",
+                "  Saved:      3 names, 2048 bytes",
+                "  Not Saved:",
+                "    NAME   WHY",
+                "    sock   cannot pickle 'socket' object",
+            ]
         );
     }
 

@@ -115,6 +115,17 @@ pub fn live(
         .filter(|e| e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some()))
         .filter(|e| !e.annotations().contains_key(CLAIMED_BY_ANNOTATION))
         .count() as i64;
+    live.suspended = executors
+        .state()
+        .iter()
+        .filter(|e| {
+            e.status.as_ref().is_some_and(|s| {
+                conditions::find(&s.conditions, conditions::READY).is_some_and(|ready| {
+                    ready.reason == crate::crd::reasons::ExecutorReason::Suspended.as_str()
+                })
+            })
+        })
+        .count() as i64;
     live
 }
 
@@ -267,6 +278,9 @@ pub async fn run_observed<S>(
     let on_execution_event = execution_ctx.clone();
     let freshness = execution_ctx.freshness.clone();
     let keep_code = execution_ctx.clone();
+    // An Execution for a suspended executor resumes it (wake.rs, `to_resume`).
+    let (resume_executors, resume_executions) = (executor_store.clone(), execution_store.clone());
+    let resume = wake::sender(class_wake_tx.clone());
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(move |execution| {
             keep_code.codes.heard(execution);
@@ -276,8 +290,22 @@ pub async fn run_observed<S>(
         .reflect(execution_writer)
         .inspect(move |event| freshness.heard(event))
         .inspect_ok(move |event| {
-            if let watcher::Event::Delete(gone) = event {
-                on_execution_event.deleted(gone);
+            match event {
+                watcher::Event::Delete(gone) => on_execution_event.deleted(gone),
+                watcher::Event::Apply(execution) => {
+                    if let Some(executor) = wake::to_resume(&resume_executors, execution) {
+                        resume(executor);
+                    }
+                }
+                // A (re)list is in the cache only at its end.
+                watcher::Event::InitDone => {
+                    for execution in resume_executions.state() {
+                        if let Some(executor) = wake::to_resume(&resume_executors, &execution) {
+                            resume(executor);
+                        }
+                    }
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
         })
         .applied_objects();
@@ -467,6 +495,26 @@ mod tests {
             "status": { "sandboxId": sandbox },
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn suspended_executors_are_counted_by_their_ready_reason() {
+        let (executors, mut writer) = reflector::store::<BriqExecutor>();
+        for (name, reason) in [
+            ("a", "Suspended"),
+            ("b", "Suspending"),
+            ("c", "KernelReady"),
+        ] {
+            let mut object = executor(name, Some("bq_1"), json!({}));
+            object.status.as_mut().unwrap().conditions = conditions::merge(
+                &[],
+                &[conditions::desired(conditions::READY, "False", reason, "")],
+                None,
+            );
+            writer.apply_watcher_event(&watcher::Event::Apply(object));
+        }
+        let (executions, _) = reflector::store::<Execution>();
+        assert_eq!(live(&executors, &executions, 0, 0).suspended, 1);
     }
 
     #[test]

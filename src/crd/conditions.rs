@@ -11,6 +11,9 @@ pub const STALLED: &str = "Stalled";
 pub const SUCCEEDED: &str = "Succeeded";
 /// A BriqExecutor's, present (False) only while briq does not answer its probes.
 pub const BRIQ_REACHABLE: &str = "BriqReachable";
+/// An executor's suspension (`spec.suspend`): True while its sandbox is stopped; False once
+/// resumed, or when its namespace could not be saved.
+pub const SUSPENDED: &str = "Suspended";
 
 /// Condition messages are capped well below the API's 32 KiB: they are read by people.
 const MAX_MESSAGE_CHARS: usize = 4_000;

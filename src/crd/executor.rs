@@ -159,6 +159,17 @@ pub struct BriqExecutorSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub class_name: Option<String>,
+
+    /// Suspend the executor while no Execution needs it: the kernel's user namespace is saved
+    /// inside the sandbox (what cannot be saved is listed in `status.suspension`), the sandbox is
+    /// stopped through briq (its disk kept, nothing running) and the executor reports
+    /// `Ready=False`, reason `Suspended`. An Execution created meanwhile, or `suspend: false`,
+    /// resumes it: the sandbox starts, a new kernel starts and the namespace is restored; with
+    /// `suspend: true` still set, the executor is suspended again once its Executions have
+    /// finished. The saved state never leaves the sandbox. Ignored by an unclaimed pool member
+    /// (a pool keeps its members warm; scale the pool instead).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 /// An environment variable set in the sandbox.
@@ -235,6 +246,50 @@ pub struct BriqExecutorStatus {
     /// When the last Execution finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_execution_time: Option<Time>,
+
+    /// The executor's last suspension (`spec.suspend`): what was saved, what was not, and when
+    /// it was suspended and resumed. Kept after the resume: the names not saved are gone from
+    /// the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspension: Option<Suspension>,
+}
+
+/// A suspension of an executor, as its status records it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Suspension {
+    /// When the sandbox was stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_time: Option<Time>,
+
+    /// When the kernel answered again after the sandbox started (unset while suspended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_time: Option<Time>,
+
+    /// Size of the namespace saved inside the sandbox, in bytes.
+    #[serde(default)]
+    pub saved_bytes: u64,
+
+    /// How many names of the kernel's namespace were saved.
+    #[serde(default)]
+    pub saved_names: u32,
+
+    /// Names that could not be saved (an open socket, a thread, an object pickle refuses) or
+    /// restored, with why: they are not in the kernel after the resume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub unsaved: Vec<UnsavedName>,
+}
+
+/// A name of the kernel's namespace that was not saved or not restored.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct UnsavedName {
+    /// The Python name.
+    #[schemars(length(max = 256))]
+    pub name: String,
+    /// Why it was not saved or restored.
+    #[schemars(length(max = 256))]
+    pub why: String,
 }
 
 impl BriqExecutorSpec {

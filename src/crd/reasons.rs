@@ -231,6 +231,22 @@ reasons! {
         /// intact and `Ready` is kept; Executions sent meanwhile wait for briq
         /// (`WaitingForBriq`). The condition goes once briq answers again.
         BriqUnreachable,
+        /// `spec.suspend`: saving the kernel's namespace inside the sandbox and stopping the
+        /// sandbox; Executions wait.
+        Suspending,
+        /// The sandbox is stopped with the kernel's namespace saved in it (`status.suspension`
+        /// names what was not saved). An Execution, or `spec.suspend: false`, resumes it.
+        Suspended,
+        /// Starting the suspended sandbox, a new kernel, and restoring the namespace;
+        /// Executions wait.
+        Resuming,
+        /// On the `Suspended` condition, False: the namespace could not be saved (the message
+        /// says why), so the sandbox was not stopped and the kernel keeps running with its
+        /// state. Tried again when the spec changes.
+        SuspendFailed,
+        /// On the `Suspended` condition, False: the executor was resumed (`status.suspension`
+        /// says what came back).
+        Resumed,
     }
 }
 

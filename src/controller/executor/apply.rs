@@ -20,12 +20,11 @@ use crate::{
 
 impl<S: SandboxApi> Actor<'_, S> {
     pub(super) async fn apply(&self, cached: &BriqExecutor) -> Result<Action> {
-        let claims = cached.spec.pool_ref.is_some();
-        let mut step = decide(&status_of(cached), cached.annotations(), claims);
+        let mut step = decide(&status_of(cached), cached.annotations(), self.asked(cached));
         let fresh;
         let executor = if step.needs_fresh_read() {
             fresh = self.api.get(&cached.name_any()).await?;
-            step = decide(&status_of(&fresh), fresh.annotations(), claims);
+            step = decide(&status_of(&fresh), fresh.annotations(), self.asked(&fresh));
             &fresh
         } else {
             cached
@@ -73,6 +72,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     id: Some(id.clone()),
                     created: Some(conditions::now()),
                     ready: None,
+                    suspension: None,
                 };
                 self.provision(executor, &key, sandbox, Some(create)).await
             }
@@ -96,6 +96,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     id: Some(sandbox),
                     created: current.created.or_else(|| Some(conditions::now())),
                     ready: current.ready,
+                    suspension: current.suspension,
                 };
                 self.provision(executor, &key, fields, None).await
             }
@@ -114,6 +115,10 @@ impl<S: SandboxApi> Actor<'_, S> {
                     .await?;
                 Ok(Action::await_change())
             }
+            Step::Suspend { sandbox } => self.suspend(executor, &sandbox).await,
+            Step::Resume { sandbox } => self.resume(executor, &sandbox).await,
+            // Its own changes and its Executions' creation (wake.rs) wake it.
+            Step::StaySuspended => Ok(Action::await_change()),
             Step::Probe { sandbox } => {
                 let recheck = match self.idleness(executor) {
                     Idleness::Expired { .. } => return self.expire(executor).await,

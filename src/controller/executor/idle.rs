@@ -95,11 +95,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     pub(super) async fn expire(&self, cached: &BriqExecutor) -> Result<Action> {
         let fresh = self.api.get(&cached.name_any()).await?;
         let still_ready = matches!(
-            decide(
-                &status_of(&fresh),
-                fresh.annotations(),
-                fresh.spec.pool_ref.is_some()
-            ),
+            decide(&status_of(&fresh), fresh.annotations(), self.asked(&fresh)),
             Step::Probe { .. }
         );
         let Idleness::Expired { message } = self.idleness(&fresh) else {

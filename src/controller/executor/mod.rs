@@ -15,6 +15,8 @@
 //! | `PoolMismatch` | claim, then conclude | `Actor::claim` (claim.rs) |
 //! | `Claimed` | handed over (a pool member) | `Step::HandedOver` in `Actor::apply` (apply.rs) |
 //! | `IdleTimeout` | idle, then conclude | `Actor::expire` (idle.rs); the sandbox given back by `Actor::give_back` (cleanup.rs) |
+//! | `Suspending`, `Suspended` (also on the `Suspended` condition, with `SuspendFailed`) | suspend | `Actor::suspend`, `Actor::save_failed` (suspend.rs) |
+//! | `Resuming` (and `Resumed` on `Suspended`) | resume | `Actor::resume` (suspend.rs) |
 //! | `Terminating` | drain, clean up | `Actor::drain` (drain.rs), `Actor::cleanup` (cleanup.rs) |
 //! | `DestroyFailed` | clean up | `Actor::cleanup` (cleanup.rs) |
 //!
@@ -45,6 +47,7 @@ mod provision;
 mod record_claim;
 mod status;
 mod step;
+mod suspend;
 mod trace;
 
 use std::sync::Arc;
@@ -82,7 +85,8 @@ pub async fn reconcile<S: SandboxApi>(
     );
     let namespace = executor.namespace().unwrap_or_default();
     let claims = executor.spec.pool_ref.is_some();
-    let step = step::decide(&status_of(&executor), executor.annotations(), claims);
+    let asked = ctx.asked(&executor);
+    let step = step::decide(&status_of(&executor), executor.annotations(), asked);
     if claims && !matches!(step, Step::Claim) {
         // The cache shows the claim recorded (or the claimer needs no member).
         let uid = executor.uid().unwrap_or_default();

@@ -135,7 +135,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     }
 
     /// The name briq must show for this executor's sandbox (a claimer's is its member's).
-    async fn expected_name(&self, executor: &BriqExecutor) -> Result<String> {
+    pub(super) async fn expected_name(&self, executor: &BriqExecutor) -> Result<String> {
         let member = claimed_member(executor, self.executors, &self.shared.client).await?;
         Ok(expected_sandbox_name(executor, member.as_ref()))
     }
@@ -209,6 +209,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     id: Some(id),
                     created: Some(conditions::now()),
                     ready: None,
+                    suspension: None,
                 };
                 self.provision(executor, key, fields, None).await
             }

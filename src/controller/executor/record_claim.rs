@@ -151,6 +151,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             id: Some(id.clone()),
             created: member_status.sandbox_created_time.clone(),
             ready: Some(conditions::now()),
+            suspension: None,
         };
         self.report(&claimer, ready, fields).await?;
         self.handovers.reported(&uid, &member.name_any());

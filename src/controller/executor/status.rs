@@ -23,7 +23,7 @@ use crate::{
     },
     crd::{
         BriqExecutor, BriqExecutorStatus, CLAIMED_MEMBER_ANNOTATION, CREATE_PENDING_ANNOTATION,
-        EXECUTOR_MANAGER, PoolRef, SANDBOX_ID_ANNOTATION,
+        EXECUTOR_MANAGER, PoolRef, SANDBOX_ID_ANNOTATION, Suspension,
         conditions::{self, Desired, READY, STALLED, desired},
         reasons::ExecutorReason,
     },
@@ -82,6 +82,8 @@ pub(super) struct SandboxFields {
     pub(super) id: Option<String>,
     pub(super) created: Option<Time>,
     pub(super) ready: Option<Time>,
+    /// The last suspension; it goes with the sandbox.
+    pub(super) suspension: Option<Suspension>,
 }
 
 impl SandboxFields {
@@ -90,6 +92,7 @@ impl SandboxFields {
             id: status.sandbox_id.clone(),
             created: status.sandbox_created_time.clone(),
             ready: status.ready_time.clone(),
+            suspension: status.suspension.clone(),
         }
     }
 }
@@ -113,6 +116,7 @@ fn status_update(
         sandbox_id: sandbox.id,
         sandbox_created_time: sandbox.created,
         ready_time: sandbox.ready,
+        suspension: sandbox.suspension,
         ..Default::default()
     })
 }

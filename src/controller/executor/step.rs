@@ -36,6 +36,24 @@ pub(super) enum Step {
     /// A pool member handed over to the executor with this uid: it runs nothing of its own and
     /// leaves the sandbox alone (the claimer probes it; deletion destroys it).
     HandedOver { claimer: String },
+    /// Ready (or suspending) and asked to suspend with nothing waiting for it: save the
+    /// kernel's namespace in the sandbox and stop the sandbox.
+    Suspend { sandbox: String },
+    /// Suspended (or suspending, or resuming) and needed again: start the sandbox and a
+    /// kernel, restore the namespace.
+    Resume { sandbox: String },
+    /// Suspended and still asked to be: nothing to do (no probe: the sandbox is stopped).
+    StaySuspended,
+}
+
+/// What the executor's spec and its Executions ask of it, beside its status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Asked {
+    /// Its spec has a `poolRef`.
+    pub(super) claims: bool,
+    /// It should be suspended now: `spec.suspend`, and no Execution waits or runs
+    /// ([`suspend_wanted`](super::suspend::suspend_wanted)).
+    pub(super) suspend: bool,
 }
 
 impl Step {
@@ -46,6 +64,8 @@ impl Step {
             self,
             Step::CreateSandbox { .. }
                 | Step::Provision { .. }
+                | Step::Suspend { .. }
+                | Step::Resume { .. }
                 | Step::Conclude {
                     leftover: Some(_),
                     ..
@@ -79,12 +99,25 @@ const CONCLUSIONS: [ExecutorReason; 3] = [
     ExecutorReason::PoolMismatch,
 ];
 
-/// The next step of a live executor with this status and these annotations; `claims` when its
-/// spec has a `poolRef`.
+/// Where a suspension stands, by the `Ready` condition's reason.
+fn suspension_phase(status: &BriqExecutorStatus) -> Option<ExecutorReason> {
+    let reason = conditions::find(&status.conditions, READY)
+        .filter(|ready| ready.status == "False")
+        .and_then(|ready| ExecutorReason::parse(&ready.reason))?;
+    let phases = [
+        ExecutorReason::Suspending,
+        ExecutorReason::Suspended,
+        ExecutorReason::Resuming,
+    ];
+    phases.contains(&reason).then_some(reason)
+}
+
+/// The next step of a live executor with this status and these annotations, given what it is
+/// asked.
 pub(super) fn decide(
     status: &BriqExecutorStatus,
     annotations: &BTreeMap<String, String>,
-    claims: bool,
+    asked: Asked,
 ) -> Step {
     // A handed-over member's sandbox is its claimer's, whatever its own status says (an idle
     // expiry decided just before the claim, say).
@@ -110,13 +143,29 @@ pub(super) fn decide(
             message,
         };
     }
-    match recorded_sandbox(status, annotations) {
-        None if claims && !annotations.contains_key(POOL_FALLBACK_ANNOTATION) => Step::Claim,
-        None => Step::CreateSandbox {
+    let Some(sandbox) = recorded_sandbox(status, annotations) else {
+        if asked.claims && !annotations.contains_key(POOL_FALLBACK_ANNOTATION) {
+            return Step::Claim;
+        }
+        return Step::CreateSandbox {
             pending: annotations.contains_key(CREATE_PENDING_ANNOTATION),
-        },
-        Some(sandbox) if conditions::is_true(&status.conditions, READY) => Step::Probe { sandbox },
-        Some(sandbox) => Step::Provision { sandbox },
+        };
+    };
+    match (suspension_phase(status), asked.suspend) {
+        // A resume once begun is finished first: its new kernel may not hold the namespace
+        // yet, and a save now would write an empty one over it.
+        (Some(ExecutorReason::Resuming), _) => Step::Resume { sandbox },
+        (Some(_), false) => Step::Resume { sandbox },
+        (Some(ExecutorReason::Suspended), true) => Step::StaySuspended,
+        (Some(_), true) => Step::Suspend { sandbox },
+        (None, suspend) if conditions::is_true(&status.conditions, READY) => {
+            if suspend {
+                Step::Suspend { sandbox }
+            } else {
+                Step::Probe { sandbox }
+            }
+        }
+        (None, _) => Step::Provision { sandbox },
     }
 }
 

@@ -223,3 +223,46 @@ async fn every_reconcile_waiting_for_the_first_class_list_hears_of_it() {
     }
     assert!(classes.wait_until_ready().await.is_ok());
 }
+
+#[test]
+fn an_execution_for_a_suspending_or_suspended_executor_wakes_it_to_resume() {
+    let with_reason = |name: &str, reason: &str| {
+        let mut executor = executor(name, "False", json!({}));
+        executor.status.as_mut().unwrap().conditions[0].reason = reason.into();
+        executor
+    };
+    let (executors, mut writer) = reflector::store::<BriqExecutor>();
+    for executor in [
+        with_reason("asleep", "Suspended"),
+        with_reason("dozing", "Suspending"),
+        with_reason("waking", "Resuming"),
+        executor("awake", "True", json!({})),
+    ] {
+        writer.apply_watcher_event(&watcher::Event::Apply(executor));
+    }
+    let woken = |execution: &Execution| to_resume(&executors, execution).map(|o| o.name);
+    assert_eq!(
+        woken(&waiting_execution("a", "asleep")),
+        Some("asleep".into())
+    );
+    assert_eq!(
+        woken(&waiting_execution("b", "dozing")),
+        Some("dozing".into())
+    );
+    assert_eq!(
+        woken(&waiting_execution("c", "waking")),
+        None,
+        "already resuming"
+    );
+    assert_eq!(woken(&waiting_execution("d", "awake")), None);
+    assert_eq!(woken(&waiting_execution("e", "unknown")), None);
+    let mut done = waiting_execution("f", "asleep");
+    done.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    assert_eq!(
+        woken(&done),
+        None,
+        "an Execution being deleted needs no kernel"
+    );
+}

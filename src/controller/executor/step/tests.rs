@@ -147,7 +147,11 @@ fn decide_table() {
         ),
     ];
     for (name, status, annotations, expected) in cases {
-        assert_eq!(decide(&status, annotations, false), expected, "{name}");
+        assert_eq!(
+            decide(&status, annotations, Asked::default()),
+            expected,
+            "{name}"
+        );
     }
 }
 
@@ -224,7 +228,11 @@ fn decide_table_for_pools() {
         ),
     ];
     for (name, status, annotations, claims, expected) in cases {
-        assert_eq!(decide(&status, annotations, claims), expected, "{name}");
+        let asked = Asked {
+            claims,
+            suspend: false,
+        };
+        assert_eq!(decide(&status, annotations, asked), expected, "{name}");
     }
 }
 
@@ -256,8 +264,125 @@ fn only_irreversible_steps_need_a_fresh_read() {
         ),
         // Its writes are conditional; where the cache cannot decide, see claim_lookup.
         (Step::Claim, false),
+        // A save over a namespace, a stop, a restore: decided on what the API server says.
+        (
+            Step::Suspend {
+                sandbox: "x".into(),
+            },
+            true,
+        ),
+        (
+            Step::Resume {
+                sandbox: "x".into(),
+            },
+            true,
+        ),
+        (Step::StaySuspended, false),
     ];
     for (step, fresh) in table {
         assert_eq!(step.needs_fresh_read(), fresh, "{step:?}");
+    }
+}
+
+fn phase(reason: ExecutorReason) -> [Desired; 2] {
+    state("False", false, reason, "")
+}
+
+#[test]
+fn decide_table_for_suspension() {
+    let none = annotations(&[]);
+    let claimed = annotations(&[(CLAIMED_BY_ANNOTATION, "uid-c")]);
+    let suspend = |sandbox: &str| Step::Suspend {
+        sandbox: sandbox.into(),
+    };
+    let resume = |sandbox: &str| Step::Resume {
+        sandbox: sandbox.into(),
+    };
+    // (case, status, annotations, asked to suspend now, step)
+    let cases = [
+        (
+            "ready and asked: suspend",
+            status(&ready(), Some("bq_1")),
+            &none,
+            true,
+            suspend("bq_1"),
+        ),
+        (
+            "ready, not asked (or an Execution waits): probe",
+            status(&ready(), Some("bq_1")),
+            &none,
+            false,
+            Step::Probe {
+                sandbox: "bq_1".into(),
+            },
+        ),
+        (
+            "suspending and still asked: go on (after a crash too)",
+            status(&phase(ExecutorReason::Suspending), Some("bq_1")),
+            &none,
+            true,
+            suspend("bq_1"),
+        ),
+        (
+            "suspending, and an Execution came: resume (the kernel may still run)",
+            status(&phase(ExecutorReason::Suspending), Some("bq_1")),
+            &none,
+            false,
+            resume("bq_1"),
+        ),
+        (
+            "suspended and still asked: nothing to do, no probe of a stopped sandbox",
+            status(&phase(ExecutorReason::Suspended), Some("bq_1")),
+            &none,
+            true,
+            Step::StaySuspended,
+        ),
+        (
+            "suspended, and an Execution came or suspend: false: resume",
+            status(&phase(ExecutorReason::Suspended), Some("bq_1")),
+            &none,
+            false,
+            resume("bq_1"),
+        ),
+        (
+            "resuming: finish the resume before any new suspension, or an empty new kernel \
+             would be saved over the namespace",
+            status(&phase(ExecutorReason::Resuming), Some("bq_1")),
+            &none,
+            true,
+            resume("bq_1"),
+        ),
+        (
+            "the sandbox recorded only by its annotation",
+            status(&phase(ExecutorReason::Suspended), None),
+            &annotations(&[(SANDBOX_ID_ANNOTATION, "bq_a")]),
+            false,
+            resume("bq_a"),
+        ),
+        (
+            "provisioning is not suspended halfway",
+            status(&provisioning(), Some("bq_1")),
+            &none,
+            true,
+            Step::Provision {
+                sandbox: "bq_1".into(),
+            },
+        ),
+        (
+            "a handed-over member is its claimer's to suspend",
+            status(&ready(), Some("bq_1")),
+            &claimed,
+            true,
+            Step::HandedOver {
+                claimer: "uid-c".into(),
+            },
+        ),
+    ];
+    for (name, status, annotations, suspend, expected) in cases {
+        let asked = Asked {
+            claims: false,
+            suspend,
+        };
+        assert_eq!(decide(&status, annotations, asked), expected, "{name}");
     }
 }
