@@ -278,9 +278,11 @@ pub async fn run_observed<S>(
     let on_execution_event = execution_ctx.clone();
     let freshness = execution_ctx.freshness.clone();
     let keep_code = execution_ctx.clone();
-    // An Execution for a suspended executor resumes it (wake.rs, `to_resume`).
-    let (resume_executors, resume_executions) = (executor_store.clone(), execution_store.clone());
-    let resume = wake::sender(class_wake_tx.clone());
+    // An Execution for a suspended executor resumes it; the end of the last one suspends an
+    // executor asked to suspend (wake.rs, `suspension_wake`).
+    let (suspension_executors, suspension_executions) =
+        (executor_store.clone(), execution_store.clone());
+    let suspension = wake::sender(class_wake_tx.clone());
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(move |execution| {
             keep_code.codes.heard(execution);
@@ -291,17 +293,27 @@ pub async fn run_observed<S>(
         .inspect(move |event| freshness.heard(event))
         .inspect_ok(move |event| {
             match event {
-                watcher::Event::Delete(gone) => on_execution_event.deleted(gone),
+                watcher::Event::Delete(gone) => {
+                    on_execution_event.deleted(gone);
+                    if let Some(executor) = wake::suspension_wake(&suspension_executors, gone, true)
+                    {
+                        suspension(executor);
+                    }
+                }
                 watcher::Event::Apply(execution) => {
-                    if let Some(executor) = wake::to_resume(&resume_executors, execution) {
-                        resume(executor);
+                    if let Some(executor) =
+                        wake::suspension_wake(&suspension_executors, execution, false)
+                    {
+                        suspension(executor);
                     }
                 }
                 // A (re)list is in the cache only at its end.
                 watcher::Event::InitDone => {
-                    for execution in resume_executions.state() {
-                        if let Some(executor) = wake::to_resume(&resume_executors, &execution) {
-                            resume(executor);
+                    for execution in suspension_executions.state() {
+                        if let Some(executor) =
+                            wake::suspension_wake(&suspension_executors, &execution, false)
+                        {
+                            suspension(executor);
                         }
                     }
                 }

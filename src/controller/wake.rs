@@ -31,7 +31,8 @@
 //! | deleted executor, its Executions concluding | — | [`DRAIN`](recheck::DRAIN), within the drain limit |
 //! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
 //! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
-//! | suspended executor, an Execution to run | the Execution's creation or change, once the Execution cache shows it ([`to_resume`]); its own `Suspending`/`Suspended` write | — |
+//! | suspended executor, an Execution to run | the Execution's creation or change, once the Execution cache shows it ([`suspension_wake`]); its own `Suspending`/`Suspended` write | — |
+//! | executor asked to suspend (`spec.suspend`), its last Execution finishing | that Execution's end or deletion, once the Execution cache shows it ([`suspension_wake`]) | the probe interval |
 //! | suspending executor, an Execution that took its turn before finishing | — | [`DRAIN`](recheck::DRAIN) |
 //! | a failed reconcile | — | its backoff (`Settings::backoff_max`) |
 
@@ -227,25 +228,32 @@ fn ready_reason_is(executor: &BriqExecutor, reason: ExecutorReason) -> bool {
     })
 }
 
-/// The executor an unfinished Execution (created, or changed) waits on when the executor cache
-/// shows it suspending or suspended: it must resume. Sent once the Execution cache shows the
-/// Execution, so the executor's reconcile counts it; if the executor cache does not show the
-/// suspension yet, the executor's own write of it wakes that reconcile, which then sees the
-/// Execution.
-pub fn to_resume(
+/// The executor whose suspension a change of `execution` may decide, once the Execution cache
+/// shows that change (so the executor's reconcile counts it): an unfinished Execution for an
+/// executor the executor cache shows suspending or suspended (it must resume), or a finished
+/// one for an executor that `spec.suspend` asks to suspend once idle. If the executor cache
+/// does not show the suspension yet, the executor's own write of it wakes that reconcile, which
+/// then sees the Execution.
+/// `gone`: the Execution was deleted (it needs no kernel any more).
+pub fn suspension_wake(
     executors: &Store<BriqExecutor>,
     execution: &Execution,
+    gone: bool,
 ) -> Option<ObjectRef<BriqExecutor>> {
-    if execution.finished() || execution.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
     let namespace = execution.namespace()?;
     let executor = ObjectRef::new(&execution.spec.executor_ref.name).within(&namespace);
     let cached = executors.get(&executor)?;
     let suspended = [ExecutorReason::Suspending, ExecutorReason::Suspended]
         .into_iter()
         .any(|reason| ready_reason_is(&cached, reason));
-    suspended.then_some(executor)
+    let needs_kernel =
+        !gone && !execution.finished() && execution.metadata.deletion_timestamp.is_none();
+    let wake = if needs_kernel {
+        suspended
+    } else {
+        cached.spec.suspend && !suspended
+    };
+    wake.then_some(executor)
 }
 
 /// What a change of `executor` wakes: the Executions that wait on it (or whose time to live is

@@ -19,6 +19,9 @@ pub struct Counts {
     /// (each costs the operator's grace before its kernel restart).
     pub cancel_runs: usize,
     pub cancel_restart_runs: usize,
+    /// Scenario 12: suspend → resume runs at each state size (MB of user state).
+    pub suspend_runs: usize,
+    pub suspend_sizes_mb: Vec<usize>,
     /// Executions per round of scenario 9 (three rounds with traces off, three exported).
     pub traces_per_round: usize,
     pub simulated_executors: Vec<usize>,
@@ -59,6 +62,8 @@ impl Counts {
                 cold_start_runs: 1,
                 cancel_runs: 3,
                 cancel_restart_runs: 1,
+                suspend_runs: 2,
+                suspend_sizes_mb: vec![1, 10],
                 traces_per_round: 5,
                 simulated_executors: vec![10, 50, 100],
                 simulated_actions: 10,
@@ -84,6 +89,8 @@ impl Counts {
                 cold_start_runs: 5,
                 cancel_runs: 10,
                 cancel_restart_runs: 3,
+                suspend_runs: 3,
+                suspend_sizes_mb: vec![1, 10, 100],
                 traces_per_round: 50,
                 simulated_executors: vec![10, 100, 1_000],
                 simulated_actions: 10,

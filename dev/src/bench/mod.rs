@@ -28,6 +28,7 @@ mod scaling;
 mod setup;
 mod simulated;
 mod stats;
+mod suspend;
 mod table;
 mod traces;
 
@@ -59,7 +60,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-11, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-12, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -72,6 +73,7 @@ enum Outcome {
     Scaling(Vec<scaling::Point>, Vec<(String, String)>),
     ColdStart(cold_start::ColdStart),
     Cancel(cancel::Cancel),
+    Suspend(Vec<suspend::SuspendPoint>),
     Memory(memory::Memory),
     /// Scenario 7's points, the labelled errors of those that failed, and the API ceiling.
     Simulated(
@@ -89,7 +91,7 @@ enum Outcome {
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
 /// Warm pools and cancel delete what they made.
-const ORDER: [u8; 10] = [10, 1, 2, 6, 11, 8, 9, 7, 5, 3];
+const ORDER: [u8; 11] = [10, 1, 2, 6, 11, 12, 8, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -151,6 +153,15 @@ async fn scenario(
                 progress,
                 counts.cancel_runs,
                 counts.cancel_restart_runs,
+            )
+            .await?,
+        ),
+        12 => Outcome::Suspend(
+            suspend::run(
+                stack,
+                progress,
+                &counts.suspend_sizes_mb,
+                counts.suspend_runs,
             )
             .await?,
         ),
@@ -219,6 +230,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         memory: None,
         cold_start: None,
         cancel: None,
+        suspend: None,
         simulated: None,
         api_ceiling: None,
         pools: None,
@@ -267,6 +279,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 }
                 report.cancel = Some(cancel);
             }
+            Ok(Outcome::Suspend(points)) => report.suspend = Some(points),
             Ok(Outcome::Traces(traces)) => report.traces = Some(traces),
             Ok(Outcome::Fairness(fairness)) => report.fairness = Some(fairness),
             Ok(Outcome::Memory(memory)) => report.memory = Some(memory),

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{
     agent, cancel, cold_start, counts::Counts, fairness, latency, memory, pools, scaling,
-    simulated, traces,
+    simulated, suspend, traces,
 };
 
 /// Everything one run measured (the JSON of `--out`).
@@ -25,6 +25,8 @@ pub struct Report {
     pub memory: Option<memory::Memory>,
     pub cold_start: Option<cold_start::ColdStart>,
     pub cancel: Option<cancel::Cancel>,
+    /// Scenario 12, one point per state size.
+    pub suspend: Option<Vec<suspend::SuspendPoint>>,
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,

@@ -257,6 +257,29 @@ pub fn table(report: &Report) -> String {
             ),
         ));
     }
+    for point in report.suspend.iter().flatten() {
+        let mb = point.state_mb;
+        rows.push(timing(
+            "12",
+            &format!("suspend → Suspended, {mb} MB of user state (saved, sandbox stopped)"),
+            point.suspend_ms.as_ref(),
+            format!("{} bytes saved", point.saved_bytes),
+        ));
+        let target = if mb == super::suspend::TARGET_STATE_MB {
+            format!("target ≤ {:.0} s", super::suspend::TARGET_RESUME_SECONDS)
+        } else {
+            String::new()
+        };
+        rows.push(timing(
+            "12",
+            &format!(
+                "Execution created while suspended → Succeeded, {mb} MB (resume: start, kernel, \
+                 restore; then the action)"
+            ),
+            point.resume_ms.as_ref(),
+            target,
+        ));
+    }
     if let Some(t) = &report.traces {
         rows.push(timing(
             "9",

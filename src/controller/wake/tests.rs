@@ -225,44 +225,105 @@ async fn every_reconcile_waiting_for_the_first_class_list_hears_of_it() {
 }
 
 #[test]
-fn an_execution_for_a_suspending_or_suspended_executor_wakes_it_to_resume() {
-    let with_reason = |name: &str, reason: &str| {
+fn executions_wake_their_executor_to_resume_or_to_suspend() {
+    let with = |name: &str, reason: &str, suspend: bool| {
         let mut executor = executor(name, "False", json!({}));
         executor.status.as_mut().unwrap().conditions[0].reason = reason.into();
+        executor.spec.suspend = suspend;
         executor
     };
     let (executors, mut writer) = reflector::store::<BriqExecutor>();
     for executor in [
-        with_reason("asleep", "Suspended"),
-        with_reason("dozing", "Suspending"),
-        with_reason("waking", "Resuming"),
-        executor("awake", "True", json!({})),
+        with("asleep", "Suspended", true),
+        with("dozing", "Suspending", true),
+        with("waking", "Resuming", false),
+        with("asked", "KernelReady", true),
+        with("awake", "KernelReady", false),
     ] {
         writer.apply_watcher_event(&watcher::Event::Apply(executor));
     }
-    let woken = |execution: &Execution| to_resume(&executors, execution).map(|o| o.name);
-    assert_eq!(
-        woken(&waiting_execution("a", "asleep")),
-        Some("asleep".into())
-    );
-    assert_eq!(
-        woken(&waiting_execution("b", "dozing")),
-        Some("dozing".into())
-    );
-    assert_eq!(
-        woken(&waiting_execution("c", "waking")),
-        None,
-        "already resuming"
-    );
-    assert_eq!(woken(&waiting_execution("d", "awake")), None);
-    assert_eq!(woken(&waiting_execution("e", "unknown")), None);
-    let mut done = waiting_execution("f", "asleep");
-    done.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::now(),
-    ));
-    assert_eq!(
-        woken(&done),
-        None,
-        "an Execution being deleted needs no kernel"
-    );
+    let finished = |name: &str, executor: &str| {
+        let mut execution = waiting_execution(name, executor);
+        execution.status = Some(
+            serde_json::from_value(json!({ "conditions": [{
+                "type": "Succeeded", "status": "True", "reason": "Completed", "message": "",
+                "lastTransitionTime": "2026-12-03T10:00:00Z",
+            }]}))
+            .unwrap(),
+        );
+        execution
+    };
+    let woken = |execution: &Execution, gone: bool| {
+        suspension_wake(&executors, execution, gone).map(|o| o.name)
+    };
+    // (case, Execution, deleted, executor woken)
+    let cases = [
+        (
+            "waiting, executor suspended: resume",
+            waiting_execution("a", "asleep"),
+            false,
+            Some("asleep"),
+        ),
+        (
+            "waiting, executor suspending: resume",
+            waiting_execution("b", "dozing"),
+            false,
+            Some("dozing"),
+        ),
+        (
+            "waiting, executor already resuming",
+            waiting_execution("c", "waking"),
+            false,
+            None,
+        ),
+        (
+            "waiting, executor awake",
+            waiting_execution("d", "asked"),
+            false,
+            None,
+        ),
+        (
+            "waiting, executor unknown",
+            waiting_execution("e", "unknown"),
+            false,
+            None,
+        ),
+        (
+            "finished, executor asked to suspend: suspend",
+            finished("f", "asked"),
+            false,
+            Some("asked"),
+        ),
+        (
+            "deleted, executor asked to suspend: suspend",
+            waiting_execution("g", "asked"),
+            true,
+            Some("asked"),
+        ),
+        (
+            "finished, executor not asked",
+            finished("h", "awake"),
+            false,
+            None,
+        ),
+        (
+            "finished, executor suspended already",
+            finished("i", "asleep"),
+            false,
+            None,
+        ),
+        (
+            "deleted, executor suspended: no kernel needed",
+            waiting_execution("j", "asleep"),
+            true,
+            None,
+        ),
+    ];
+    for (name, execution, gone, expected) in cases {
+        assert_eq!(
+            woken(&execution, gone),
+            expected.map(str::to_owned),
+            "{name}"
+        );
+    }
 }
