@@ -398,6 +398,10 @@ async fn an_executor_beyond_each_limit_of_its_class_is_refused_naming_the_limit(
             json!({ "size": null, "idleTimeoutSeconds": null, "executionTimeoutSeconds": 40 }),
         ),
         (
+            "suspending when idle, which the class does not allow",
+            json!({ "idleAction": "Suspend" }),
+        ),
+        (
             "several limits at once: the first is named",
             json!({ "size": "xlarge", "executionTimeoutSeconds": 40, "idleTimeoutSeconds": 7200 }),
         ),
@@ -423,6 +427,7 @@ async fn an_executor_beyond_each_limit_of_its_class_is_refused_naming_the_limit(
             format!(
                 "executionTimeoutSeconds 40 is above class {c}'s maxExecutionTimeoutSeconds 20"
             ),
+            format!("idleAction Suspend is not allowed by class {c} (allowIdleSuspend is not set)"),
             format!("size xlarge is not allowed by class {c} (allowedSizes: small, medium)"),
         ]
     );
@@ -496,7 +501,11 @@ async fn an_executor_beyond_each_limit_of_its_class_is_refused_naming_the_limit(
     // No default idle timeout: an executor setting none gets the maximum, which it does not
     // exceed.
     let capped = classed
-        .class("capped", false, json!({ "maxIdleTimeoutSeconds": 100 }))
+        .class(
+            "capped",
+            false,
+            json!({ "maxIdleTimeoutSeconds": 100, "allowIdleSuspend": true }),
+        )
         .await;
     let probe = json!({ "className": capped.name, "idleTimeoutSeconds": 101 });
     let refusal = classed
@@ -512,6 +521,13 @@ async fn an_executor_beyond_each_limit_of_its_class_is_refused_naming_the_limit(
             "no idle timeout, no default",
             &capped,
             json!({ "className": capped.name }),
+        )
+        .await;
+    classed
+        .executor_within(
+            "suspending when idle, which the class allows",
+            &capped,
+            json!({ "className": capped.name, "idleAction": "Suspend" }),
         )
         .await;
 

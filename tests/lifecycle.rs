@@ -393,3 +393,42 @@ async fn deleting_a_suspended_executor_destroys_its_sandbox() {
         "{state:?}"
     );
 }
+
+#[tokio::test]
+async fn an_idle_executor_whose_idle_action_is_suspend_is_suspended_not_expired_and_resumed_by_the_next_execution()
+ {
+    use briq_operator::briq::SandboxState;
+
+    let env = TestEnv::new("suspend-idle").await;
+    // An idle timeout is looked at again at the latest one probe interval after an Execution
+    // ends (then exactly when it is due): a short interval keeps an idle timeout of seconds on
+    // time.
+    let operator = Operator::start_with(&env, |s| s.probe_interval = Duration::from_secs(2)).await;
+    let spec = json!({ "idleTimeoutSeconds": 3, "idleAction": "Suspend" });
+    create_executor(&env, "py", spec).await;
+    let sandbox = support::sandbox_of(&wait_ready(&env, "py").await);
+    let set = run(&env, "set", "py", "x = 41").await;
+    assert_eq!(reason(&set), "Completed", "{:?}", set.status);
+
+    // Idle for its timeout: suspended with its namespace, its sandbox stopped, not destroyed.
+    let asleep = suspended(&env, "py").await;
+    assert_eq!(condition(&asleep, "Stalled").0, "False");
+    assert!(
+        condition(&asleep, "Ready")
+            .2
+            .contains("idleAction: Suspend"),
+        "{:?}",
+        asleep.status
+    );
+    assert_eq!(
+        sandbox_state(&operator, &sandbox).await.unwrap(),
+        SandboxState::Stopped
+    );
+
+    // The next Execution resumes it, with its state, and once idle again it is suspended again.
+    let bumped = run(&env, "bump", "py", "x += 1\nx").await;
+    assert_eq!(reason(&bumped), "Completed", "{:?}", bumped.status);
+    assert_eq!(output(&bumped), "42");
+    let again = suspended(&env, "py").await;
+    assert_eq!(support::sandbox_of(&again), sandbox, "the same sandbox");
+}

@@ -135,6 +135,7 @@ impl View<'_> {
                     format!("{}s", spec.execution_timeout_seconds),
                 ),
                 ("Idle Timeout", seconds(spec.idle_timeout_seconds)),
+                ("Idle Action", format!("{:?}", spec.idle_action)),
                 (
                     "Max Queued Executions",
                     spec.max_queued_executions.to_string(),
@@ -497,6 +498,7 @@ Spec:
   Setup Timeout:          60s
   Execution Timeout:      30s
   Idle Timeout:           600s
+  Idle Action:            Expire
   Max Queued Executions:  100
   History Limit:          <none>
   Execution TTL:          <none>

@@ -13,7 +13,7 @@ use kube::{
 
 use crate::crd::{
     BriqExecutorClass, BriqExecutorClassSpec, BriqExecutorSpec, CLAIMED_MEMBER_ANNOTATION,
-    CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, DEFAULT_EXECUTION_TIMEOUT_SECONDS,
+    CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, DEFAULT_EXECUTION_TIMEOUT_SECONDS, IdleAction,
     SANDBOX_ID_ANNOTATION,
 };
 
@@ -243,7 +243,19 @@ pub fn violations(
             "idleTimeoutSeconds {idle} is above class {name}'s maxIdleTimeoutSeconds {max}"
         ));
     }
+    if spec.idle_action == IdleAction::Suspend && !class.allow_idle_suspend {
+        broken.push(format!(
+            "idleAction Suspend is not allowed by class {name} (allowIdleSuspend is not set)"
+        ));
+    }
     broken
+}
+
+/// Whether an executor with `spec`, made under `class`, is suspended rather than expired at its
+/// idle timeout: it asks for it and its class (if any) allows it. Checked again at the timeout,
+/// as the idle timeout is: the spec may have changed after admission saw it.
+pub fn suspends_when_idle(spec: &BriqExecutorSpec, class: Option<&BriqExecutorClassSpec>) -> bool {
+    spec.idle_action == IdleAction::Suspend && class.is_none_or(|class| class.allow_idle_suspend)
 }
 
 /// Why namespace `namespace` may not use class `name`, if it may not.

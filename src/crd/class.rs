@@ -85,6 +85,12 @@ pub struct BriqExecutorClassSpec {
     #[schemars(range(min = 1, max = MAX_IDLE_TIMEOUT_SECONDS))]
     pub max_idle_timeout_seconds: Option<u32>,
 
+    /// Executors of this class may set `idleAction: Suspend`: idle for their
+    /// `idleTimeoutSeconds`, they keep their stopped sandbox (its disk, with the saved
+    /// namespace) until deleted, instead of giving it back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_idle_suspend: bool,
+
     /// The most members a pool of this class may keep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_POOL_REPLICAS))]

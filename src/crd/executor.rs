@@ -170,6 +170,33 @@ pub struct BriqExecutorSpec {
     /// (a pool keeps its members warm; scale the pool instead).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+
+    /// What becomes of the executor once it has been idle for its `idleTimeoutSeconds`.
+    /// `Expire` (the default): its sandbox is destroyed and it ends for good (`IdleTimeout`).
+    /// `Suspend`: it is suspended as `suspend: true` would (its namespace saved inside the
+    /// stopped sandbox) and the next Execution resumes it. `Suspend` needs a class that sets
+    /// `allowIdleSuspend` (or no class). An unclaimed pool member, or an executor whose namespace
+    /// could not be saved, expires instead: the idle timeout always ends the running sandbox.
+    #[serde(default, skip_serializing_if = "IdleAction::is_expire")]
+    pub idle_action: IdleAction,
+}
+
+/// What becomes of an executor idle for its `idleTimeoutSeconds`.
+#[derive(
+    schemars::JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum IdleAction {
+    /// Destroy the sandbox; the executor ends for good (`IdleTimeout`).
+    #[default]
+    Expire,
+    /// Suspend it with its namespace; the next Execution resumes it.
+    Suspend,
+}
+
+impl IdleAction {
+    pub fn is_expire(&self) -> bool {
+        *self == IdleAction::Expire
+    }
 }
 
 /// An environment variable set in the sandbox.

@@ -285,6 +285,18 @@ fn each_broken_limit_is_named() {
             vec!["idleTimeoutSeconds 7200 is above class strict's maxIdleTimeoutSeconds 3600"],
         ),
         (
+            "suspending when idle, which the class does not allow",
+            json!({ "idleAction": "Suspend" }),
+            &tenant,
+            vec!["idleAction Suspend is not allowed by class strict (allowIdleSuspend is not set)"],
+        ),
+        (
+            "expiring when idle, said explicitly",
+            json!({ "idleAction": "Expire" }),
+            &tenant,
+            vec![],
+        ),
+        (
             "a namespace outside the selector, among others",
             json!({ "size": "xlarge" }),
             &outsider,
@@ -299,12 +311,12 @@ fn each_broken_limit_is_named() {
         let got = violations("strict", &strict, &spec(executor), namespace, labels);
         assert_eq!(got, expected, "{case}");
     }
-    let open = rules(json!({}));
+    let open = rules(json!({ "allowIdleSuspend": true }));
     assert!(
         violations(
             "open",
             &open,
-            &spec(json!({ "image": "any:1", "size": "huge" })),
+            &spec(json!({ "image": "any:1", "size": "huge", "idleAction": "Suspend" })),
             "x",
             &outsider
         )
@@ -461,4 +473,26 @@ fn executors_wait_for_a_place_oldest_first() {
     assert_eq!(executors_ahead(&others, "2026-01-01T00:00:01Z", "a"), 2);
     assert_eq!(executors_ahead(&others, "2026-01-01T00:00:01Z", "c"), 3);
     assert_eq!(executors_ahead(&others, "2026-01-01T00:00:03Z", "z"), 4);
+}
+
+#[test]
+fn an_executor_suspends_when_idle_only_if_it_asks_and_its_class_allows() {
+    let allows = rules(json!({ "allowIdleSuspend": true }));
+    let forbids = rules(json!({}));
+    let suspends = spec(json!({ "idleAction": "Suspend" }));
+    let expires = spec(json!({}));
+    let cases = [
+        ("asks, no class", &suspends, None, true),
+        ("asks, the class allows", &suspends, Some(&allows), true),
+        (
+            "asks, the class does not allow (changed after admission)",
+            &suspends,
+            Some(&forbids),
+            false,
+        ),
+        ("does not ask", &expires, Some(&allows), false),
+    ];
+    for (case, spec, class, suspends) in cases {
+        assert_eq!(suspends_when_idle(spec, class), suspends, "{case}");
+    }
 }

@@ -17,7 +17,7 @@ use crate::{
     briq::SandboxApi,
     controller::{
         class,
-        context::Result,
+        context::{Result, Shared},
         credentials::made_under,
         index::{self, Activity},
     },
@@ -74,19 +74,32 @@ fn idleness(
     Idleness::IdleFor { remaining }
 }
 
+/// Where `executor` stands against its idle timeout, from its status and the cached Executions
+/// (`activity`), and what it becomes at the timeout: suspended rather than expired
+/// ([`class::suspends_when_idle`]).
+pub(super) fn idle_policy<S>(
+    shared: &Shared<S>,
+    executor: &BriqExecutor,
+    activity: Activity,
+) -> (Idleness, bool) {
+    let class = made_under(shared, executor);
+    let class = class.as_ref().map(|c| &c.spec);
+    let idleness = idleness(
+        class::idle_timeout_seconds(&executor.spec, class),
+        &status_of(executor),
+        activity,
+        Timestamp::now(),
+    );
+    (idleness, class::suspends_when_idle(&executor.spec, class))
+}
+
 impl<S: SandboxApi> Actor<'_, S> {
     /// Where the executor stands against its idle timeout, from its status and the cached
     /// Executions.
     pub(super) fn idleness(&self, executor: &BriqExecutor) -> Idleness {
         let namespace = executor.namespace().unwrap_or_default();
         let activity = index::activity(self.executions, &namespace, &executor.name_any());
-        let class = made_under(self.shared, executor);
-        idleness(
-            class::idle_timeout_seconds(&executor.spec, class.as_ref().map(|c| &c.spec)),
-            &status_of(executor),
-            activity,
-            Timestamp::now(),
-        )
+        idle_policy(self.shared, executor, activity).0
     }
 
     /// Idle for its timeout: decided again on a fresh read (it cannot be taken back), and said

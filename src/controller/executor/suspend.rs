@@ -20,6 +20,7 @@ use tracing::info;
 use super::{
     actor::{Actor, Context},
     admit::key_recheck,
+    idle::{Idleness, idle_policy},
     status::{SandboxFields, kernel_ready_of, sandbox_fields, state, status_of},
     step::Asked,
 };
@@ -30,7 +31,7 @@ use crate::{
     },
     briq::{ApiKey, SandboxApi, SandboxState},
     controller::{
-        context::{Error, Result},
+        context::{Error, Result, Shared},
         index::{self, Activity},
         ownership::{Ownership, ownership},
         recheck,
@@ -48,10 +49,12 @@ use crate::{
 pub(super) const STATE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Whether `executor`, whose Executions the cache shows as `activity`, should be suspended now:
-/// its spec asks it, no Execution waits for it or runs, it is not an unclaimed pool member (a
-/// pool keeps its members warm) and saving its namespace has not failed under this very spec.
-pub(super) fn suspend_wanted(executor: &BriqExecutor, activity: Activity) -> bool {
-    executor.spec.suspend
+/// its spec asks it (`suspend`, or `idleAction: Suspend` once `idle_over`, its idle timeout
+/// passed), no Execution waits for it or runs, it is not an unclaimed pool member (a pool keeps
+/// its members warm) and saving its namespace has not failed under this very spec (then an idle
+/// one expires instead).
+pub(super) fn suspend_wanted(executor: &BriqExecutor, activity: Activity, idle_over: bool) -> bool {
+    (executor.spec.suspend || idle_over)
         && activity.unfinished == 0
         && !executor.annotations().contains_key(POOL_MEMBER_ANNOTATION)
         && !save_failed(&status_of(executor), executor.metadata.generation)
@@ -118,12 +121,38 @@ fn names_left(unsaved: &[UnsavedName]) -> String {
     )
 }
 
+/// What asked for a suspension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// `spec.suspend: true`.
+    Spec,
+    /// `idleAction: Suspend`, idle for its `idleTimeoutSeconds`.
+    Idle,
+}
+
+impl Cause {
+    fn of(executor: &BriqExecutor) -> Cause {
+        if executor.spec.suspend {
+            Cause::Spec
+        } else {
+            Cause::Idle
+        }
+    }
+}
+
 /// The state of a suspended executor: `Ready=False` (Executions wait; the next resumes it),
 /// `Suspended=True`.
-fn suspended_state(suspension: &Suspension) -> [Desired; 3] {
+fn suspended_state(suspension: &Suspension, cause: Cause) -> [Desired; 3] {
+    let resumes = match cause {
+        Cause::Spec => "The next Execution, or spec.suspend: false, resumes it",
+        Cause::Idle => {
+            "Suspended after its idleTimeoutSeconds without an Execution (idleAction: Suspend); \
+             the next Execution resumes it"
+        }
+    };
     let message = format!(
         "suspended: its sandbox is stopped with {} names of the kernel's namespace saved in it \
-         ({} bytes); {}. The next Execution, or spec.suspend: false, resumes it",
+         ({} bytes); {}. {resumes}",
         suspension.saved_names,
         suspension.saved_bytes,
         names_left(&suspension.unsaved)
@@ -162,25 +191,27 @@ fn resumed(last: Option<Suspension>, restored: Option<&StateReport>) -> (Suspens
     (suspension, message)
 }
 
-/// What `executor`'s spec and its Executions in `executions` ask of it.
-fn asked(executions: &Store<Execution>, executor: &BriqExecutor) -> Asked {
+/// What `executor`'s spec, its class and its Executions in `executions` ask of it.
+fn asked<S>(shared: &Shared<S>, executions: &Store<Execution>, executor: &BriqExecutor) -> Asked {
     let namespace = executor.namespace().unwrap_or_default();
     let activity = index::activity(executions, &namespace, &executor.name_any());
+    let (idleness, suspends_when_idle) = idle_policy(shared, executor, activity);
+    let idle_over = suspends_when_idle && matches!(idleness, Idleness::Expired { .. });
     Asked {
         claims: executor.spec.pool_ref.is_some(),
-        suspend: suspend_wanted(executor, activity),
+        suspend: suspend_wanted(executor, activity, idle_over),
     }
 }
 
 impl<S> Context<S> {
     pub(super) fn asked(&self, executor: &BriqExecutor) -> Asked {
-        asked(&self.executions, executor)
+        asked(&self.shared, &self.executions, executor)
     }
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
     pub(super) fn asked(&self, executor: &BriqExecutor) -> Asked {
-        asked(self.executions, executor)
+        asked(self.shared, self.executions, executor)
     }
 
     /// Suspends a Ready executor: `Suspending` first (its own write wakes the next step, with
@@ -233,7 +264,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             suspension: Some(suspension.clone()),
             ..sandbox_fields(executor)
         };
-        let suspended = suspended_state(&suspension);
+        let suspended = suspended_state(&suspension, Cause::of(executor));
         self.report(executor, &suspended, fields).await?;
         let note = suspended[0].message.clone();
         self.event(executor, EventType::Normal, "Suspended", "Suspend", note)
@@ -245,9 +276,13 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// The namespace could not be saved: the sandbox keeps running, the kernel keeps its
     /// state, and the executor is Ready again, saying why it is not suspended.
     async fn save_failed(&self, executor: &BriqExecutor, why: String) -> Result<Action> {
+        let next = match Cause::of(executor) {
+            Cause::Spec => "Change the spec to try again",
+            Cause::Idle => "Idle for its idleTimeoutSeconds, it expires instead",
+        };
         let message = format!(
             "not suspended: the kernel's namespace could not be saved ({why}); the kernel keeps \
-             running with its state. Change the spec to try again"
+             running with its state. {next}"
         );
         let [ready, stalled] = kernel_ready_of(executor);
         let failed = desired(

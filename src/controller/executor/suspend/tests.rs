@@ -35,11 +35,14 @@ fn suspend_is_wanted_only_when_asked_and_nothing_needs_the_kernel() {
         unfinished: 1,
         ..Activity::default()
     };
+    // (case, executor with spec.suspend, its Executions, idle past its timeout with
+    // idleAction: Suspend allowed, wanted)
     let cases = [
         (
             "asked, idle",
             executor(true, json!({}), json!([])),
             idle(),
+            false,
             true,
         ),
         (
@@ -47,11 +50,20 @@ fn suspend_is_wanted_only_when_asked_and_nothing_needs_the_kernel() {
             executor(false, json!({}), json!([])),
             idle(),
             false,
+            false,
+        ),
+        (
+            "not asked by its spec, idle past its timeout with idleAction: Suspend",
+            executor(false, json!({}), json!([])),
+            idle(),
+            true,
+            true,
         ),
         (
             "asked, an Execution waits or runs",
             executor(true, json!({}), json!([])),
             busy,
+            false,
             false,
         ),
         (
@@ -59,22 +71,43 @@ fn suspend_is_wanted_only_when_asked_and_nothing_needs_the_kernel() {
             executor(true, json!({ POOL_MEMBER_ANNOTATION: "warm" }), json!([])),
             idle(),
             false,
+            false,
+        ),
+        (
+            "an unclaimed pool member idle past its timeout expires, never suspends",
+            executor(false, json!({ POOL_MEMBER_ANNOTATION: "warm" }), json!([])),
+            idle(),
+            true,
+            false,
         ),
         (
             "its save failed under this spec: not again until the spec changes",
             executor(true, json!({}), save_failed_at(3)),
             idle(),
             false,
+            false,
+        ),
+        (
+            "its save failed under this spec while idle: it expires instead",
+            executor(false, json!({}), save_failed_at(3)),
+            idle(),
+            true,
+            false,
         ),
         (
             "its save failed under an earlier spec: try again",
             executor(true, json!({}), save_failed_at(2)),
             idle(),
+            false,
             true,
         ),
     ];
-    for (name, executor, activity, wanted) in cases {
-        assert_eq!(suspend_wanted(&executor, activity), wanted, "{name}");
+    for (name, executor, activity, idle_over, wanted) in cases {
+        assert_eq!(
+            suspend_wanted(&executor, activity, idle_over),
+            wanted,
+            "{name}"
+        );
     }
 }
 
@@ -112,7 +145,7 @@ fn a_save_records_what_was_saved_and_names_what_was_not() {
         }]
     );
     assert!(suspension.suspended_time.is_some() && suspension.resumed_time.is_none());
-    let [ready, stalled, suspended] = suspended_state(&suspension);
+    let [ready, stalled, suspended] = suspended_state(&suspension, Cause::Spec);
     assert_eq!((ready.status, ready.reason), ("False", "Suspended"));
     assert_eq!(stalled.status, "False");
     assert_eq!((suspended.status, suspended.reason), ("True", "Suspended"));
