@@ -677,3 +677,59 @@ async fn a_pool_never_hands_out_a_suspended_member_even_when_its_template_asks_t
         ("Completed", "2")
     );
 }
+
+#[tokio::test]
+async fn a_pool_sized_by_demand_grows_from_zero_with_its_claims_and_scales_back_to_zero_after_a_quiet_window()
+ {
+    let env = TestEnv::new("pool-demand").await;
+    let operator = Operator::start(&env).await;
+    let pool: BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": "demand" },
+        // replicas is not used once maxReady sizes the pool by demand.
+        "spec": { "replicas": 5, "maxReady": 3, "demandWindowSeconds": 10, "template": {} },
+    }))
+    .unwrap();
+    let pools = env.api::<BriqExecutorPool>();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let target = |pool: &BriqExecutorPool| {
+        let status = pool.status.clone().unwrap_or_default();
+        (status.observed_generation == pool.metadata.generation)
+            .then_some((status.target_replicas, status.replicas))
+    };
+    wait_for(&pools, "demand", 60, |pool| {
+        target(pool) == Some((Some(0), 0))
+    })
+    .await;
+    assert!(
+        unclaimed(&env, "demand").await.is_empty(),
+        "no claim yet: no member"
+    );
+
+    // The first claim finds nothing warm: it makes its own sandbox at once, and the pool makes
+    // a member for the next one.
+    create_executor(&env, "first", json!({ "poolRef": { "name": "demand" } })).await;
+    let first = wait_ready(&env, "first").await;
+    assert_own_sandbox(&env, &operator, &first).await;
+    let grown = pool_ready(&env, "demand", 1).await;
+    let demand = grown.status.unwrap().demand.expect("what the rule saw");
+    assert_eq!((demand.claims_in_window, demand.peak_per_refill), (1, 1));
+
+    // The next claim is served warm.
+    create_executor(&env, "second", json!({ "poolRef": { "name": "demand" } })).await;
+    let second = wait_ready(&env, "second").await;
+    assert!(
+        second.annotations().contains_key(CLAIMED_MEMBER_ANNOTATION),
+        "claimed a warm member: {:?}",
+        second.metadata.annotations
+    );
+
+    // A window without a claim: back to zero, its unclaimed members gone.
+    wait_for(&pools, "demand", 60, |pool| {
+        target(pool) == Some((Some(0), 0))
+    })
+    .await;
+    eventually(60, "the pool's members are gone", || async {
+        unclaimed(&env, "demand").await.is_empty()
+    })
+    .await;
+}

@@ -48,8 +48,8 @@ use kube::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::crd::{
-    BriqExecutor, BriqExecutorClass, BriqExecutorPool, Execution, POOL_MEMBER_ANNOTATION,
-    reasons::ExecutorReason,
+    BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_MEMBER_ANNOTATION, Execution,
+    POOL_FALLBACK_ANNOTATION, POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
 };
 
 /// A wake-up of one object.
@@ -257,7 +257,8 @@ pub fn suspension_wake(
 }
 
 /// What a change of `executor` wakes: the Executions that wait on it (or whose time to live is
-/// its), and the pool it is a member of.
+/// its), and the pool it is a member of, or claims from while it holds no member yet (a claim is
+/// demand: a pool sized by it grows, from zero too, without waiting for its next look).
 pub fn woken_by(
     executions: &Store<Execution>,
     executor: &BriqExecutor,
@@ -265,9 +266,14 @@ pub fn woken_by(
     Vec<ObjectRef<Execution>>,
     Option<ObjectRef<BriqExecutorPool>>,
 ) {
-    let pool = executor
-        .annotations()
+    let annotations = executor.annotations();
+    let claiming = executor.spec.pool_ref.as_ref().filter(|_| {
+        !annotations.contains_key(CLAIMED_MEMBER_ANNOTATION)
+            && !annotations.contains_key(POOL_FALLBACK_ANNOTATION)
+    });
+    let pool = annotations
         .get(POOL_MEMBER_ANNOTATION)
+        .or(claiming.map(|pool_ref| &pool_ref.name))
         .zip(executor.namespace())
         .map(|(pool, namespace)| ObjectRef::new(pool).within(&namespace));
     (super::index::waiting_on(executions, executor), pool)

@@ -19,9 +19,8 @@ use crate::{
     briq::SandboxApi,
     controller::{context::Result, index, requeue::waited},
     crd::{
-        BriqExecutor, BriqExecutorPool, BriqExecutorPoolSpec, BriqExecutorSpec,
-        CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL, POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef,
-        reasons::ExecutorReason,
+        BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
+        POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, reasons::ExecutorReason,
     },
 };
 
@@ -98,7 +97,7 @@ const CLAIM_RECHECK: std::time::Duration = std::time::Duration::from_millis(250)
 fn claim_plan(
     claimer: &BriqExecutorSpec,
     pool_ref: &PoolRef,
-    pool: Option<&BriqExecutorPoolSpec>,
+    pool: Option<&BriqExecutorPool>,
     ready_members: Vec<String>,
     waited: std::time::Duration,
 ) -> ClaimPlan {
@@ -106,7 +105,7 @@ fn claim_plan(
     let Some(pool) = pool else {
         return ClaimPlan::FallBack(format!("BriqExecutorPool {name} does not exist"));
     };
-    let mismatch = pool_mismatch(claimer, &pool.template);
+    let mismatch = pool_mismatch(claimer, &pool.spec.template);
     if !mismatch.is_empty() {
         return ClaimPlan::Mismatch(format!(
             "{} differ from the template of BriqExecutorPool {name}; leave them unset or equal \
@@ -117,7 +116,7 @@ fn claim_plan(
     if !ready_members.is_empty() {
         return ClaimPlan::Take(ready_members);
     }
-    if pool.replicas == 0 {
+    if pool.scaled_to_zero() {
         return ClaimPlan::FallBack(format!("BriqExecutorPool {name} is scaled to zero"));
     }
     let patience = std::time::Duration::from_secs(pool_ref.cold_create_after_seconds.into());
@@ -232,7 +231,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let plan = claim_plan(
             &executor.spec,
             &pool_ref,
-            pool.as_ref().map(|pool| &pool.spec),
+            pool.as_ref(),
             ready.iter().map(|m| m.name_any()).collect(),
             waited,
         );

@@ -4,6 +4,7 @@
 //! until claimed; the claim itself is the claimer's ([`super::executor`]).
 
 mod decide;
+mod demand;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -11,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use demand::{Bounds, ClaimLog, Target, demand_target, refill_time};
+use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, PostParams},
@@ -42,6 +45,8 @@ pub struct Context<S> {
     /// not-ready members until it does (or [`EXPECTATION_TIMEOUT`] passes), so that a reconcile
     /// woken before the cache caught up does not create them twice.
     expected: Mutex<HashMap<String, Vec<(String, Instant)>>>,
+    /// The claims of demand-sized pools, kept for their window.
+    claims: Mutex<ClaimLog>,
 }
 
 /// How long a created member is counted without the cache showing it.
@@ -59,6 +64,7 @@ impl<S> Context<S> {
             pools,
             executors,
             expected: Mutex::default(),
+            claims: Mutex::default(),
         }
     }
 
@@ -71,10 +77,42 @@ impl<S> Context<S> {
             .map(|p| object_key(p.as_ref()))
             .collect();
         self.expected().retain(|pool, _| live.contains(pool));
+        self.claims().retain(&live);
     }
 
     pub fn bookkeeping(&self) -> usize {
-        self.backoff.len() + self.expected().len()
+        self.backoff.len() + self.expected().len() + self.claims().len()
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, ClaimLog> {
+        self.claims.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many members `pool` keeps (`spec.replicas`, or its demand's target, with what the
+    /// demand rule saw and when to look again), from the claimers and `members` the cache shows.
+    fn requested(
+        &self,
+        pool: &BriqExecutorPool,
+        members: &[Arc<BriqExecutor>],
+    ) -> (i32, Option<Target>) {
+        let Some(bounds) = Bounds::of(&pool.spec) else {
+            return (pool.spec.replicas, None);
+        };
+        let now = Timestamp::now();
+        let claimers = claimers(&self.executors, pool);
+        let claims = self
+            .claims()
+            .record(&object_key(pool), claimers, bounds.window, now);
+        let made: Vec<(Timestamp, Timestamp)> = members
+            .iter()
+            .filter_map(|m| {
+                let created = m.metadata.creation_timestamp.as_ref()?.0;
+                let ready = m.status.as_ref()?.ready_time.as_ref()?.0;
+                Some((created, ready))
+            })
+            .collect();
+        let target = demand_target(bounds, &claims, refill_time(&made), now);
+        (target.members, Some(target))
     }
 
     fn expected(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(String, Instant)>>> {
@@ -135,10 +173,9 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         .filter(|e| e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&pool.name_any()))
         .map(|e| e.name_any())
         .collect();
-    let mut members: Vec<Member> = members(&ctx.executors, pool)
-        .iter()
-        .map(|e| view(e, &hash))
-        .collect();
+    let unclaimed = members(&ctx.executors, pool);
+    let (requested, demand) = ctx.requested(pool, &unclaimed);
+    let mut members: Vec<Member> = unclaimed.iter().map(|e| view(e, &hash)).collect();
     members.extend(
         ctx.still_expected(&key, &seen)
             .into_iter()
@@ -152,7 +189,7 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
             }),
     );
     super::credentials::classes_known(&ctx.shared).await?;
-    let (plan, ready) = match decide::size(pool.spec.replicas, &pool_class(&ctx.shared, pool)) {
+    let (plan, ready, target) = match decide::size(requested, &pool_class(&ctx.shared, pool)) {
         decide::Size::Keep { desired, capped } => {
             let plan = decide::plan(desired, &members);
             for name in &plan.delete {
@@ -172,12 +209,12 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
             if let Some(broken) = capped {
                 ready.message = format!("{}; {broken}: kept at the maximum", ready.message);
             }
-            (plan, ready)
+            (plan, ready, Some(desired))
         }
         decide::Size::ClassMissing(name) => {
             // Woken when a class comes (class_events); the members there are only reported.
-            let plan = decide::plan(pool.spec.replicas, &members);
-            (plan, decide::class_missing_condition(&name))
+            let plan = decide::plan(requested, &members);
+            (plan, decide::class_missing_condition(&name), None)
         }
     };
     let filling = ready.status != "True";
@@ -186,6 +223,8 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         observed_generation: pool.metadata.generation,
         replicas: plan.replicas,
         ready_replicas: plan.ready_replicas,
+        target_replicas: target,
+        demand: demand.as_ref().map(|d| d.seen.clone()),
         selector: Some(format!("{POOL_LABEL}={}", pool.name_any())),
         conditions: conditions::merge(&current.conditions, &[ready], pool.metadata.generation),
     };
@@ -194,12 +233,30 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         let status = serde_json::to_value(status).expect("status serializes");
         apply_status(&pools, pool, EXECUTOR_MANAGER, status).await?;
     }
-    Ok(if filling || plan.create > 0 {
+    let filling = (filling || plan.create > 0)
         // Members' changes wake the pool; this is the safety net.
-        Action::requeue(recheck::recheck(recheck::Wait::PoolFilling))
-    } else {
-        Action::await_change()
+        .then(|| recheck::recheck(recheck::Wait::PoolFilling));
+    // A demand-sized pool looks again when its oldest claim leaves the window: it may shrink.
+    let shrink = demand.and_then(|d| d.recheck);
+    Ok(match filling.into_iter().chain(shrink).min() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
     })
+}
+
+/// The claimers of `pool` the cache shows, by uid with their creation time: each is a claim
+/// (made warm or not) for the demand rule.
+fn claimers(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(String, Timestamp)> {
+    let namespace = pool.namespace();
+    let name = pool.name_any();
+    executors
+        .state()
+        .iter()
+        .filter(|e| {
+            e.namespace() == namespace && e.spec.pool_ref.as_ref().is_some_and(|r| r.name == name)
+        })
+        .filter_map(|e| Some((e.uid()?, e.metadata.creation_timestamp.as_ref()?.0)))
+        .collect()
 }
 
 /// The class a pool's members take: the one its template names, else the default class (one

@@ -327,3 +327,40 @@ fn executions_wake_their_executor_to_resume_or_to_suspend() {
         );
     }
 }
+
+#[test]
+fn a_claimer_wakes_its_pool_until_it_holds_a_member_and_a_member_wakes_its_own() {
+    let executions = reflector::store::<Execution>().0;
+    let claimer = |annotations: serde_json::Value| -> BriqExecutor {
+        let mut claimer = executor("agent", "False", annotations);
+        claimer.spec.pool_ref = serde_json::from_value(json!({ "name": "warm" })).unwrap();
+        claimer
+    };
+    let warm = Some(ObjectRef::<BriqExecutorPool>::new("warm").within("team"));
+    let cases = [
+        (
+            "a new claimer: a claim the pool must see",
+            claimer(json!({})),
+            warm.clone(),
+        ),
+        (
+            "a claimer holding its member: the member's change woke the pool",
+            claimer(json!({ CLAIMED_MEMBER_ANNOTATION: "warm-a" })),
+            None,
+        ),
+        (
+            "a claimer that made its own sandbox: counted already",
+            claimer(json!({ POOL_FALLBACK_ANNOTATION: "true" })),
+            None,
+        ),
+        (
+            "a member",
+            executor("warm-a", "True", json!({ POOL_MEMBER_ANNOTATION: "warm" })),
+            warm,
+        ),
+        ("neither", executor("py", "True", json!({})), None),
+    ];
+    for (case, executor, pool) in cases {
+        assert_eq!(woken_by(&executions, &executor).1, pool, "{case}");
+    }
+}

@@ -121,9 +121,22 @@ fn claim_plan_table() {
         name: "fast".into(),
         cold_create_after_seconds: after,
     };
-    let pool = |replicas: i32| BriqExecutorPoolSpec {
-        replicas,
-        template: spec(serde_json::json!({})),
+    let pool = |replicas: i32| -> BriqExecutorPool {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorPool",
+            "metadata": { "name": "fast", "namespace": "team" },
+            "spec": { "replicas": replicas, "template": {} },
+        }))
+        .unwrap()
+    };
+    let by_demand = |target: i32| -> BriqExecutorPool {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorPool",
+            "metadata": { "name": "fast", "namespace": "team" },
+            "spec": { "replicas": 0, "maxReady": 5, "template": {} },
+            "status": { "targetReplicas": target },
+        }))
+        .unwrap()
     };
     let claimer = spec(serde_json::json!({}));
     let secs = std::time::Duration::from_secs;
@@ -155,6 +168,20 @@ fn claim_plan_table() {
             vec![],
             secs(0),
             ClaimPlan::FallBack("BriqExecutorPool fast is scaled to zero".into()),
+        ),
+        (
+            "sized by demand to zero: at once",
+            Some(by_demand(0)),
+            vec![],
+            secs(0),
+            ClaimPlan::FallBack("BriqExecutorPool fast is scaled to zero".into()),
+        ),
+        (
+            "sized by demand above zero (whatever its replicas): wait",
+            Some(by_demand(2)),
+            vec![],
+            secs(10),
+            waiting(CLAIM_RECHECK),
         ),
         (
             "none ready yet: wait",

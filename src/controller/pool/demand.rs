@@ -1,0 +1,145 @@
+//! Demand-sized pools (`spec.maxReady`): how many unclaimed members to keep, from the claims of
+//! the last window and the time to make a member Ready ([`demand_target`]): pure, tested with
+//! exact expected outputs. The pool's claims are remembered here too ([`ClaimLog`]), as the
+//! executor cache shows its claimers: a claimer deleted before the pool looked still counts.
+//!
+//! The rule keeps ready what the window's claims would use during one refill: the most claims
+//! made within any span of one refill time. A pool that kept that many would have served each of
+//! those claims warm while the members they took were being replaced. It grows as soon as a
+//! burst is seen, keeps its size for one window after the burst (the cooldown: bursts come
+//! back), and falls to `minReady` (zero by default) after a window without a claim.
+
+use std::{collections::HashMap, time::Duration};
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::crd::{BriqExecutorPoolSpec, PoolDemand};
+
+/// The window of a pool that sets no `demandWindowSeconds`.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(300);
+/// The refill time assumed until one of the pool's members has been made Ready.
+pub const DEFAULT_REFILL: Duration = Duration::from_secs(10);
+
+/// A demand-sized pool's bounds and window, if its spec asks for demand sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub min_ready: i32,
+    pub max_ready: i32,
+    pub window: Duration,
+}
+
+impl Bounds {
+    pub fn of(spec: &BriqExecutorPoolSpec) -> Option<Bounds> {
+        let max_ready = spec.max_ready?;
+        Some(Bounds {
+            min_ready: spec.min_ready.unwrap_or(0).clamp(0, max_ready),
+            max_ready,
+            window: spec
+                .demand_window_seconds
+                .map_or(DEFAULT_WINDOW, |s| Duration::from_secs(s.into())),
+        })
+    }
+}
+
+/// What the rule decided: the members to keep, what it saw, and when to look again (when the
+/// oldest claim leaves the window, the target may fall).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub members: i32,
+    pub seen: PoolDemand,
+    pub recheck: Option<Duration>,
+}
+
+/// The members a pool with `bounds` keeps, given the creation times of its claimers (`claims`,
+/// in any order; those outside the window are not counted) and the time to make a member Ready
+/// (`refill`).
+pub fn demand_target(
+    bounds: Bounds,
+    claims: &[Timestamp],
+    refill: Duration,
+    now: Timestamp,
+) -> Target {
+    let window = SignedDuration::try_from(bounds.window).unwrap_or(SignedDuration::MAX);
+    let mut recent: Vec<Timestamp> = claims
+        .iter()
+        .copied()
+        .filter(|at| *at <= now && now.duration_since(*at) < window)
+        .collect();
+    recent.sort();
+    let refill_span = SignedDuration::try_from(refill).unwrap_or(SignedDuration::MAX);
+    // The most claims within [t, t + refill) for a claim's time t: two pointers over the sorted
+    // times.
+    let mut peak = 0;
+    let mut end = 0;
+    for (start, at) in recent.iter().enumerate() {
+        while end < recent.len() && recent[end].duration_since(*at) < refill_span {
+            end += 1;
+        }
+        peak = peak.max(end - start);
+    }
+    let peak = i32::try_from(peak).unwrap_or(i32::MAX);
+    let recheck = recent
+        .first()
+        .map(|oldest| (window - now.duration_since(*oldest)).unsigned_abs());
+    Target {
+        members: peak.clamp(bounds.min_ready, bounds.max_ready),
+        seen: PoolDemand {
+            claims_in_window: i32::try_from(recent.len()).unwrap_or(i32::MAX),
+            peak_per_refill: peak,
+            refill_millis: u64::try_from(refill.as_millis()).unwrap_or(u64::MAX),
+        },
+        recheck,
+    }
+}
+
+/// The time to make a member Ready, from the members' (creation, first Ready) times: the
+/// slowest of them (a pool sized for its slowest refill is not caught short by it), or
+/// [`DEFAULT_REFILL`] when none has been made Ready yet.
+pub fn refill_time(made: &[(Timestamp, Timestamp)]) -> Duration {
+    made.iter()
+        .map(|(created, ready)| ready.duration_since(*created).unsigned_abs())
+        .max()
+        .unwrap_or(DEFAULT_REFILL)
+}
+
+/// The claims each pool has seen (claimer uid → its creation time), kept for the pool's window
+/// so that a claimer deleted before the pool looked again still counts. Kept in memory: after a
+/// restart the pool counts the claimers the cache still shows.
+#[derive(Default)]
+pub struct ClaimLog {
+    pools: HashMap<String, HashMap<String, Timestamp>>,
+}
+
+impl ClaimLog {
+    /// Adds the `claimers` (uid, creation time) of `pool` seen now, forgets what is older than
+    /// `window`, and returns every claim time remembered.
+    pub fn record(
+        &mut self,
+        pool: &str,
+        claimers: impl IntoIterator<Item = (String, Timestamp)>,
+        window: Duration,
+        now: Timestamp,
+    ) -> Vec<Timestamp> {
+        let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
+        let log = self.pools.entry(pool.to_owned()).or_default();
+        log.extend(claimers);
+        log.retain(|_, at| now.duration_since(*at) < window);
+        let times = log.values().copied().collect();
+        if log.is_empty() {
+            self.pools.remove(pool);
+        }
+        times
+    }
+
+    /// Keeps only the pools in `live`.
+    pub fn retain(&mut self, live: &std::collections::HashSet<String>) {
+        self.pools.retain(|pool, _| live.contains(pool));
+    }
+
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

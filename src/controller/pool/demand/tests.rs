@@ -1,0 +1,207 @@
+use super::*;
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + second).unwrap()
+}
+
+fn bounds(min_ready: i32, max_ready: i32) -> Bounds {
+    Bounds {
+        min_ready,
+        max_ready,
+        window: Duration::from_secs(300),
+    }
+}
+
+const REFILL: Duration = Duration::from_secs(5);
+
+#[test]
+fn demand_target_table() {
+    let steady: Vec<i64> = (0..60).collect(); // one claim a second for a minute
+    let burst: Vec<i64> = vec![100; 40]; // 40 claims in the same second
+    // (case, bounds, claim times in seconds, now, members, claims in window, peak, recheck)
+    type Case = (&'static str, Bounds, Vec<i64>, i64, i32, i32, i32, Option<u64>);
+    let cases: Vec<Case> = vec![
+        (
+            "no claims: minReady",
+            bounds(2, 10),
+            vec![],
+            1000,
+            2,
+            0,
+            0,
+            None,
+        ),
+        (
+            "no claims, no minimum: zero",
+            bounds(0, 10),
+            vec![],
+            1000,
+            0,
+            0,
+            0,
+            None,
+        ),
+        (
+            "one claim a second with a 5 s refill: five ready",
+            bounds(0, 10),
+            steady.clone(),
+            60,
+            5,
+            60,
+            5,
+            Some(240),
+        ),
+        (
+            "a burst: as many as it took, within maxReady",
+            bounds(0, 30),
+            burst.clone(),
+            101,
+            30,
+            40,
+            40,
+            Some(299),
+        ),
+        (
+            "the burst is kept for the whole window (the cooldown)",
+            bounds(0, 100),
+            burst.clone(),
+            399,
+            40,
+            40,
+            40,
+            Some(1),
+        ),
+        (
+            "a window after the burst: back to minReady",
+            bounds(1, 100),
+            burst,
+            400,
+            1,
+            0,
+            0,
+            None,
+        ),
+        (
+            "claims a refill apart need one member each time",
+            bounds(0, 10),
+            vec![0, 5, 10, 15],
+            20,
+            1,
+            4,
+            1,
+            Some(280),
+        ),
+        (
+            "claims just inside one refill count together",
+            bounds(0, 10),
+            vec![0, 4, 10],
+            20,
+            2,
+            3,
+            2,
+            Some(280),
+        ),
+        (
+            "a claim from the future (clock skew) is not counted yet",
+            bounds(0, 10),
+            vec![50],
+            20,
+            0,
+            0,
+            0,
+            None,
+        ),
+        (
+            "minReady above the peak holds",
+            bounds(3, 10),
+            vec![0],
+            1,
+            3,
+            1,
+            1,
+            Some(299),
+        ),
+    ];
+    for (case, bounds, claims, now, members, in_window, peak, recheck) in cases {
+        let claims: Vec<Timestamp> = claims.into_iter().map(at).collect();
+        let target = demand_target(bounds, &claims, REFILL, at(now));
+        assert_eq!(
+            target,
+            Target {
+                members,
+                seen: PoolDemand {
+                    claims_in_window: in_window,
+                    peak_per_refill: peak,
+                    refill_millis: 5000,
+                },
+                recheck: recheck.map(Duration::from_secs),
+            },
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn the_refill_time_is_the_slowest_members_or_a_default() {
+    assert_eq!(refill_time(&[]), DEFAULT_REFILL);
+    assert_eq!(
+        refill_time(&[(at(0), at(2)), (at(10), at(17)), (at(20), at(21))]),
+        Duration::from_secs(7)
+    );
+}
+
+#[test]
+fn bounds_come_from_the_spec_only_when_max_ready_is_set() {
+    let spec = |value: serde_json::Value| -> BriqExecutorPoolSpec {
+        serde_json::from_value(value).unwrap()
+    };
+    assert_eq!(
+        Bounds::of(&spec(serde_json::json!({ "replicas": 3, "template": {} }))),
+        None
+    );
+    assert_eq!(
+        Bounds::of(&spec(serde_json::json!({
+            "replicas": 3, "template": {}, "maxReady": 8, "minReady": 2, "demandWindowSeconds": 60,
+        }))),
+        Some(Bounds {
+            min_ready: 2,
+            max_ready: 8,
+            window: Duration::from_secs(60)
+        })
+    );
+    assert_eq!(
+        Bounds::of(&spec(
+            serde_json::json!({ "replicas": 3, "template": {}, "maxReady": 8 })
+        )),
+        Some(bounds(0, 8)),
+        "minReady 0 and a 300 s window by default"
+    );
+}
+
+#[test]
+fn the_claim_log_keeps_deleted_claimers_for_the_window_and_forgets_older_ones() {
+    let mut log = ClaimLog::default();
+    let window = Duration::from_secs(60);
+    let seen = log.record(
+        "ns/warm",
+        [("a".into(), at(0)), ("b".into(), at(10))],
+        window,
+        at(20),
+    );
+    assert_eq!(seen.len(), 2);
+    // "a" was deleted: the cache shows only "b" and a new "c"; "a" still counts.
+    let mut seen = log.record(
+        "ns/warm",
+        [("b".into(), at(10)), ("c".into(), at(30))],
+        window,
+        at(30),
+    );
+    seen.sort();
+    assert_eq!(seen, [at(0), at(10), at(30)]);
+    // A window later, only "c" is left.
+    let seen = log.record("ns/warm", [], window, at(80));
+    assert_eq!(seen, [at(30)]);
+    let seen = log.record("ns/warm", [], window, at(200));
+    assert!(seen.is_empty());
+    assert_eq!(log.len(), 0, "an empty pool's log is dropped");
+}
