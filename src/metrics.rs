@@ -45,6 +45,31 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// How a claim on a pool was served: the `outcome` label of the pool claims counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// A Ready member's sandbox and kernel, handed over.
+    Warm,
+    /// No Ready member in time (or none coming): the claimer created a sandbox of its own.
+    Cold,
+}
+
+impl ClaimOutcome {
+    pub const ALL: [ClaimOutcome; 2] = [ClaimOutcome::Warm, ClaimOutcome::Cold];
+
+    fn label(self) -> &'static str {
+        match self {
+            ClaimOutcome::Warm => "warm",
+            ClaimOutcome::Cold => "cold",
+        }
+    }
+}
+
 /// The final `Ready` reasons of a BriqExecutor that will run no more code: the `reason` label of
 /// the ended-executors counter takes exactly these values.
 pub const EXECUTOR_ENDINGS: [ExecutorReason; 4] = [
@@ -97,6 +122,7 @@ pub struct Metrics {
     executions: Family<ReasonLabels, Counter>,
     orphans_destroyed: Counter,
     executors_ended: Family<ReasonLabels, Counter>,
+    pool_claims: Family<OutcomeLabels, Counter>,
     queued: Gauge,
     oldest_queued: Gauge,
     running: Gauge,
@@ -152,6 +178,19 @@ impl Default for Metrics {
              IdleTimeout, PoolMismatch",
             executors_ended.clone(),
         );
+        let pool_claims = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "pool_claims",
+            "Claims on BriqExecutorPools, by how they were served: warm (a Ready member handed \
+             over) or cold (the claimer created a sandbox of its own: no Ready member within \
+             coldCreateAfterSeconds, or the pool scaled to zero or missing)",
+            pool_claims.clone(),
+        );
+        for outcome in ClaimOutcome::ALL {
+            let _ = pool_claims.get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            });
+        }
         let (queued, oldest_queued, running, sandboxes, bookkeeping, leader) = (
             Gauge::default(),
             Gauge::default(),
@@ -309,6 +348,7 @@ impl Default for Metrics {
             executions,
             orphans_destroyed,
             executors_ended,
+            pool_claims,
             queued,
             oldest_queued,
             running,
@@ -365,6 +405,15 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// A claim on a pool was served, warm or cold.
+    pub fn pool_claimed(&self, outcome: ClaimOutcome) {
+        self.pool_claims
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
     }
 
     /// An executor became ready for the first time; `created` is its creationTimestamp.
@@ -543,6 +592,22 @@ mod tests {
         assert_eq!(ended.len(), EXECUTOR_ENDINGS.len(), "{ended:#?}");
         assert!(ended.contains(&"briq_operator_executors_ended_total{reason=\"Unusable\"} 2"));
         assert!(ended.contains(&"briq_operator_executors_ended_total{reason=\"SetupFailed\"} 1"));
+    }
+
+    #[test]
+    fn pool_claims_are_counted_warm_or_cold_from_zero() {
+        let metrics = Metrics::default();
+        let text = metrics.render();
+        for outcome in ["warm", "cold"] {
+            let series = format!("briq_operator_pool_claims_total{{outcome=\"{outcome}\"}} 0");
+            assert!(text.contains(&series), "{series} missing at start:\n{text}");
+        }
+        metrics.pool_claimed(ClaimOutcome::Warm);
+        metrics.pool_claimed(ClaimOutcome::Warm);
+        metrics.pool_claimed(ClaimOutcome::Cold);
+        let text = metrics.render();
+        assert!(text.contains("briq_operator_pool_claims_total{outcome=\"warm\"} 2"));
+        assert!(text.contains("briq_operator_pool_claims_total{outcome=\"cold\"} 1"));
     }
 
     #[test]

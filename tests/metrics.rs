@@ -152,6 +152,7 @@ async fn metrics_are_scraped_and_their_labels_stay_bounded_after_100_executions(
                     assert!(executor_endings.contains(value.as_str()), "{series}")
                 }
                 "reason" => assert!(allowed_reasons.contains(value.as_str()), "{series}"),
+                "outcome" => assert!(["warm", "cold"].contains(&value.as_str()), "{series}"),
                 "le" => assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "{series}"),
                 other => panic!("unexpected label {other} in {series}"),
             }

@@ -22,6 +22,7 @@ use crate::{
         BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
         POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, reasons::ExecutorReason,
     },
+    metrics::ClaimOutcome,
 };
 
 /// The fields of a claimer's spec that shape its sandbox and differ from its pool's template
@@ -277,6 +278,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 }
+                self.shared.metrics.pool_claimed(ClaimOutcome::Cold);
                 self.event(
                     executor,
                     EventType::Normal,

@@ -26,6 +26,7 @@ use crate::{
         BriqExecutor, CLAIMED_MEMBER_ANNOTATION, CLASS_ANNOTATION, FINALIZER,
         SANDBOX_ID_ANNOTATION, conditions,
     },
+    metrics::ClaimOutcome,
 };
 
 /// What a claimer that took a member does next, from the member it records (`holds`).
@@ -127,6 +128,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 .map_err(Error::from);
             match patched {
                 Ok(written) => {
+                    self.shared.metrics.pool_claimed(ClaimOutcome::Warm);
                     recorded = Some(written);
                     break;
                 }

@@ -19,7 +19,16 @@ fn demand_target_table() {
     let steady: Vec<i64> = (0..60).collect(); // one claim a second for a minute
     let burst: Vec<i64> = vec![100; 40]; // 40 claims in the same second
     // (case, bounds, claim times in seconds, now, members, claims in window, peak, recheck)
-    type Case = (&'static str, Bounds, Vec<i64>, i64, i32, i32, i32, Option<u64>);
+    type Case = (
+        &'static str,
+        Bounds,
+        Vec<i64>,
+        i64,
+        i32,
+        i32,
+        i32,
+        Option<u64>,
+    );
     let cases: Vec<Case> = vec![
         (
             "no claims: minReady",
