@@ -722,6 +722,12 @@ async fn a_pool_sized_by_demand_grows_from_zero_with_its_claims_and_scales_back_
         "claimed a warm member: {:?}",
         second.metadata.annotations
     );
+    // What the pool saw: two claims in its window, the first of them cold.
+    wait_for(&pools, "demand", 60, |pool| {
+        let demand = pool.status.clone().unwrap_or_default().demand;
+        demand.is_some_and(|d| (d.claims_in_window, d.cold_in_window) == (2, 1))
+    })
+    .await;
 
     // A window without a claim: back to zero, its unclaimed members gone.
     wait_for(&pools, "demand", 60, |pool| {

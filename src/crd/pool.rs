@@ -123,6 +123,8 @@ pub struct BriqExecutorPoolStatus {
 pub struct PoolDemand {
     /// Claims made in the last `demandWindowSeconds`.
     pub claims_in_window: i32,
+    /// Of them, those that found no Ready member in time: their claimer created its own sandbox.
+    pub cold_in_window: i32,
     /// The most of them made within one refill: what the pool keeps ready (within its bounds).
     pub peak_per_refill: i32,
     /// The time to make a member Ready the rule used, in milliseconds: measured on the pool's

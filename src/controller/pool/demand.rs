@@ -50,21 +50,24 @@ pub struct Target {
     pub recheck: Option<Duration>,
 }
 
-/// The members a pool with `bounds` keeps, given the creation times of its claimers (`claims`,
-/// in any order; those outside the window are not counted) and the time to make a member Ready
-/// (`refill`).
-pub fn demand_target(
-    bounds: Bounds,
-    claims: &[Timestamp],
-    refill: Duration,
-    now: Timestamp,
-) -> Target {
+/// A claim on a pool: when its claimer was created, and whether it went cold (the claimer
+/// created its own sandbox).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub at: Timestamp,
+    pub cold: bool,
+}
+
+/// The members a pool with `bounds` keeps, given its `claims` (in any order; those outside the
+/// window are not counted) and the time to make a member Ready (`refill`).
+pub fn demand_target(bounds: Bounds, claims: &[Claim], refill: Duration, now: Timestamp) -> Target {
     let window = SignedDuration::try_from(bounds.window).unwrap_or(SignedDuration::MAX);
-    let mut recent: Vec<Timestamp> = claims
+    let in_window: Vec<&Claim> = claims
         .iter()
-        .copied()
-        .filter(|at| *at <= now && now.duration_since(*at) < window)
+        .filter(|claim| claim.at <= now && now.duration_since(claim.at) < window)
         .collect();
+    let cold = in_window.iter().filter(|claim| claim.cold).count();
+    let mut recent: Vec<Timestamp> = in_window.iter().map(|claim| claim.at).collect();
     recent.sort();
     let refill_span = SignedDuration::try_from(refill).unwrap_or(SignedDuration::MAX);
     // The most claims within [t, t + refill) for a claim's time t: two pointers over the sorted
@@ -85,6 +88,7 @@ pub fn demand_target(
         members: peak.clamp(bounds.min_ready, bounds.max_ready),
         seen: PoolDemand {
             claims_in_window: i32::try_from(recent.len()).unwrap_or(i32::MAX),
+            cold_in_window: i32::try_from(cold).unwrap_or(i32::MAX),
             peak_per_refill: peak,
             refill_millis: u64::try_from(refill.as_millis()).unwrap_or(u64::MAX),
         },
@@ -102,28 +106,32 @@ pub fn refill_time(made: &[(Timestamp, Timestamp)]) -> Duration {
         .unwrap_or(DEFAULT_REFILL)
 }
 
-/// The claims each pool has seen (claimer uid → its creation time), kept for the pool's window
-/// so that a claimer deleted before the pool looked again still counts. Kept in memory: after a
-/// restart the pool counts the claimers the cache still shows.
+/// The claims each pool has seen (by claimer uid), kept for the pool's window so that a claimer
+/// deleted before the pool looked again still counts. Kept in memory: after a restart the pool
+/// counts the claimers the cache still shows.
 #[derive(Default)]
 pub struct ClaimLog {
-    pools: HashMap<String, HashMap<String, Timestamp>>,
+    pools: HashMap<String, HashMap<String, Claim>>,
 }
 
 impl ClaimLog {
-    /// Adds the `claimers` (uid, creation time) of `pool` seen now, forgets what is older than
-    /// `window`, and returns every claim time remembered.
+    /// Adds the claims of `pool` seen now (by claimer uid; a claim seen cold once stays cold),
+    /// forgets what is older than `window`, and returns every claim remembered.
     pub fn record(
         &mut self,
         pool: &str,
-        claimers: impl IntoIterator<Item = (String, Timestamp)>,
+        claimers: impl IntoIterator<Item = (String, Claim)>,
         window: Duration,
         now: Timestamp,
-    ) -> Vec<Timestamp> {
+    ) -> Vec<Claim> {
         let window = SignedDuration::try_from(window).unwrap_or(SignedDuration::MAX);
         let log = self.pools.entry(pool.to_owned()).or_default();
-        log.extend(claimers);
-        log.retain(|_, at| now.duration_since(*at) < window);
+        for (uid, claim) in claimers {
+            log.entry(uid)
+                .and_modify(|known| known.cold |= claim.cold)
+                .or_insert(claim);
+        }
+        log.retain(|_, claim| now.duration_since(claim.at) < window);
         let times = log.values().copied().collect();
         if log.is_empty() {
             self.pools.remove(pool);

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use demand::{Bounds, ClaimLog, Target, demand_target, refill_time};
+use demand::{Bounds, Claim, ClaimLog, Target, demand_target, refill_time};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
@@ -32,8 +32,9 @@ use super::{
     status::apply_status,
 };
 use crate::crd::{
-    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, EXECUTOR_MANAGER, POOL_LABEL,
-    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL, conditions, template_hash,
+    BriqExecutor, BriqExecutorPool, BriqExecutorPoolStatus, EXECUTOR_MANAGER,
+    POOL_FALLBACK_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL, conditions,
+    template_hash,
 };
 
 pub struct Context<S> {
@@ -244,9 +245,9 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
     })
 }
 
-/// The claimers of `pool` the cache shows, by uid with their creation time: each is a claim
-/// (made warm or not) for the demand rule.
-fn claimers(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(String, Timestamp)> {
+/// The claimers of `pool` the cache shows, by uid: each is a claim (made warm or not) for the
+/// demand rule.
+fn claimers(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(String, Claim)> {
     let namespace = pool.namespace();
     let name = pool.name_any();
     executors
@@ -255,7 +256,13 @@ fn claimers(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(St
         .filter(|e| {
             e.namespace() == namespace && e.spec.pool_ref.as_ref().is_some_and(|r| r.name == name)
         })
-        .filter_map(|e| Some((e.uid()?, e.metadata.creation_timestamp.as_ref()?.0)))
+        .filter_map(|e| {
+            let claim = Claim {
+                at: e.metadata.creation_timestamp.as_ref()?.0,
+                cold: e.annotations().contains_key(POOL_FALLBACK_ANNOTATION),
+            };
+            Some((e.uid()?, claim))
+        })
         .collect()
 }
 

@@ -4,6 +4,13 @@ fn at(second: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + second).unwrap()
 }
 
+fn warm(second: i64) -> Claim {
+    Claim {
+        at: at(second),
+        cold: false,
+    }
+}
+
 fn bounds(min_ready: i32, max_ready: i32) -> Bounds {
     Bounds {
         min_ready,
@@ -132,7 +139,7 @@ fn demand_target_table() {
         ),
     ];
     for (case, bounds, claims, now, members, in_window, peak, recheck) in cases {
-        let claims: Vec<Timestamp> = claims.into_iter().map(at).collect();
+        let claims: Vec<Claim> = claims.into_iter().map(warm).collect();
         let target = demand_target(bounds, &claims, REFILL, at(now));
         assert_eq!(
             target,
@@ -140,6 +147,7 @@ fn demand_target_table() {
                 members,
                 seen: PoolDemand {
                     claims_in_window: in_window,
+                    cold_in_window: 0,
                     peak_per_refill: peak,
                     refill_millis: 5000,
                 },
@@ -188,28 +196,63 @@ fn bounds_come_from_the_spec_only_when_max_ready_is_set() {
 }
 
 #[test]
+fn cold_claims_in_the_window_are_counted() {
+    let claims = [
+        Claim {
+            at: at(0),
+            cold: true,
+        },
+        warm(100),
+        Claim {
+            at: at(200),
+            cold: true,
+        },
+    ];
+    let target = demand_target(bounds(0, 10), &claims, REFILL, at(310));
+    assert_eq!(
+        (target.seen.claims_in_window, target.seen.cold_in_window),
+        (2, 1),
+        "the cold claim at 0 has left the window"
+    );
+}
+
+#[test]
 fn the_claim_log_keeps_deleted_claimers_for_the_window_and_forgets_older_ones() {
     let mut log = ClaimLog::default();
     let window = Duration::from_secs(60);
+    let times = |claims: Vec<Claim>| {
+        let mut times: Vec<(Timestamp, bool)> = claims.iter().map(|c| (c.at, c.cold)).collect();
+        times.sort();
+        times
+    };
     let seen = log.record(
         "ns/warm",
-        [("a".into(), at(0)), ("b".into(), at(10))],
+        [("a".into(), warm(0)), ("b".into(), warm(10))],
         window,
         at(20),
     );
     assert_eq!(seen.len(), 2);
-    // "a" was deleted: the cache shows only "b" and a new "c"; "a" still counts.
-    let mut seen = log.record(
+    // "a" was deleted: the cache shows only "b", now gone cold, and a new "c"; "a" still counts.
+    let cold_b = Claim {
+        at: at(10),
+        cold: true,
+    };
+    let seen = log.record(
         "ns/warm",
-        [("b".into(), at(10)), ("c".into(), at(30))],
+        [("b".into(), cold_b), ("c".into(), warm(30))],
         window,
         at(30),
     );
-    seen.sort();
-    assert_eq!(seen, [at(0), at(10), at(30)]);
+    assert_eq!(
+        times(seen),
+        [(at(0), false), (at(10), true), (at(30), false)]
+    );
+    // Seen again without its fallback (a stale cache): it stays cold.
+    let seen = log.record("ns/warm", [("b".into(), warm(10))], window, at(31));
+    assert!(seen.iter().any(|c| c.at == at(10) && c.cold));
     // A window later, only "c" is left.
     let seen = log.record("ns/warm", [], window, at(80));
-    assert_eq!(seen, [at(30)]);
+    assert_eq!(times(seen), [(at(30), false)]);
     let seen = log.record("ns/warm", [], window, at(200));
     assert!(seen.is_empty());
     assert_eq!(log.len(), 0, "an empty pool's log is dropped");
