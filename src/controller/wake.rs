@@ -48,8 +48,9 @@ use kube::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::crd::{
-    BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_MEMBER_ANNOTATION, Execution,
-    POOL_FALLBACK_ANNOTATION, POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
+    BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
+    CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_MEMBER_ANNOTATION,
+    reasons::ExecutorReason,
 };
 
 /// A wake-up of one object.
@@ -105,8 +106,13 @@ impl ExecutorTriggers {
         }
         // A place under a class's maxExecutors may have come free (an executor went, or gave
         // its sandbox back).
-        for waiting in waiting_for_a_place(&self.executors.state(), executor) {
+        let executors = self.executors.state();
+        for waiting in waiting_for_a_place(&executors, executor) {
             (self.wake_executor)(waiting);
+        }
+        // A member became (or stayed) Ready: claimers waiting for one take it now.
+        for claimer in claimers_to_serve(&executors, executor) {
+            (self.wake_executor)(claimer);
         }
     }
 }
@@ -217,6 +223,56 @@ pub fn waiting_for_a_place(
                 && executor.uid() != changed.uid()
                 && ready_reason_is(executor, ExecutorReason::WaitingForCapacity)
         })
+        .map(|executor| ObjectRef::from_obj(executor.as_ref()))
+        .collect()
+}
+
+/// The claimers of `changed`'s pool that a Ready member can serve now, when `changed` is an
+/// unclaimed member of that pool: as many of the oldest claimers still waiting (no member held,
+/// no sandbox of their own) as the pool has Ready members, woken at once rather than at their
+/// next look (a claimer whose wait began after this snapshot finds the member itself).
+pub fn claimers_to_serve(
+    executors: &[std::sync::Arc<BriqExecutor>],
+    changed: &BriqExecutor,
+) -> Vec<ObjectRef<BriqExecutor>> {
+    let Some(pool) = changed.annotations().get(POOL_MEMBER_ANNOTATION) else {
+        return Vec::new();
+    };
+    let unclaimed_ready = |executor: &&std::sync::Arc<BriqExecutor>| {
+        executor.namespace() == changed.namespace()
+            && executor.annotations().get(POOL_MEMBER_ANNOTATION) == Some(pool)
+            && !executor.annotations().contains_key(CLAIMED_BY_ANNOTATION)
+            && super::index::is_ready(executor)
+    };
+    if changed.annotations().contains_key(CLAIMED_BY_ANNOTATION) || !super::index::is_ready(changed)
+    {
+        return Vec::new();
+    }
+    let ready = executors.iter().filter(unclaimed_ready).count();
+    let mut waiting: Vec<&std::sync::Arc<BriqExecutor>> = executors
+        .iter()
+        .filter(|executor| {
+            let annotations = executor.annotations();
+            executor.namespace() == changed.namespace()
+                && executor
+                    .spec
+                    .pool_ref
+                    .as_ref()
+                    .is_some_and(|r| &r.name == pool)
+                && !annotations.contains_key(CLAIMED_MEMBER_ANNOTATION)
+                && !annotations.contains_key(POOL_FALLBACK_ANNOTATION)
+                && executor.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    waiting.sort_by_key(|executor| {
+        (
+            executor.metadata.creation_timestamp.clone(),
+            executor.name_any(),
+        )
+    });
+    waiting
+        .into_iter()
+        .take(ready)
         .map(|executor| ObjectRef::from_obj(executor.as_ref()))
         .collect()
 }

@@ -92,8 +92,9 @@ enum ClaimPlan {
     Mismatch(String),
 }
 
-/// How long a waiting claimer waits before it looks at its pool again.
-const CLAIM_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+/// How long a waiting claimer waits before it looks at its pool again: a safety net, as a
+/// member that becomes Ready wakes the claimers it can serve at once (wake.rs).
+const CLAIM_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn claim_plan(
     claimer: &BriqExecutorSpec,

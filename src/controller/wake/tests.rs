@@ -364,3 +364,64 @@ fn a_claimer_wakes_its_pool_until_it_holds_a_member_and_a_member_wakes_its_own()
         assert_eq!(woken_by(&executions, &executor).1, pool, "{case}");
     }
 }
+
+#[test]
+fn a_ready_member_wakes_as_many_of_the_oldest_waiting_claimers_as_the_pool_has_ready_members() {
+    let at = |executor: &mut BriqExecutor, second: u32| {
+        executor.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + i64::from(second))
+                    .unwrap(),
+            ));
+    };
+    let claimer = |name: &str, second: u32, annotations: serde_json::Value| {
+        let mut claimer = executor(name, "False", annotations);
+        claimer.spec.pool_ref = serde_json::from_value(json!({ "name": "warm" })).unwrap();
+        at(&mut claimer, second);
+        Arc::new(claimer)
+    };
+    let member = |name: &str, ready: &str, annotations: serde_json::Value| {
+        let mut annotations = annotations;
+        annotations[POOL_MEMBER_ANNOTATION] = json!("warm");
+        Arc::new(executor(name, ready, annotations))
+    };
+    let (a, b) = (
+        member("warm-a", "True", json!({})),
+        member("warm-b", "True", json!({})),
+    );
+    let everyone = vec![
+        claimer("late", 30, json!({})),
+        claimer("early", 10, json!({})),
+        claimer("served", 0, json!({ CLAIMED_MEMBER_ANNOTATION: "warm-x" })),
+        claimer("cold", 1, json!({ POOL_FALLBACK_ANNOTATION: "no member" })),
+        claimer("middle", 20, json!({})),
+        a.clone(),
+        b.clone(),
+        member("warm-c", "False", json!({})),
+        member(
+            "warm-d",
+            "True",
+            json!({ CLAIMED_BY_ANNOTATION: "uid-served" }),
+        ),
+    ];
+    let names = |woken: Vec<ObjectRef<BriqExecutor>>| -> Vec<String> {
+        woken.into_iter().map(|o| o.name).collect()
+    };
+    assert_eq!(
+        names(claimers_to_serve(&everyone, &a)),
+        ["early", "middle"],
+        "two Ready members: the two oldest claimers still waiting"
+    );
+    assert!(
+        claimers_to_serve(&everyone, &member("warm-c", "False", json!({}))).is_empty(),
+        "a member not Ready serves no one"
+    );
+    assert!(
+        claimers_to_serve(&everyone, &everyone[8]).is_empty(),
+        "a claimed member serves no one"
+    );
+    assert!(
+        claimers_to_serve(&everyone, &everyone[0]).is_empty(),
+        "a claimer's change wakes no other claimer"
+    );
+}
