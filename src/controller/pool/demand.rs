@@ -4,7 +4,8 @@
 //! executor cache shows its claimers: a claimer deleted before the pool looked still counts.
 //!
 //! The rule keeps ready what the window's claims would use during one refill: the most claims
-//! made within any span of one refill time. A pool that kept that many would have served each of
+//! made within any span of one refill time (the slowest of the pool's members, claimed ones
+//! too, so that the measure holds while a burst has taken every Ready one). A pool that kept that many would have served each of
 //! those claims warm while the members they took were being replaced. It grows as soon as a
 //! burst is seen, keeps its size for one window after the burst (the cooldown: bursts come
 //! back), and falls to `minReady` (zero by default) after a window without a claim.
@@ -69,13 +70,17 @@ pub fn demand_target(bounds: Bounds, claims: &[Claim], refill: Duration, now: Ti
     let cold = in_window.iter().filter(|claim| claim.cold).count();
     let mut recent: Vec<Timestamp> = in_window.iter().map(|claim| claim.at).collect();
     recent.sort();
-    let refill_span = SignedDuration::try_from(refill).unwrap_or(SignedDuration::MAX);
-    // The most claims within [t, t + refill) for a claim's time t: two pointers over the sorted
+    // Claim times are whole seconds (creationTimestamp): claims stamped up to the refill,
+    // rounded up to a whole second, apart may have come within one refill.
+    let span = SignedDuration::from_secs(
+        i64::try_from(refill.as_secs() + u64::from(refill.subsec_nanos() > 0)).unwrap_or(i64::MAX),
+    );
+    // The most claims within [t, t + span] for a claim's time t: two pointers over the sorted
     // times.
     let mut peak = 0;
     let mut end = 0;
     for (start, at) in recent.iter().enumerate() {
-        while end < recent.len() && recent[end].duration_since(*at) < refill_span {
+        while end < recent.len() && recent[end].duration_since(*at) <= span {
             end += 1;
         }
         peak = peak.max(end - start);
@@ -96,13 +101,15 @@ pub fn demand_target(bounds: Bounds, claims: &[Claim], refill: Duration, now: Ti
     }
 }
 
-/// The time to make a member Ready, from the members' (creation, first Ready) times: the
-/// slowest of them (a pool sized for its slowest refill is not caught short by it), or
-/// [`DEFAULT_REFILL`] when none has been made Ready yet.
-pub fn refill_time(made: &[(Timestamp, Timestamp)]) -> Duration {
+/// The time to make a member Ready: the slowest of the pool's members made Ready whose
+/// (creation, first Ready) times are in `made` (a pool sized for its slowest refill is not
+/// caught short by it), else the last one measured (`last`: while every member is still being
+/// made, say), else [`DEFAULT_REFILL`].
+pub fn refill_time(made: &[(Timestamp, Timestamp)], last: Option<Duration>) -> Duration {
     made.iter()
         .map(|(created, ready)| ready.duration_since(*created).unsigned_abs())
         .max()
+        .or(last)
         .unwrap_or(DEFAULT_REFILL)
 }
 
@@ -112,6 +119,8 @@ pub fn refill_time(made: &[(Timestamp, Timestamp)]) -> Duration {
 #[derive(Default)]
 pub struct ClaimLog {
     pools: HashMap<String, HashMap<String, Claim>>,
+    /// The refill time each pool last measured.
+    refills: HashMap<String, Duration>,
 }
 
 impl ClaimLog {
@@ -139,13 +148,24 @@ impl ClaimLog {
         times
     }
 
+    /// The refill time of `pool` from the members it has made (`made`, see [`refill_time`]),
+    /// remembered for when none can be measured.
+    pub fn refill(&mut self, pool: &str, made: &[(Timestamp, Timestamp)]) -> Duration {
+        let refill = refill_time(made, self.refills.get(pool).copied());
+        if !made.is_empty() {
+            self.refills.insert(pool.to_owned(), refill);
+        }
+        refill
+    }
+
     /// Keeps only the pools in `live`.
     pub fn retain(&mut self, live: &std::collections::HashSet<String>) {
         self.pools.retain(|pool, _| live.contains(pool));
+        self.refills.retain(|pool, _| live.contains(pool));
     }
 
     pub fn len(&self) -> usize {
-        self.pools.len()
+        self.pools.len() + self.refills.len()
     }
 }
 

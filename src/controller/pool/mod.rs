@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use demand::{Bounds, Claim, ClaimLog, Target, demand_target, refill_time};
+use demand::{Bounds, Claim, ClaimLog, Target, demand_target};
 use k8s_openapi::jiff::Timestamp;
 use kube::{
     Api, Resource, ResourceExt,
@@ -90,12 +90,8 @@ impl<S> Context<S> {
     }
 
     /// How many members `pool` keeps (`spec.replicas`, or its demand's target, with what the
-    /// demand rule saw and when to look again), from the claimers and `members` the cache shows.
-    fn requested(
-        &self,
-        pool: &BriqExecutorPool,
-        members: &[Arc<BriqExecutor>],
-    ) -> (i32, Option<Target>) {
+    /// demand rule saw and when to look again), from the claimers and members the cache shows.
+    fn requested(&self, pool: &BriqExecutorPool) -> (i32, Option<Target>) {
         let Some(bounds) = Bounds::of(&pool.spec) else {
             return (pool.spec.replicas, None);
         };
@@ -104,15 +100,9 @@ impl<S> Context<S> {
         let claims = self
             .claims()
             .record(&object_key(pool), claimers, bounds.window, now);
-        let made: Vec<(Timestamp, Timestamp)> = members
-            .iter()
-            .filter_map(|m| {
-                let created = m.metadata.creation_timestamp.as_ref()?.0;
-                let ready = m.status.as_ref()?.ready_time.as_ref()?.0;
-                Some((created, ready))
-            })
-            .collect();
-        let target = demand_target(bounds, &claims, refill_time(&made), now);
+        let made = made(&self.executors, pool);
+        let refill = self.claims().refill(&object_key(pool), &made);
+        let target = demand_target(bounds, &claims, refill, now);
         (target.members, Some(target))
     }
 
@@ -174,9 +164,11 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         .filter(|e| e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&pool.name_any()))
         .map(|e| e.name_any())
         .collect();
-    let unclaimed = members(&ctx.executors, pool);
-    let (requested, demand) = ctx.requested(pool, &unclaimed);
-    let mut members: Vec<Member> = unclaimed.iter().map(|e| view(e, &hash)).collect();
+    let (requested, demand) = ctx.requested(pool);
+    let mut members: Vec<Member> = members(&ctx.executors, pool)
+        .iter()
+        .map(|e| view(e, &hash))
+        .collect();
     members.extend(
         ctx.still_expected(&key, &seen)
             .into_iter()
@@ -243,6 +235,26 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
+}
+
+/// The (creation, first Ready) times of the members `pool` has made that the cache shows,
+/// claimed ones too: during a burst every Ready member may be claimed while new ones are being
+/// made.
+fn made(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(Timestamp, Timestamp)> {
+    let namespace = pool.namespace();
+    let name = pool.name_any();
+    executors
+        .state()
+        .iter()
+        .filter(|e| {
+            e.namespace() == namespace && e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&name)
+        })
+        .filter_map(|e| {
+            let created = e.metadata.creation_timestamp.as_ref()?.0;
+            let ready = e.status.as_ref()?.ready_time.as_ref()?.0;
+            Some((created, ready))
+        })
+        .collect()
 }
 
 /// The claimers of `pool` the cache shows, by uid: each is a claim (made warm or not) for the

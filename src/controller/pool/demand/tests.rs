@@ -58,13 +58,14 @@ fn demand_target_table() {
             None,
         ),
         (
-            "one claim a second with a 5 s refill: five ready",
+            "one claim a second with a 5 s refill: six ready (claims stamped 5 s apart may have \
+             come within 5 s: stamps are whole seconds)",
             bounds(0, 10),
             steady.clone(),
             60,
-            5,
+            6,
             60,
-            5,
+            6,
             Some(240),
         ),
         (
@@ -98,13 +99,23 @@ fn demand_target_table() {
             None,
         ),
         (
-            "claims a refill apart need one member each time",
+            "claims more than a refill apart need one member each time",
             bounds(0, 10),
-            vec![0, 5, 10, 15],
+            vec![0, 6, 12, 18],
             20,
             1,
             4,
             1,
+            Some(280),
+        ),
+        (
+            "claims stamped one refill apart count together",
+            bounds(0, 10),
+            vec![0, 5, 11],
+            20,
+            2,
+            3,
+            2,
             Some(280),
         ),
         (
@@ -159,12 +170,52 @@ fn demand_target_table() {
 }
 
 #[test]
-fn the_refill_time_is_the_slowest_members_or_a_default() {
-    assert_eq!(refill_time(&[]), DEFAULT_REFILL);
+fn the_refill_time_is_the_slowest_members_else_the_last_measured_else_a_default() {
+    assert_eq!(refill_time(&[], None), DEFAULT_REFILL);
     assert_eq!(
-        refill_time(&[(at(0), at(2)), (at(10), at(17)), (at(20), at(21))]),
+        refill_time(&[], Some(Duration::from_secs(2))),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        refill_time(
+            &[(at(0), at(2)), (at(10), at(17)), (at(20), at(21))],
+            Some(Duration::from_secs(30))
+        ),
         Duration::from_secs(7)
     );
+}
+
+#[test]
+fn a_burst_that_has_every_member_still_being_made_keeps_the_refill_it_measured() {
+    // The fault a burst met: every Ready member claimed, the new ones not Ready yet, the rule
+    // fell back to the 10 s default and the target swung, deleting members just made.
+    let mut log = ClaimLog::default();
+    assert_eq!(
+        log.refill("ns/warm", &[(at(0), at(2))]),
+        Duration::from_secs(2)
+    );
+    assert_eq!(log.refill("ns/warm", &[]), Duration::from_secs(2));
+    assert_eq!(log.refill("ns/other", &[]), DEFAULT_REFILL);
+    log.retain(&["ns/other".to_owned()].into());
+    assert_eq!(
+        log.refill("ns/warm", &[]),
+        DEFAULT_REFILL,
+        "a deleted pool's is forgotten"
+    );
+}
+
+#[test]
+fn a_burst_straddling_a_second_counts_as_one_with_a_sub_second_refill() {
+    // Ten claims 100 ms apart from 0.5 s are stamped 0 (five) and 1 (five); members made in
+    // 1.2 s measure 1 or 2 s. Either way the ten count together.
+    let claims: Vec<Claim> = [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
+        .into_iter()
+        .map(warm)
+        .collect();
+    for refill in [Duration::from_millis(1200), Duration::from_secs(1)] {
+        let target = demand_target(bounds(0, 10), &claims, refill, at(3));
+        assert_eq!(target.members, 10, "{refill:?}");
+    }
 }
 
 #[test]
