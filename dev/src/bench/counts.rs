@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{pools, scaling};
+use super::{demand, pools, scaling};
 
 /// How much each scenario does.
 #[derive(Debug, Clone, Serialize)]
@@ -42,6 +42,13 @@ pub struct Counts {
     pub pool_real_kernels: usize,
     /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
     pub pool_bound_seconds: u64,
+    /// Scenario 13: claims per wave (the demand pools' `maxReady`, the larger fixed pool's
+    /// replicas), the smaller fixed pool's replicas, the demand pools' `demandWindowSeconds`,
+    /// and the time between two claims of a wave.
+    pub demand_burst: usize,
+    pub demand_fixed_replicas: usize,
+    pub demand_window_seconds: u64,
+    pub demand_claim_spacing_ms: u64,
     /// Scenario 10: long actions of one namespace in flight (more than the work slots), and
     /// one-line actions of another, one at a time.
     pub fairness_noisy: usize,
@@ -74,6 +81,10 @@ impl Counts {
                 pool_burst: 20,
                 pool_real_kernels: 3,
                 pool_bound_seconds: 120,
+                demand_burst: 10,
+                demand_fixed_replicas: 2,
+                demand_window_seconds: 20,
+                demand_claim_spacing_ms: 100,
                 fairness_noisy: 300,
                 fairness_quiet: 5,
             }
@@ -101,6 +112,10 @@ impl Counts {
                 pool_burst: 100,
                 pool_real_kernels: 3,
                 pool_bound_seconds: 120,
+                demand_burst: 20,
+                demand_fixed_replicas: 2,
+                demand_window_seconds: 30,
+                demand_claim_spacing_ms: 100,
                 fairness_noisy: 300,
                 fairness_quiet: 20,
             }
@@ -125,6 +140,16 @@ impl Counts {
             claims: self.pool_claims,
             burst: self.pool_burst,
             real_kernels: self.pool_real_kernels,
+            bound: std::time::Duration::from_secs(self.pool_bound_seconds),
+        }
+    }
+
+    pub(super) fn demand(&self) -> demand::Sizes {
+        demand::Sizes {
+            burst: self.demand_burst,
+            fixed: self.demand_fixed_replicas,
+            window: std::time::Duration::from_secs(self.demand_window_seconds),
+            spacing: std::time::Duration::from_millis(self.demand_claim_spacing_ms),
             bound: std::time::Duration::from_secs(self.pool_bound_seconds),
         }
     }

@@ -10,13 +10,16 @@
 //! the memory scenario, which measures a separate `briq-operator run` process. The memory and
 //! simulated-scale scenarios use the local sandbox server's simulated sandboxes (no kernels), so
 //! that a thousand executors are really Ready; the warm-pool scenario uses them for its pools of
-//! 10 and of a burst's size, and real kernels for a small pool; the others use real kernels.
+//! 10 and of a burst's size, and real kernels for a small pool; the demand-sized pool scenario
+//! uses a simulated server of its own whose provisioning takes a real kernel's time; the others
+//! use real kernels.
 
 mod agent;
 mod audit;
 mod cancel;
 mod cold_start;
 mod counts;
+mod demand;
 mod fairness;
 mod latency;
 mod memory;
@@ -60,7 +63,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-12, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-13, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -83,6 +86,7 @@ enum Outcome {
     ),
     /// Scenario 8's phases, and the labelled errors of those that failed.
     Pools(Box<pools::Pools>, Vec<(String, String)>),
+    Demand(Box<demand::Demand>),
     Traces(traces::Traces),
     Fairness(fairness::Fairness),
 }
@@ -90,8 +94,8 @@ enum Outcome {
 /// The order scenarios run in. Fairness watches every namespace: it comes first, while no other
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
-/// Warm pools and cancel delete what they made.
-const ORDER: [u8; 11] = [10, 1, 2, 6, 11, 12, 8, 9, 7, 5, 3];
+/// Warm pools, demand-sized pools and cancel delete what they made.
+const ORDER: [u8; 12] = [10, 1, 2, 6, 11, 12, 8, 13, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -178,6 +182,9 @@ async fn scenario(
             let (pools, failures) = pools::run(stack, progress, counts.pools()).await;
             Outcome::Pools(Box::new(pools), failures)
         }
+        13 => Outcome::Demand(Box::new(
+            demand::run(stack, progress, counts.demand()).await?,
+        )),
         9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
         10 => Outcome::Fairness(
             fairness::run(
@@ -234,6 +241,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         simulated: None,
         api_ceiling: None,
         pools: None,
+        demand: None,
         traces: None,
         fairness: None,
         errors: BTreeMap::new(),
@@ -292,6 +300,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.pools = Some(*pools);
                 report.errors.extend(failures);
             }
+            Ok(Outcome::Demand(demand)) => report.demand = Some(*demand),
             Err(error) => {
                 progress.step(format!("scenario {label} failed: {error:#}"));
                 report.errors.insert(label, format!("{error:#}"));

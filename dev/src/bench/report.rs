@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    agent, cancel, cold_start, counts::Counts, fairness, latency, memory, pools, scaling,
+    agent, cancel, cold_start, counts::Counts, demand, fairness, latency, memory, pools, scaling,
     simulated, suspend, traces,
 };
 
@@ -30,6 +30,8 @@ pub struct Report {
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,
+    /// Scenario 13: fixed and demand-sized pools under waves of claims.
+    pub demand: Option<demand::Demand>,
     pub traces: Option<traces::Traces>,
     pub fairness: Option<fairness::Fairness>,
     /// Scenarios that failed, with why; the others still ran.

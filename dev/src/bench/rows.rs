@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
+    demand::{Demand, PoolRun, TARGET_WARM_SHARE, Tally, Wave},
     pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
     scaling::Burst,
     simulated::{
@@ -231,4 +232,166 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
         p95: String::new(),
         notes: "what a warm pool saves".into(),
     });
+}
+
+/// Scenario 13's rows of each pool: every claim (with each wave's), the claims after the
+/// warm-up wave (with the target when sized by demand), and the warm sandbox-seconds per claim.
+pub(super) fn demand_rows(rows: &mut Vec<Row>, d: &Demand) {
+    for pool in &d.pools {
+        let label = pool.label();
+        let mut notes = tally_notes(&pool.all);
+        for (i, wave) in pool.waves.iter().enumerate() {
+            let notes_of = wave_notes(wave, pool.sized_by_demand());
+            notes.push(format!("wave {}: {notes_of}", i + 1));
+        }
+        rows.push(tally_row(
+            format!(
+                "claim → Ready, {label}: {} waves of {} claims ({:.0} ms apart)",
+                pool.waves.len(),
+                d.burst,
+                d.claim_spacing_ms
+            ),
+            &pool.all,
+            notes,
+        ));
+        let mut notes = tally_notes(&pool.after_warmup);
+        if pool.sized_by_demand() {
+            notes.push(format!("target ≥ {:.0}% warm", TARGET_WARM_SHARE * 100.0));
+        }
+        rows.push(tally_row(
+            format!(
+                "… after the warm-up wave (waves 2–{}), {label}",
+                pool.waves.len()
+            ),
+            &pool.after_warmup,
+            notes,
+        ));
+        rows.push(sandbox_row(pool, d));
+    }
+}
+
+fn percent(part: usize, whole: usize) -> String {
+    if whole == 0 {
+        return "n/a".into();
+    }
+    format!("{:.0}%", part as f64 * 100.0 / whole as f64)
+}
+
+/// p99, warm, fallbacks and unserved of a tally.
+fn tally_notes(t: &Tally) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(s) = &t.claim_ms {
+        notes.push(format!("p99 {}", ms(s.p99)));
+    }
+    notes.push(format!(
+        "**warm {} of {} ({})**, {} fell back to a cold create",
+        t.warm,
+        t.claims,
+        percent(t.warm, t.claims),
+        t.fallbacks
+    ));
+    if t.unserved > 0 {
+        notes.push(format!("**{} not Ready at the bound**", t.unserved));
+    }
+    notes
+}
+
+fn tally_row(figure: String, t: &Tally, notes: Vec<String>) -> Row {
+    let (median, p95) = t.claim_ms.as_ref().map_or_else(
+        || ("n/a".into(), "n/a".into()),
+        |s| (ms(s.median), ms(s.p95)),
+    );
+    Row {
+        scenario: "13",
+        figure,
+        median,
+        p95,
+        notes: match &t.claim_ms {
+            Some(s) => format!("n={}; {}", s.n, notes.join("; ")),
+            None => notes.join("; "),
+        },
+    }
+}
+
+/// A wave: what the pool was at its start, how far its target went (when sized by `demand`),
+/// how the claims went.
+fn wave_notes(w: &Wave, demand: bool) -> String {
+    let mut notes = String::new();
+    if let Some(idle) = w.after_idle_seconds {
+        let _ = write!(notes, "after {idle:.1} s idle, ");
+    }
+    let s = &w.at_start;
+    let _ = write!(notes, "pool at {} ({} Ready", s.members, s.ready);
+    if demand {
+        let target = s.target.map_or("n/a".into(), |t| t.to_string());
+        let _ = write!(notes, ", target {target}");
+    }
+    notes.push(')');
+    if let Some(peak) = w.peak_target.filter(|_| demand) {
+        let _ = write!(notes, ", target up to {peak}");
+        if let Some(d) = &w.demand_at_peak {
+            let _ = write!(
+                notes,
+                " ({} claims in the window, {} per refill of {:.1} s)",
+                d.claims_in_window,
+                d.peak_per_refill,
+                d.refill_millis as f64 / 1000.0
+            );
+        }
+    }
+    if let Some((low, high)) = w.refill_ms_range.filter(|_| demand) {
+        let _ = write!(
+            notes,
+            ", refill time {:.1}–{:.1} s",
+            low as f64 / 1000.0,
+            high as f64 / 1000.0
+        );
+    }
+    if demand {
+        let _ = write!(
+            notes,
+            ", {} members made, target lowered {} times",
+            w.members_made, w.target_drops
+        );
+    }
+    let t = &w.tally;
+    let _ = write!(
+        notes,
+        ": warm {} of {}, {} fell back",
+        t.warm, t.claims, t.fallbacks
+    );
+    if t.unserved > 0 {
+        let _ = write!(notes, ", {} not Ready", t.unserved);
+    }
+    if let Some(c) = &t.claim_ms {
+        let _ = write!(notes, ", p50 {}, p99 {}", ms(c.median), ms(c.p99));
+    }
+    notes
+}
+
+/// The warm sandbox-seconds per claim of a pool over the schedule.
+fn sandbox_row(pool: &PoolRun, d: &Demand) -> Row {
+    let per_claim = pool
+        .sandbox_seconds_per_claim
+        .map_or("n/a".into(), |s| format!("{s:.1} s"));
+    Row {
+        scenario: "13",
+        figure: format!("… warm sandbox-seconds per claim, {}", pool.label()),
+        median: per_claim.clone(),
+        p95: String::new(),
+        notes: format!(
+            "**{per_claim}** per claim: {:.0} sandbox-s of unclaimed members over the {:.0} s \
+             schedule, {} claims; at most {} unclaimed at once ({} with those being deleted); \
+             members made {}: {} claimed, {} deleted unclaimed; target lowered {} times",
+            pool.sandbox_seconds,
+            d.schedule_seconds,
+            pool.all.claims,
+            pool.peak_members,
+            pool.peak_members_alive,
+            pool.members_made,
+            pool.members_claimed,
+            pool.members_deleted_unclaimed,
+            pool.target_drops
+        ),
+    }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{
     report::Report,
-    rows::{Row, burst_notes, cpu_notes, mib, ms, plain, pool_rows, times, timing},
+    rows::{Row, burst_notes, cpu_notes, demand_rows, mib, ms, plain, pool_rows, times, timing},
     simulated::{TARGET_CEILING_SHARE, TARGET_READY_SECONDS},
 };
 
@@ -397,6 +397,9 @@ pub fn table(report: &Report) -> String {
         if let Some(c) = &p.real_kernels {
             pool_rows(&mut rows, c, false);
         }
+    }
+    if let Some(d) = &report.demand {
+        demand_rows(&mut rows, d);
     }
     if let Some(f) = &report.fairness {
         let target = format!(
