@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     bridge::{
-        session::Session,
+        session::{CallError, Session},
         state::{StateReport, problem},
     },
     briq::{ApiKey, SandboxApi, SandboxState},
@@ -87,6 +87,19 @@ fn saved(report: &StateReport) -> std::result::Result<Suspension, String> {
         saved_names: report.saved.len() as u32,
         unsaved: unsaved_names(report),
     })
+}
+
+/// Why a save that ended in `error` did not happen, when it is settled that it did not: the
+/// bridge answered nothing it could mean (a sandbox adopted from release 0.1.0 runs a bridge
+/// without save-state) or did not finish in time. `None`: briq did not carry the call (an
+/// outage), or the answer was lost; it is tried again.
+fn not_saved(error: &CallError) -> Option<String> {
+    match error {
+        CallError::Malformed(_) | CallError::UnexpectedKind(_) | CallError::TimedOut(_) => {
+            Some(format!("the sandbox's bridge did not save it: {error}"))
+        }
+        CallError::Briq(_) | CallError::ResultUnreadable(_) => None,
+    }
 }
 
 fn unsaved_names(report: &StateReport) -> Vec<UnsavedName> {
@@ -250,13 +263,15 @@ impl<S: SandboxApi> Actor<'_, S> {
                 key: &key,
                 sandbox_id: id,
             };
-            let report = self
+            let saving = self
                 .slot
                 .without(session.save_state(STATE_DEADLINE))
-                .await?;
-            match saved(&report) {
-                Ok(suspension) => suspension,
-                Err(why) => return self.save_failed(executor, why).await,
+                .await
+                .map_err(|error| (not_saved(&error), error));
+            match saving.map(|report| saved(&report)) {
+                Ok(Ok(suspension)) => suspension,
+                Ok(Err(why)) | Err((Some(why), _)) => return self.save_failed(executor, why).await,
+                Err((None, error)) => return Err(error.into()),
             }
         };
         self.shared.sandboxes.stop_sandbox(&key, id).await?;

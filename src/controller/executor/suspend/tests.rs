@@ -217,3 +217,24 @@ fn a_resume_says_what_came_back() {
     let (_, message) = resumed(Some(last), Some(&report(false, &[], &[])));
     assert!(message.contains("WITHOUT its namespace"), "{message}");
 }
+
+#[test]
+fn a_bridge_that_cannot_save_fails_the_suspension_and_an_outage_tries_again() {
+    use crate::bridge::Malformed;
+    let old_bridge = CallError::Malformed(Malformed::Missing);
+    assert_eq!(
+        not_saved(&old_bridge).as_deref(),
+        Some("the sandbox's bridge did not save it: bridge output has no envelope for this call")
+    );
+    let slow = CallError::TimedOut(std::time::Duration::from_secs(60));
+    assert!(not_saved(&slow).is_some());
+    assert!(not_saved(&CallError::UnexpectedKind("result")).is_some());
+    let outage = CallError::Briq(crate::briq::Error::Unavailable {
+        status: 503,
+        code: crate::briq::api::ErrorCode::Unavailable,
+        message: "maintenance".into(),
+        retry_after: None,
+        request_id: None,
+    });
+    assert_eq!(not_saved(&outage), None, "briq did not carry it: try again");
+}
