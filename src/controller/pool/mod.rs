@@ -1,7 +1,8 @@
 //! The `BriqExecutorPool` controller: keeps `spec.replicas` unclaimed members (or, with
 //! `spec.maxReady`, as many as its claims ask: [`demand`]) made from the current template,
-//! replaces broken and outdated ones, and reports how many are Ready. Members are ordinary `BriqExecutor`s (the executor controller provisions them), owned by the pool
-//! until claimed; the claim itself is the claimer's ([`super::executor`]).
+//! replaces broken and outdated ones, and reports how many are Ready. Members are ordinary
+//! `BriqExecutor`s (the executor controller provisions them), owned by the pool until claimed;
+//! the claim itself is the claimer's ([`super::executor`]).
 
 mod decide;
 mod demand;
