@@ -238,18 +238,34 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
     })
 }
 
-/// The (creation, first Ready) times of the members `pool` has made that the cache shows,
-/// claimed ones too: during a burst every Ready member may be claimed while new ones are being
-/// made.
-fn made(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(Timestamp, Timestamp)> {
+/// The executors of `pool`'s namespace the cache shows that `of_pool` relates to the pool
+/// (named by its name).
+fn related(
+    executors: &Store<BriqExecutor>,
+    pool: &BriqExecutorPool,
+    of_pool: impl Fn(&BriqExecutor, &str) -> bool,
+) -> Vec<Arc<BriqExecutor>> {
     let namespace = pool.namespace();
     let name = pool.name_any();
     executors
         .state()
+        .into_iter()
+        .filter(|e| e.namespace() == namespace && of_pool(e, &name))
+        .collect()
+}
+
+/// The (creation, first Ready) times of the members `pool` has made that the cache shows,
+/// claimed ones too: during a burst every Ready member may be claimed while new ones are being
+/// made.
+fn made(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(Timestamp, Timestamp)> {
+    let member = |e: &BriqExecutor, name: &str| {
+        e.annotations()
+            .get(POOL_MEMBER_ANNOTATION)
+            .map(String::as_str)
+            == Some(name)
+    };
+    related(executors, pool, member)
         .iter()
-        .filter(|e| {
-            e.namespace() == namespace && e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&name)
-        })
         .filter_map(|e| {
             let created = e.metadata.creation_timestamp.as_ref()?.0;
             let ready = e.status.as_ref()?.ready_time.as_ref()?.0;
@@ -261,14 +277,10 @@ fn made(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(Timest
 /// The claimers of `pool` the cache shows, by uid: each is a claim (made warm or not) for the
 /// demand rule.
 fn claimers(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<(String, Claim)> {
-    let namespace = pool.namespace();
-    let name = pool.name_any();
-    executors
-        .state()
+    let claimer =
+        |e: &BriqExecutor, name: &str| e.spec.pool_ref.as_ref().is_some_and(|r| r.name == name);
+    related(executors, pool, claimer)
         .iter()
-        .filter(|e| {
-            e.namespace() == namespace && e.spec.pool_ref.as_ref().is_some_and(|r| r.name == name)
-        })
         .filter_map(|e| {
             let claim = Claim {
                 at: e.metadata.creation_timestamp.as_ref()?.0,
