@@ -107,6 +107,32 @@ CANCEL_RESTART_DEADLINE_S = 30.0
 REJECTED_TAGS = frozenset({"ndarray", "PIL.Image"})
 REJECTED_HINT = "return arrays as lists and images as bytes"
 
+# `set-env` (PROTOCOL.md "A claimer's environment"): the claimer's variables are kept in this
+# file of the state dir (root-only when the bridge runs as root) and given to every kernel the
+# bridge starts, so that a kernel restarted by a cancel or a resume has them too. Names the
+# bridge or the interpreter rely on are refused.
+ENV_FILE = "claim-env.json"
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+ENV_RESERVED = frozenset(
+    {
+        "HOME",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUSERBASE",
+        "IPYTHONDIR",
+        "PIP_PREFIX",
+        "PIP_USER",
+        "PIP_TARGET",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+    }
+)
+ENV_RESERVED_PREFIX = "BRIQ_"
+ENV_MAX_NAMES = 64
+ENV_MAX_BYTES = 65_536
+ENV_EXPRESSION_KEY = "briq_env"
+
 # `save-state` / `restore-state` (PROTOCOL.md "Saving and restoring the namespace"): the file,
 # relative to the kernel user's directory (its cwd and HOME), that the kernel itself pickles
 # its user namespace into and unpickles it from; the bridge never reads it. The kernel's
@@ -197,6 +223,10 @@ def state_envelope(
         "bytes": size,
         "message": message,
     }
+
+
+def env_envelope(ok: bool, message: str, names: list[str] | None = None) -> dict:
+    return {"kind": "env", "ok": ok, "names": names or [], "message": message}
 
 
 def result_envelope(
@@ -541,6 +571,8 @@ class KernelState:
         self.connection_file = self.dir / "kernel.json"
         self.pid_file = self.dir / "kernel.pid"
         self.log_file = self.dir / "kernel.log"
+        # The claimer's environment, given to every kernel started here (`set-env`).
+        self.env_file = self.dir / ENV_FILE
         # The runner (`serve`): its socket, pid, log, and the lock that keeps it alone.
         self.runner_socket = self.dir / "runner.sock"
         self.runner_pid_file = self.dir / "runner.pid"
@@ -1080,7 +1112,8 @@ def launch_kernel(state: KernelState) -> int:
         hb_port=hb,
     )
     connection_file = state.connection_file
-    as_user: dict[str, Any] = {}
+    claimed = read_claim_env(state)
+    as_user: dict[str, Any] = {"env": {**os.environ, **claimed}}
     if split_users():
         # User code must not be able to touch the bridge, its state or its output: the kernel
         # runs as KERNEL_UID (setgid, then setuid, supplementary groups cleared by Popen) in its
@@ -1092,7 +1125,7 @@ def launch_kernel(state: KernelState) -> int:
             group=KERNEL_GID,
             extra_groups=[],
             cwd=home,
-            env=kernel_user_env(home),
+            env={**kernel_user_env(home), **claimed},
         )
     with open(state.log_file, "ab") as log:
         # Detached: the kernel must outlive this bridge process, and its stdout must never
@@ -1855,6 +1888,122 @@ def cmd_save_state(args: argparse.Namespace) -> tuple[dict, int]:
 
 def cmd_restore_state(args: argparse.Namespace) -> tuple[dict, int]:
     return state_command(args, "restore")
+
+
+def claim_env_problem(env: Any) -> str | None:
+    """Why `env` cannot be a claimer's environment, or None: a JSON object of at most
+    ENV_MAX_NAMES names (as ENV_NAME_PATTERN, none reserved) to strings without NUL."""
+    if not isinstance(env, dict):
+        return "the environment must be a JSON object of names to strings"
+    if len(env) > ENV_MAX_NAMES:
+        return f"{len(env)} variables, over the limit of {ENV_MAX_NAMES}"
+    for name, value in env.items():
+        if not ENV_NAME_PATTERN.fullmatch(name):
+            return f"{clip(name, 200)!r} is not an environment variable name"
+        if name in ENV_RESERVED or name.startswith(ENV_RESERVED_PREFIX):
+            return f"{name} is reserved for the bridge and the interpreter"
+        if not isinstance(value, str) or "\0" in value or not valid_unicode(value):
+            return f"the value of {name} must be text without NUL"
+    return None
+
+
+def read_claim_env(state: KernelState) -> dict[str, str]:
+    """The claimer's environment kept by `set-env` ({} before any); a file that is not one
+    (only the bridge writes it) fails the command rather than start a kernel without it."""
+    try:
+        env = json.loads(state.env_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    problem = claim_env_problem(env)
+    if problem is not None:
+        raise ValueError(f"{state.env_file} is not a claimer's environment: {problem}")
+    return env
+
+
+def write_claim_env(state: KernelState, env: dict[str, str]) -> None:
+    """Keep `env` for every kernel started from now on: written whole (a rename), mode 0600."""
+    import tempfile
+
+    fd, tmp_name = tempfile.mkstemp(dir=state.dir, prefix=".claim-env.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(env, handle)
+        os.replace(tmp_name, state.env_file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+
+
+def env_expression(env: dict[str, str]) -> str:
+    """The user expression that sets `env` in the kernel's os.environ (and so for its children);
+    its value is the number of names set. No name lands in the user's namespace."""
+    return (
+        f"(lambda environ, new: environ.update(new) or len(new))(__import__('os').environ, {env!r})"
+    )
+
+
+def kernel_env_outcome(content: Any, count: int) -> str | None:
+    """What is wrong with the kernel's execute_reply to `env_expression`, or None."""
+    if not isinstance(content, dict) or content.get("status") != "ok":
+        return "the kernel did not run the request"
+    expressions = content.get("user_expressions")
+    outcome = expressions.get(ENV_EXPRESSION_KEY) if isinstance(expressions, dict) else None
+    if not isinstance(outcome, dict) or outcome.get("status") != "ok":
+        return "the kernel failed to set its environment"
+    data = outcome.get("data")
+    if not isinstance(data, dict) or data.get("text/plain") != str(count):
+        return "the kernel's answer is not the number of variables set"
+    return None
+
+
+def cmd_set_env(args: argparse.Namespace) -> tuple[dict, int]:
+    """Give the kernel the claimer's environment (a JSON object on stdin): kept for every kernel
+    started from now on, and set in the live kernel's os.environ."""
+    deadline = time.monotonic() + args.deadline
+    state = KernelState(args.state_dir)
+    check_state_dir(state)
+    raw = sys.stdin.buffer.read(ENV_MAX_BYTES + 1)
+    if len(raw) > ENV_MAX_BYTES:
+        return env_envelope(False, f"the environment is over {ENV_MAX_BYTES} bytes"), 1
+    try:
+        env = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        return env_envelope(False, f"the environment is not JSON: {clip(str(exc), 200)}"), 1
+    problem = claim_env_problem(env)
+    if problem is not None:
+        return env_envelope(False, problem), 1
+    names = sorted(env)
+    state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_claim_env(state, env)
+    pid = state.live_pid()
+    if pid is None:
+        message = f"kept {len(names)} variables for the next kernel (no live kernel)"
+        return env_envelope(True, message, names), 0
+    client = connect(state, shell=True, iopub=True)
+    try:
+        request = StateRequest(
+            client.execute(
+                "",
+                silent=True,
+                store_history=False,
+                user_expressions={ENV_EXPRESSION_KEY: env_expression(env)},
+                allow_stdin=False,
+                stop_on_error=False,
+            )
+        )
+        outcome = request.wait(client, pid, deadline)
+    finally:
+        client.stop_channels()
+    if outcome == "lost":
+        return env_envelope(False, f"kernel process {pid} is gone"), 1
+    if outcome == "deadline":
+        message = f"the kernel did not set its environment within {args.deadline:g} s"
+        return env_envelope(False, message), 1
+    problem = kernel_env_outcome(request.reply, len(env))
+    if problem is not None:
+        return env_envelope(False, problem), 1
+    return env_envelope(True, f"set {len(names)} variables in kernel {pid}", names), 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -2753,6 +2902,8 @@ def bridge_failure(kind: str, message: str) -> dict:
         return kernel_envelope(False, False, None, message)
     if kind == "state":
         return state_envelope(False, message)
+    if kind == "env":
+        return env_envelope(False, message)
     return result_envelope("error", error=error_info("BridgeError", message))
 
 
@@ -2795,6 +2946,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub = command(name, handler, "state")
         sub.add_argument("--state-dir", default=".briq/state")
         sub.add_argument("--deadline", type=seconds_type, default=30.0)
+
+    set_env = command("set-env", cmd_set_env, "env")
+    set_env.add_argument("--state-dir", default=".briq/state")
+    set_env.add_argument("--deadline", type=seconds_type, default=10.0)
 
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.

@@ -286,3 +286,26 @@ fn every_envelope_the_previous_bridge_prints_parses_to_what_it_meant() {
         );
     }
 }
+
+/// `set-env` is new: a member made by the previous release cannot take a claimer's environment
+/// at the handover. Its bridge must refuse the command outright (no envelope, which this
+/// operator reads as malformed) so that the claimer is provisioned instead, which installs this
+/// release's bridge first (record_claim.rs), and never be read as some other command.
+#[test]
+fn a_claimers_environment_sent_to_the_previous_bridge_is_refused_not_misread() {
+    let argv = Command::SetEnv {
+        deadline: Duration::from_secs(10),
+    }
+    .argv()[2..]
+        .to_vec();
+    for release in RELEASES {
+        let answer = ask_previous_bridge(release, std::slice::from_ref(&argv), &Nonce::random());
+        let refusal = answer["parsed"][0]["refused"].as_str().unwrap_or_else(|| {
+            panic!(
+                "{release}'s bridge reads {argv:?} as {}",
+                answer["parsed"][0]
+            )
+        });
+        assert!(refusal.starts_with("exit 2"), "{release}: {refusal}");
+    }
+}

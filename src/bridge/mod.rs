@@ -109,6 +109,9 @@ pub enum Command<'a> {
     SaveState { deadline: Duration },
     /// Restore the namespace saved last into the (new) kernel.
     RestoreState { deadline: Duration },
+    /// Give the kernel a claimer's environment, sent on the command's stdin: kept for every
+    /// kernel started from then on, and set in the live one within `deadline`.
+    SetEnv { deadline: Duration },
 }
 
 impl Command<'_> {
@@ -158,6 +161,10 @@ impl Command<'_> {
                 argv.extend([name, "--state-dir", STATE_DIR, "--deadline"].map(String::from));
                 argv.push(seconds(deadline));
             }
+            Command::SetEnv { deadline } => {
+                argv.extend(["set-env", "--state-dir", STATE_DIR, "--deadline"].map(String::from));
+                argv.push(seconds(deadline));
+            }
             Command::Cancel { attempt, grace } => {
                 argv.extend(["cancel", "--state-dir", STATE_DIR].map(String::from));
                 argv.extend(["--attempt".into(), attempt.to_string()]);
@@ -177,6 +184,8 @@ pub enum Envelope {
     Result(RunResult),
     /// What `save-state` or `restore-state` did ([`StateReport`]).
     State(StateReport),
+    /// What `set-env` did ([`EnvReport`]).
+    Env(EnvReport),
     /// The real envelope was too large for briq's stdout and went to [`spill_file`].
     Spilled(Spill),
 }
@@ -229,6 +238,15 @@ pub struct KernelReport {
     pub alive: bool,
     pub started: bool,
     pub pid: Option<i64>,
+    pub message: String,
+}
+
+/// What `set-env` did: the names it set (sorted), never a value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvReport {
+    pub ok: bool,
+    pub names: Vec<String>,
     pub message: String,
 }
 

@@ -5,12 +5,17 @@ use std::{collections::BTreeMap, time::Duration};
 
 use crate::{
     bridge::{
-        self, Command, Envelope, KernelReport, Malformed, Nonce, RunResult, RunStatus, SetupReport,
-        StateReport,
+        self, Command, EnvReport, Envelope, KernelReport, Malformed, Nonce, RunResult, RunStatus,
+        SetupReport, StateReport,
     },
     briq::{self, ApiKey, ExecRequest, SandboxApi},
 };
 
+/// A claimer's environment: variable names to values, some from its Secrets.
+pub type ClaimEnv = BTreeMap<String, String>;
+
+/// How long the live kernel has to take a claimer's environment.
+const SET_ENV_DEADLINE: Duration = Duration::from_secs(10);
 /// Room for the bridge's own start-up and the kernel interrupt grace beyond a command's deadline.
 const BRIDGE_MARGIN: Duration = Duration::from_secs(5);
 const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
@@ -69,6 +74,8 @@ pub enum SetupError {
     },
     #[error("the kernel did not start: {0}")]
     Kernel(String),
+    #[error("the kernel did not take the claimer's environment: {0}")]
+    Env(String),
     #[error(transparent)]
     Call(#[from] CallError),
 }
@@ -88,13 +95,15 @@ pub struct Session<'a, S> {
 }
 
 impl<S: SandboxApi> Session<'_, S> {
-    /// Uploads the bridge, installs its dependencies and `requirements` within `deadline`, and
-    /// starts the kernel. Every step is idempotent, so a failed attempt may simply be repeated.
-    /// `deadline` is cut to what fits in one synchronous briq command with the bridge's margin.
+    /// Uploads the bridge, installs its dependencies and `requirements` within `deadline`,
+    /// starts the kernel and gives it `env` (a claimer's; none for others). Every step is
+    /// idempotent, so a failed attempt may simply be repeated. `deadline` is cut to what fits
+    /// in one synchronous briq command with the bridge's margin.
     pub async fn provision(
         &self,
         deadline: Duration,
         requirements: &[String],
+        env: &ClaimEnv,
     ) -> Result<Provisioned, SetupError> {
         let (upload, staged) = bridge::staged_bridge();
         self.api
@@ -137,6 +146,12 @@ impl<S: SandboxApi> Session<'_, S> {
         let kernel = self.start_kernel().await?;
         if !kernel.alive {
             return Err(SetupError::Kernel(kernel.message));
+        }
+        if !env.is_empty() {
+            let report = self.set_env(env).await?;
+            if !report.ok {
+                return Err(SetupError::Env(report.message));
+            }
         }
         Ok(Provisioned {
             pip_installed: setup.installed,
@@ -215,6 +230,28 @@ impl<S: SandboxApi> Session<'_, S> {
         }
     }
 
+    /// Gives the kernel `env` ([`Command::SetEnv`]), sent on stdin: never in argv or in the
+    /// exec's environment. A report that claims success for other names than those sent is
+    /// malformed.
+    pub async fn set_env(&self, env: &ClaimEnv) -> Result<EnvReport, CallError> {
+        let input = serde_json::to_string(env).expect("a map of strings serializes");
+        let command = Command::SetEnv {
+            deadline: SET_ENV_DEADLINE,
+        };
+        match self
+            .call_with_input(&command, SET_ENV_DEADLINE, Some(&input))
+            .await?
+        {
+            Envelope::Env(report) if report.ok && !report.names.iter().eq(env.keys()) => {
+                Err(CallError::Malformed(Malformed::Invalid(
+                    "set-env answered other names than it was sent".into(),
+                )))
+            }
+            Envelope::Env(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Saves the kernel's namespace inside the sandbox ([`Command::SaveState`]).
     pub async fn save_state(&self, deadline: Duration) -> Result<StateReport, CallError> {
         self.state(&Command::SaveState { deadline }, deadline).await
@@ -282,6 +319,7 @@ fn unexpected(envelope: &Envelope) -> CallError {
         Envelope::Kernel(_) => "kernel",
         Envelope::Result(_) => "result",
         Envelope::State(_) => "state",
+        Envelope::Env(_) => "env",
         Envelope::Spilled(_) => "spilled",
     })
 }

@@ -44,6 +44,7 @@ ENVELOPE_FIELDS = {
     "setup": {"kind", "ok", "installed", "message", "pip_tail"},
     "kernel": {"kind", "alive", "started", "pid", "message"},
     "state": {"kind", "ok", "saved", "unsaved", "bytes", "message"},
+    "env": {"kind", "ok", "names", "message"},
     "result": {
         "kind",
         "status",
@@ -205,13 +206,19 @@ class Sandbox:
         self._actions = 0
 
     def bridge(
-        self, command: str, *options: str, nonce: str | None = None, env: dict | None = None
+        self,
+        command: str,
+        *options: str,
+        nonce: str | None = None,
+        env: dict | None = None,
+        stdin: str = "",
     ) -> Call:
         nonce = nonce or new_nonce()
         process = subprocess.run(
             [sys.executable, ".briq/bridge.py", command, *options],
             cwd=self.root,
             env=bridge_env(env or self.env, nonce),
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=120,
