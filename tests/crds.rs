@@ -89,6 +89,11 @@ async fn valid_objects_are_accepted_with_defaults() {
     assert_eq!(execution.spec.timeout_seconds, Some(40));
 }
 
+/// A claimer's spec with `env` as its `poolRef.env`.
+fn pool_env(env: serde_json::Value) -> serde_json::Value {
+    json!({ "poolRef": { "name": "fast", "env": env } })
+}
+
 #[tokio::test]
 async fn invalid_executors_are_refused_with_clear_messages() {
     let env = TestEnv::new("crd-bad-executor").await;
@@ -120,6 +125,31 @@ async fn invalid_executors_are_refused_with_clear_messages() {
             "env[0].name",
         ),
         (json!({ "size": "Large!" }), "size"),
+        (
+            pool_env(json!([{ "name": "PYTHONPATH", "value": "/tmp" }])),
+            "are reserved for the bridge and the interpreter",
+        ),
+        (
+            pool_env(json!([{ "name": "BRIQ_NONCE", "value": "x" }])),
+            "are reserved for the bridge and the interpreter",
+        ),
+        (
+            pool_env(json!([{ "name": "T", "value": "x",
+                "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } }])),
+            "set exactly one of value and valueFrom",
+        ),
+        (
+            pool_env(json!([{ "name": "T" }])),
+            "set exactly one of value and valueFrom",
+        ),
+        (
+            pool_env(json!([{ "name": "T", "value": "a" }, { "name": "T", "value": "b" }])),
+            "env names must be unique",
+        ),
+        (
+            pool_env(json!([{ "name": "T", "valueFrom": { "secretKeyRef": { "name": "s" } } }])),
+            "secretKeyRef.key",
+        ),
     ];
     for (spec, expected) in cases {
         let refusal = refused::<BriqExecutor>(&env, spec.clone()).await;

@@ -157,9 +157,25 @@ async fn an_upgrade_from_the_previous_release_keeps_every_sandbox_its_state_queu
     assert_eq!(output(&state), "42", "the kernel's state is kept");
 
     // The pool is not rolled: a claim under the new operator takes an old member's sandbox, the
-    // refill is the only sandbox created, and the other member stays as it was.
-    create_executor(&env, "claimer", json!({ "poolRef": { "name": "warm" } })).await;
+    // refill is the only sandbox created, and the other member stays as it was. The claimer's
+    // environment reaches the old member's kernel, whose bridge has no `set-env`: provisioning
+    // installs this release's bridge first.
+    let claim_env = json!([{ "name": "REGION", "value": "eu" }]);
+    create_executor(
+        &env,
+        "claimer",
+        json!({ "poolRef": { "name": "warm", "env": claim_env } }),
+    )
+    .await;
     let claimer = wait_ready(&env, "claimer").await;
+    let region = run(
+        &env,
+        "region",
+        "claimer",
+        "import os\nos.environ.get('REGION')",
+    )
+    .await;
+    assert_eq!(output(&region), "'eu'", "{:?}", region.status);
     let after_claim = pool_ready(&env, "warm").await;
     let taken = sandbox_of(&claimer);
     assert!(

@@ -368,6 +368,91 @@ pub struct PoolRef {
     #[serde(default = "default_cold_create_after")]
     #[schemars(range(min = 0, max = 600))]
     pub cold_create_after_seconds: u32,
+
+    /// Environment variables of this claimer's kernel, delivered when it takes its sandbox
+    /// (before it reports Ready, without a cold start) and kept by every kernel that sandbox
+    /// starts later (after a cancel, a resume). A value comes from `value` or from a key of a
+    /// Secret in this namespace labelled `briq.cloud/claim-env: "true"` (an unlabelled Secret is
+    /// treated as missing). Values are never written to the pool, the member or any status,
+    /// Event or log. Not allowed are names starting with `BRIQ_` and those the bridge and the
+    /// interpreter rely on: `HOME`, `PATH`, `PYTHONPATH`, `PYTHONHOME`, `PYTHONUSERBASE`,
+    /// `IPYTHONDIR`, `PIP_PREFIX`, `PIP_USER`, `PIP_TARGET`, `LD_PRELOAD`, `LD_LIBRARY_PATH`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(e, self.exists_one(f, f.name == e.name))").message(
+        "env names must be unique"
+    ))]
+    pub env: Vec<ClaimEnvVar>,
+}
+
+/// One variable of a claimer's environment: exactly one of `value` and `valueFrom`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message(
+    "set exactly one of value and valueFrom"
+))]
+#[x_kube(validation = Rule::new(CLAIM_ENV_NAME_ALLOWED).message(
+    "names starting with BRIQ_ and HOME, PATH, PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, IPYTHONDIR, \
+     PIP_PREFIX, PIP_USER, PIP_TARGET, LD_PRELOAD and LD_LIBRARY_PATH are reserved for the bridge \
+     and the interpreter"
+))]
+pub struct ClaimEnvVar {
+    /// Variable name.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")
+    )]
+    pub name: String,
+    /// Variable value (it is visible to whoever can read this executor; put secrets in a
+    /// Secret and use `valueFrom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub value: Option<String>,
+    /// Where the value comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<ClaimEnvSource>,
+}
+
+/// The names a claimer's environment may not set ([`ClaimEnvVar`]); the bridge refuses them
+/// too (`bridge/PROTOCOL.md`, "A claimer's environment").
+pub const CLAIM_ENV_RESERVED: [&str; 11] = [
+    "HOME",
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "IPYTHONDIR",
+    "PIP_PREFIX",
+    "PIP_USER",
+    "PIP_TARGET",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+];
+
+const CLAIM_ENV_NAME_ALLOWED: &str = "!self.name.startsWith('BRIQ_') && !(self.name in ['HOME', \
+    'PATH', 'PYTHONPATH', 'PYTHONHOME', 'PYTHONUSERBASE', 'IPYTHONDIR', 'PIP_PREFIX', 'PIP_USER', \
+    'PIP_TARGET', 'LD_PRELOAD', 'LD_LIBRARY_PATH'])";
+
+/// The source of a claimer's variable.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimEnvSource {
+    /// A key of a Secret in this namespace labelled `briq.cloud/claim-env: "true"`.
+    pub secret_key_ref: ClaimSecretKeyRef,
+}
+
+/// A key of a Secret in the claimer's namespace.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct ClaimSecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// Key within the Secret.
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
 }
 
 fn default_cold_create_after() -> u32 {

@@ -46,6 +46,10 @@ pub const POOL_FALLBACK_ANNOTATION: &str = "briq.cloud/pool-fallback";
 /// The label a Secret needs for the operator to use it as an API key (opt-in).
 pub const API_KEY_LABEL: &str = "briq.cloud/api-key";
 pub const API_KEY_LABEL_VALUE: &str = "true";
+/// The label a Secret needs for the operator to deliver its keys into a claimer's kernel
+/// (`poolRef.env[].valueFrom.secretKeyRef`; opt-in, as [`API_KEY_LABEL`]).
+pub const CLAIM_ENV_LABEL: &str = "briq.cloud/claim-env";
+pub const CLAIM_ENV_LABEL_VALUE: &str = "true";
 /// On a class: `"true"` makes it the class of executors that name none (and bring no key of
 /// their own), as `storageclass.kubernetes.io/is-default-class` does for volumes.
 pub const DEFAULT_CLASS_ANNOTATION: &str = "briq.cloud/is-default-class";

@@ -188,6 +188,10 @@ reasons! {
         Provisioning,
         /// No usable briq API key (missing Secret or key, or no operator default).
         ApiKeyMissing,
+        /// A Secret or key named by `poolRef.env` is missing, or the Secret is not labelled
+        /// `briq.cloud/claim-env: "true"`, or its value cannot be an environment variable: the
+        /// claimer takes no sandbox until it can have its whole environment.
+        EnvUnavailable,
         /// The executor names a `BriqExecutorClass` that does not exist (yet); it waits for it
         /// and creates nothing.
         ClassNotFound,

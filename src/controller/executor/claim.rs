@@ -13,9 +13,11 @@ use serde_json::json;
 
 use super::{
     actor::{Actor, CONFLICT_RECHECK},
+    admit::key_recheck,
     status::state,
 };
 use crate::{
+    bridge::session::ClaimEnv,
     briq::SandboxApi,
     controller::{context::Result, index, requeue::waited},
     crd::{
@@ -179,11 +181,15 @@ fn take_order<T: Clone>(members: &[T], claimer_uid: &str) -> Vec<T> {
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
-    /// A claimer without a sandbox, once its class admits it: [`Actor::claim`].
+    /// A claimer without a sandbox, once its class admits it and its whole environment can be
+    /// had (claim_env.rs): [`Actor::claim`]. One that cannot have it takes no member.
     pub(super) async fn claim_step(&self, executor: &BriqExecutor) -> Result<Action> {
-        match self.admit(executor, false).await? {
-            Ok(_) => self.claim(executor).await,
-            Err(wait) => Ok(wait),
+        if let Err(wait) = self.admit(executor, false).await? {
+            return Ok(wait);
+        }
+        match self.claim_env(executor).await? {
+            Some(env) => self.claim(executor, &env).await,
+            None => Ok(key_recheck(executor)),
         }
     }
 
@@ -197,7 +203,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// member's write whose outcome is unknown, and before a fallback, which cannot be taken
     /// back. A claimer whose cached copy was stale is caught by its record's precondition
     /// ([`Actor::record_claim`]).
-    async fn claim(&self, executor: &BriqExecutor) -> Result<Action> {
+    async fn claim(&self, executor: &BriqExecutor, env: &ClaimEnv) -> Result<Action> {
         let pool_ref = executor
             .spec
             .pool_ref
@@ -205,7 +211,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             .expect("a claimer has a poolRef");
         let uid = executor.uid().unwrap_or_default();
         if let Some(member) = self.handovers.taken(&uid) {
-            return self.record_claim(executor, &pool_ref.name, member).await;
+            return self
+                .record_claim(executor, &pool_ref.name, member, env)
+                .await;
         }
         let handed_to_it = |member: &BriqExecutor| {
             member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
@@ -216,7 +224,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let cached = self.executors.state().into_iter().find(|m| handed_to_it(m));
         if let Some(member) = cached {
             return self
-                .record_claim(executor, &pool_ref.name, member.as_ref().clone())
+                .record_claim(executor, &pool_ref.name, member.as_ref().clone(), env)
                 .await;
         }
         let namespace = executor.namespace().unwrap_or_default();
@@ -243,7 +251,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             let listed = self.api.list(&mine).await?.items;
             if let Some(member) = listed.into_iter().find(|m| handed_to_it(m)) {
                 self.handovers.won(&uid, member.clone());
-                return self.record_claim(executor, &pool_ref.name, member).await;
+                return self
+                    .record_claim(executor, &pool_ref.name, member, env)
+                    .await;
             }
             self.handovers.lost(&uid);
         }
@@ -261,7 +271,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                         continue;
                     };
                     self.handovers.won(&uid, won.clone());
-                    return self.record_claim(executor, &pool_ref.name, won).await;
+                    return self.record_claim(executor, &pool_ref.name, won, env).await;
                 }
                 Ok(Action::requeue(CLAIM_RECHECK))
             }

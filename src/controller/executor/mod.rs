@@ -34,6 +34,7 @@ mod actor;
 mod admit;
 mod apply;
 mod claim;
+mod claim_env;
 mod cleanup;
 mod create;
 mod create_claim;

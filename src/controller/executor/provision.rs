@@ -12,6 +12,7 @@ use tracing::info;
 
 use super::{
     actor::Actor,
+    admit::key_recheck,
     status::{SandboxFields, kernel_ready_of, state},
     trace,
 };
@@ -50,7 +51,9 @@ fn setup_verdict(outcome: &Result<Provisioned, SetupError>) -> SetupVerdict {
             Some(tail) if !tail.is_empty() => format!("{message}; pip output ends:\n{tail}"),
             _ => message.clone(),
         }),
-        Err(error @ SetupError::Kernel(_)) => SetupVerdict::Failed(error.to_string()),
+        Err(error @ (SetupError::Kernel(_) | SetupError::Env(_))) => {
+            SetupVerdict::Failed(error.to_string())
+        }
     }
 }
 
@@ -66,8 +69,8 @@ fn ready_note(sandbox: &str, provisioned: Provisioned) -> String {
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
-    /// Installs the bridge and its dependencies and starts the kernel; a failed setup destroys
-    /// the sandbox.
+    /// Installs the bridge and its dependencies, starts the kernel and gives it a claimer's
+    /// environment (claim_env.rs); a failed setup destroys the sandbox.
     pub(super) async fn provision(
         &self,
         executor: &BriqExecutor,
@@ -75,6 +78,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         sandbox: SandboxFields,
         create: Option<traces::Noted>,
     ) -> Result<Action> {
+        let Some(env) = self.claim_env(executor).await? else {
+            return Ok(key_recheck(executor));
+        };
         let id = sandbox.id.clone().unwrap_or_default();
         let provisioning = state(
             "Unknown",
@@ -92,7 +98,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let packages = executor.spec.packages.clone().unwrap_or_default();
         let (outcome, setup) = self
             .slot
-            .without(traces::noted(session.provision(deadline, &packages)))
+            .without(traces::noted(session.provision(deadline, &packages, &env)))
             .await;
         let emit_trace = |failure: Option<&str>| {
             if traces::enabled() {

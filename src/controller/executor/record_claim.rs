@@ -16,6 +16,7 @@ use super::{
     step::recorded_sandbox,
 };
 use crate::{
+    bridge::session::{ClaimEnv, Session},
     briq::SandboxApi,
     controller::{
         context::{Error, Result},
@@ -42,6 +43,10 @@ enum RecordStep {
     LeaveToCollector,
 }
 
+/// When a claimer whose environment the claimed kernel did not take looks again (its next
+/// step provisions the sandbox, which gives it).
+const ENV_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
     match holds {
         _ if deleting => RecordStep::LeaveToCollector,
@@ -65,6 +70,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         executor: &BriqExecutor,
         pool: &str,
         member: BriqExecutor,
+        env: &ClaimEnv,
     ) -> Result<Action> {
         let member_status = status_of(&member);
         let Some(id) = recorded_sandbox(&member_status, member.annotations()) else {
@@ -147,6 +153,13 @@ impl<S: SandboxApi> Actor<'_, S> {
         let Some(claimer) = recorded else {
             return Ok(Action::requeue(CONFLICT_RECHECK));
         };
+        if !env.is_empty() && !self.deliver_env(&claimer, &id, env).await? {
+            // Not Ready without its environment: provisioning gives it instead (the recorded
+            // sandbox's next step), after installing this release's bridge, which a member made
+            // by an older release lacks.
+            self.handovers.settled(&uid);
+            return Ok(Action::requeue(ENV_RETRY));
+        }
         let origin = handover_text(pool, &member.name_any());
         let ready = kernel_ready(Some(&origin));
         let fields = SandboxFields {
@@ -166,6 +179,35 @@ impl<S: SandboxApi> Actor<'_, S> {
         publish_deferred(self.shared, &claimer, claimed);
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
+    }
+
+    /// Gives the claimed kernel the claimer's environment: whether it took it. A failure is
+    /// logged without a value; what the bridge said names variables only.
+    async fn deliver_env(
+        &self,
+        claimer: &BriqExecutor,
+        sandbox: &str,
+        env: &ClaimEnv,
+    ) -> Result<bool> {
+        let Some(key) = self.credentials(claimer).await? else {
+            return Ok(false);
+        };
+        let session = Session {
+            api: &self.shared.sandboxes,
+            key: &key,
+            sandbox_id: sandbox,
+        };
+        match session.set_env(env).await {
+            Ok(report) if report.ok => Ok(true),
+            Ok(report) => {
+                warn!(%sandbox, message = %report.message, "the claimed kernel did not take the claimer's environment");
+                Ok(false)
+            }
+            Err(error) => {
+                warn!(%sandbox, %error, "giving the claimed kernel the claimer's environment failed");
+                Ok(false)
+            }
+        }
     }
 
     /// Deletes a member this claimer took one too many of; its finalizer destroys its sandbox.

@@ -120,6 +120,7 @@ fn claim_plan_table() {
     let pool_ref = |after: u32| PoolRef {
         name: "fast".into(),
         cold_create_after_seconds: after,
+        env: vec![],
     };
     let pool = |replicas: i32| -> BriqExecutorPool {
         serde_json::from_value(serde_json::json!({

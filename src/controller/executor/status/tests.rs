@@ -6,6 +6,7 @@ fn a_claimer_says_where_its_kernel_came_from_on_every_probe() {
     let pool = PoolRef {
         name: "fast".into(),
         cold_create_after_seconds: 30,
+        env: vec![],
     };
     let claimed = annotations(&[(CLAIMED_MEMBER_ANNOTATION, "fast-x1")]);
     let none = annotations(&[]);
