@@ -267,6 +267,16 @@ def _api_client(kubeconfig: str | None) -> client.ApiClient:
     return config.new_client_from_config(config_file=kubeconfig, persist_config=False)
 
 
+def _claim_env_var(name: str, value: str | dict[str, str]) -> dict[str, Any]:
+    """One `spec.poolRef.env` entry: a value, or `{"secret": NAME, "key": KEY}`."""
+    if isinstance(value, str):
+        return {"name": name, "value": value}
+    if isinstance(value, dict) and set(value) == {"secret", "key"}:
+        reference = {"name": value["secret"], "key": value["key"]}
+        return {"name": name, "valueFrom": {"secretKeyRef": reference}}
+    raise ValueError(f'pool_env[{name!r}] must be a string or {{"secret": NAME, "key": KEY}}')
+
+
 class KubernetesExecutor(RemotePythonExecutor):
     """smolagents remote executor backed by a briq-operator `BriqExecutor`.
 
@@ -292,6 +302,10 @@ class KubernetesExecutor(RemotePythonExecutor):
             that takes a Ready member's sandbox and live kernel, Ready in milliseconds instead of
             a cold start; without a Ready member it creates its own sandbox after the pool's
             wait (`spec.poolRef.coldCreateAfterSeconds`).
+        pool_env: with `pool`, environment variables of the claimed kernel
+            (`spec.poolRef.env`), delivered at the claim without a cold start: a name to a
+            value, or to `{"secret": NAME, "key": KEY}` for a key of a Secret in `namespace`
+            labelled `briq.cloud/claim-env: "true"` (the value never appears in any object).
         ready_timeout: how long to wait for the BriqExecutor to be Ready, in seconds.
         api_client: a `kubernetes.client.ApiClient` to use instead of loading a configuration.
 
@@ -311,6 +325,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         create_executor: bool = False,
         executor_spec: dict | None = None,
         pool: str | None = None,
+        pool_env: dict[str, str | dict[str, str]] | None = None,
         ready_timeout: float = 300.0,
         api_client: client.ApiClient | None = None,
     ):
@@ -318,9 +333,14 @@ class KubernetesExecutor(RemotePythonExecutor):
             raise ValueError(
                 "allow_pickle=True is not supported: briq-operator refuses pickled final answers"
             )
+        if pool_env and pool is None:
+            raise ValueError("pool_env needs pool: only a claim takes a per-claim environment")
         if pool is not None:
             create_executor = True
-            executor_spec = {**(executor_spec or {}), "poolRef": {"name": pool}}
+            pool_ref: dict[str, Any] = {"name": pool}
+            if pool_env:
+                pool_ref["env"] = [_claim_env_var(n, v) for n, v in pool_env.items()]
+            executor_spec = {**(executor_spec or {}), "poolRef": pool_ref}
         if executor_name is None and not create_executor:
             raise ValueError("executor_name is required unless create_executor=True")
         if timeout_seconds is not None and not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:

@@ -365,15 +365,24 @@ def test_an_agents_executor_claimed_from_a_pool_starts_on_a_warm_kernel(kubeconf
             time.sleep(0.2)
 
         with new_executor(
-            kubeconfig, pool="warm-test", executor_spec={"env": NO_NETWORK_ENV}
+            kubeconfig,
+            pool="warm-test",
+            pool_env={"REGION": "eu"},
+            executor_spec={"env": NO_NETWORK_ENV},
         ) as executor:
             created = custom_objects.get_namespaced_custom_object(
                 GROUP, VERSION, "default", "briqexecutors", executor.executor_name
             )
-            assert created["spec"]["poolRef"]["name"] == "warm-test"
+            assert created["spec"]["poolRef"] == {
+                "name": "warm-test",
+                "coldCreateAfterSeconds": 30,
+                "env": [{"name": "REGION", "value": "eu"}],
+            }
             ready = next(c for c in created["status"]["conditions"] if c["type"] == "Ready")
             assert "handed over from BriqExecutorPool warm-test" in ready["message"]
             assert executor.run_code_raise_errors("x = 41\nx + 1").output == "42"
+            region = executor.run_code_raise_errors("import os\nos.environ['REGION']")
+            assert region.output == "'eu'"
     finally:
         custom_objects.delete_namespaced_custom_object(
             GROUP, VERSION, "default", "briqexecutorpools", "warm-test"

@@ -16,6 +16,7 @@ from briq_operator_client.kubernetes_executor import (
     FinalAnswerRejectedError,
     KubernetesExecutor,
     KubernetesExecutorError,
+    _claim_env_var,
     _requirements,
 )
 
@@ -120,3 +121,18 @@ def test_requirements_for_pip():
     assert _requirements(
         ["numpy", "pandas.*", "*", "PIL", "pillow", "numpy>=2", "numpy.linalg", "  "]
     ) == [("numpy", "numpy"), ("pandas", "pandas"), ("PIL", "pillow"), (None, "numpy>=2")]
+
+
+def test_a_claims_environment_names_values_and_secret_keys():
+    assert _claim_env_var("REGION", "eu") == {"name": "REGION", "value": "eu"}
+    assert _claim_env_var("TOKEN", {"secret": "tools", "key": "token"}) == {
+        "name": "TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "tools", "key": "token"}},
+    }
+    with pytest.raises(ValueError, match="must be a string or"):
+        _claim_env_var("TOKEN", {"secret": "tools"})
+
+
+def test_a_claims_environment_without_a_pool_is_refused_before_anything_is_created():
+    with pytest.raises(ValueError, match="pool_env needs pool"):
+        KubernetesExecutor([], AgentLogger(level=LogLevel.OFF), pool_env={"REGION": "eu"})
