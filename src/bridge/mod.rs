@@ -575,6 +575,30 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The names a claimer's environment may not set: the bridge's list (`ENV_RESERVED`), the
+    /// operator's and the schema's rule are one list.
+    #[test]
+    fn the_bridge_refuses_exactly_the_names_the_schema_refuses() {
+        use crate::crd::{CLAIM_ENV_NAME_ALLOWED, CLAIM_ENV_RESERVED};
+        let start = SOURCE
+            .find("ENV_RESERVED = frozenset(")
+            .expect("the bridge lists ENV_RESERVED");
+        let listed = &SOURCE[start..start + SOURCE[start..].find(')').unwrap()];
+        let mut bridge: Vec<&str> = listed.split('"').skip(1).step_by(2).collect();
+        let mut operator = CLAIM_ENV_RESERVED.to_vec();
+        bridge.sort_unstable();
+        operator.sort_unstable();
+        assert_eq!(bridge, operator);
+        for name in CLAIM_ENV_RESERVED {
+            assert!(
+                CLAIM_ENV_NAME_ALLOWED.contains(&format!("'{name}'")),
+                "the schema's rule refuses {name}"
+            );
+        }
+        assert!(SOURCE.contains("ENV_RESERVED_PREFIX = \"BRIQ_\""));
+        assert!(CLAIM_ENV_NAME_ALLOWED.contains("!self.name.startsWith('BRIQ_')"));
+    }
+
     fn frame(nonce: &Nonce, body: &str) -> String {
         format!("{}\n{body}\n{}\n", nonce.begin_marker(), nonce.end_marker())
     }

@@ -429,7 +429,7 @@ pub const CLAIM_ENV_RESERVED: [&str; 11] = [
     "LD_LIBRARY_PATH",
 ];
 
-const CLAIM_ENV_NAME_ALLOWED: &str = "!self.name.startsWith('BRIQ_') && !(self.name in ['HOME', \
+pub(crate) const CLAIM_ENV_NAME_ALLOWED: &str = "!self.name.startsWith('BRIQ_') && !(self.name in ['HOME', \
     'PATH', 'PYTHONPATH', 'PYTHONHOME', 'PYTHONUSERBASE', 'IPYTHONDIR', 'PIP_PREFIX', 'PIP_USER', \
     'PIP_TARGET', 'LD_PRELOAD', 'LD_LIBRARY_PATH'])";
 
