@@ -20,8 +20,8 @@ use kube::{
 };
 use serde_json::json;
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, finished,
-    output, reason, run, wait_for, wait_ready,
+    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, create_pool,
+    finished, output, reason, run, wait_for, wait_ready,
 };
 
 /// Everything the operator logs in this test binary (it runs in this process).
@@ -218,15 +218,7 @@ async fn a_claimers_secret_reaches_its_own_kernel_only_and_no_object_event_or_lo
     create_secret(&env, "tools", true, &token).await;
     create_secret(&env, "private", false, &private).await;
     for (name, replicas) in [("fast", 2), ("empty", 0)] {
-        let pool: BriqExecutorPool = serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "spec": { "replicas": replicas, "template": {} },
-        }))
-        .unwrap();
-        env.api::<BriqExecutorPool>()
-            .create(&PostParams::default(), &pool)
-            .await
-            .unwrap();
+        create_pool(&env, name, replicas, json!({})).await;
     }
     wait_for(
         &env.api::<BriqExecutorPool>(),

@@ -25,14 +25,11 @@ use briq_dev::{
 use briq_operator::crd::{
     BriqExecutor, BriqExecutorPool, Execution, POOL_LABEL, TEMPLATE_HASH_LABEL,
 };
-use kube::{
-    ResourceExt,
-    api::{ListParams, PostParams},
-};
+use kube::{ResourceExt, api::ListParams};
 use serde_json::json;
 use support::{
-    Gate, READY_SECONDS, TestEnv, condition, create_execution, create_executor, finished, output,
-    reason, run, sandbox_of, wait_for, wait_ready,
+    Gate, READY_SECONDS, TestEnv, condition, create_execution, create_executor, create_pool,
+    finished, output, reason, run, sandbox_of, wait_for, wait_ready,
 };
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
@@ -65,7 +62,7 @@ async fn an_upgrade_from_the_previous_release_keeps_every_sandbox_its_state_queu
     let mut old = PreviousOperator::start(&previous, &env, &server).await;
     create_executor(&env, "keeper", json!({})).await;
     create_executor(&env, "busy", json!({})).await;
-    create_pool(&env, "warm", 2).await;
+    create_pool(&env, "warm", 2, json!({})).await;
     wait_ready(&env, "keeper").await;
     wait_ready(&env, "busy").await;
     let members = pool_ready(&env, "warm").await;
@@ -271,18 +268,6 @@ impl Snapshot {
             creates: stats.calls(Operation::Create),
         }
     }
-}
-
-async fn create_pool(env: &TestEnv, name: &str, replicas: i32) {
-    let pool: BriqExecutorPool = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "replicas": replicas, "template": {} },
-    }))
-    .unwrap();
-    env.api::<BriqExecutorPool>()
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
 }
 
 /// Waits until the pool says all its replicas are Ready and its unclaimed members are, each

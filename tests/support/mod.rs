@@ -125,6 +125,11 @@ impl RequestLog {
         self.0.lock().expect("request log").len()
     }
 
+    /// The requests sent after the first `skip`.
+    pub fn since(&self, skip: usize) -> Vec<String> {
+        self.0.lock().expect("request log")[skip..].to_vec()
+    }
+
     /// The reads (get, list; not watches) of `resource` since the first `skip` requests.
     pub fn reads_since(&self, skip: usize, resource: &str) -> Vec<String> {
         self.0.lock().expect("request log")[skip..]
@@ -342,6 +347,19 @@ pub async fn wait_deleted<K: wait::Watched>(api: &Api<K>, name: &str, seconds: u
     wait::deleted(api, name, Duration::from_secs(seconds))
         .await
         .unwrap_or_else(|error| panic!("waiting for {name} to be deleted: {error:#}"));
+}
+
+/// Creates the `BriqExecutorPool` `name` of `replicas` members made from `template`.
+pub async fn create_pool(env: &TestEnv, name: &str, replicas: i32, template: Value) {
+    let pool: briq_operator::crd::BriqExecutorPool = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "replicas": replicas, "template": template },
+    }))
+    .unwrap();
+    env.api::<briq_operator::crd::BriqExecutorPool>()
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
 }
 
 pub async fn create_executor(env: &TestEnv, name: &str, spec: Value) -> BriqExecutor {
