@@ -23,8 +23,8 @@ use kube::{
 };
 use serde_json::{Value, json};
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_executor, output, reason, run, sandbox_of,
-    two_operators, wait_deleted, wait_for, wait_ready,
+    Operator, READY_SECONDS, TestEnv, condition, create_executor, create_pool, output, reason, run,
+    sandbox_of, two_operators, wait_deleted, wait_for, wait_ready,
 };
 
 /// A test namespace, its operator, and a pool `fast` (template `{}`) of `replicas` Ready members.
@@ -34,18 +34,6 @@ async fn with_ready_pool(prefix: &str, replicas: i32) -> (TestEnv, Operator) {
     create_pool(&env, "fast", replicas, json!({})).await;
     pool_ready(&env, "fast", replicas).await;
     (env, operator)
-}
-
-async fn create_pool(env: &TestEnv, name: &str, replicas: i32, template: Value) {
-    let pool: BriqExecutorPool = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "replicas": replicas, "template": template },
-    }))
-    .unwrap();
-    env.api::<BriqExecutorPool>()
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
 }
 
 /// Waits until the pool has exactly `replicas` unclaimed members from its current template,
@@ -170,6 +158,68 @@ async fn a_claim_takes_a_ready_members_kernel_and_the_pool_refills() {
     // The pool refills: two unclaimed Ready members again, beside the claimed one.
     pool_ready(&env, "fast", 2).await;
     assert_eq!(operator.live_sandboxes().await, 3);
+}
+
+/// The claim path's writes, counted: a burst of claims competes for the API server, so each
+/// claim costs the member's take, the claimer's record and its Ready status, and nothing else
+/// (no Event, no interim status). The member's own status (`Claimed`), the pool's and its
+/// refill follow the claim, off its path.
+#[tokio::test]
+async fn a_warm_claim_writes_the_take_the_record_and_ready_and_no_event() {
+    let env = TestEnv::new("pool-writes").await;
+    let requests = support::RequestLog::default();
+    let client = requests.client(&env).await;
+    let _operator = Operator::start_as(&env, client, |_| {}).await;
+    create_pool(&env, "fast", 1, json!({})).await;
+    pool_ready(&env, "fast", 1).await;
+    let member = unclaimed(&env, "fast").await[0].name_any();
+
+    let before = requests.len();
+    create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    wait_ready(&env, "agent").await;
+    // The refill is Ready: whatever the claim made the operator do has been done.
+    pool_ready(&env, "fast", 1).await;
+    let named = |request: &str, name: &str| {
+        let path = request.split('?').next().unwrap_or_default();
+        path.contains(&format!("/briqexecutors/{name}"))
+    };
+    let writes: Vec<String> = requests
+        .since(before)
+        .into_iter()
+        .filter(|request| !request.starts_with("GET "))
+        .filter(|request| named(request, "agent") || named(request, &member))
+        .filter(|request| !request.contains(&format!("/briqexecutors/{member}/status")))
+        .map(|request| {
+            let (method, target) = request.split_once(' ').unwrap();
+            let path = target.split('?').next().unwrap();
+            let tail = &path[path.find("/briqexecutors/").unwrap()..];
+            format!("{method} {}", tail.replace(&member, "MEMBER"))
+        })
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            "PATCH /briqexecutors/MEMBER",
+            "PATCH /briqexecutors/agent",
+            "PATCH /briqexecutors/agent/status",
+        ],
+        "the claim path's writes"
+    );
+    let about_agent = event_notes_about(&env, "agent").await;
+    assert_eq!(about_agent, Vec::<String>::new(), "no Event per claim");
+}
+
+/// The notes of the Events about the executor `name`.
+async fn event_notes_about(env: &TestEnv, name: &str) -> Vec<String> {
+    env.api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|event| event.note.unwrap_or_default())
+        .collect()
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use kube::{
     runtime::{events::Recorder, reflector::Store},
 };
 
-use super::{backoff, events};
+use super::backoff;
 use crate::{bridge::session, briq::ApiKey, crd::BriqExecutorClass, metrics::Metrics};
 
 /// Errors that end a reconcile early; it is retried with per-object exponential backoff.
@@ -139,8 +139,6 @@ pub struct Shared<S> {
     /// True once the class watch has listed every class.
     pub classes_listed: tokio::sync::watch::Receiver<bool>,
     pub recorder: Recorder,
-    /// Events nothing is ordered against, published in the background ([`events`]).
-    pub deferred_events: events::Events,
     pub metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
     pub stopping: Arc<AtomicBool>,

@@ -29,7 +29,6 @@ mod cache;
 pub mod class;
 mod context;
 mod credentials;
-mod events;
 mod execution;
 mod executor;
 mod fair;

@@ -1,5 +1,6 @@
-//! Events about objects: published at once where something is ordered against them, or queued
-//! in the background ([`super::events`]).
+//! Events about objects, published where they happen. A step that happens in bursts (a claim)
+//! publishes none: its condition says it, and 100 claims at once would be 100 more writes while
+//! they compete for the API server.
 
 use kube::Resource;
 use tracing::warn;
@@ -21,17 +22,6 @@ pub fn event(
         action: action.to_owned(),
         secondary: None,
     }
-}
-
-/// Queues `event` about `object`, which nothing is ordered against ([`events`]).
-pub fn publish_deferred<S, K: Resource<DynamicType = ()>>(
-    shared: &Shared<S>,
-    object: &K,
-    event: kube::runtime::events::Event,
-) {
-    shared
-        .deferred_events
-        .publish(event, object.object_ref(&()));
 }
 
 /// Publishes an event about `object`; a failure to publish is logged, never fatal.

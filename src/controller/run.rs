@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use super::{
     cache,
     context::{Result, Settings, Shared},
-    events, execution, executor, orphans, pool, wake,
+    execution, executor, orphans, pool, wake,
 };
 use crate::{
     briq::SandboxApi,
@@ -130,9 +130,6 @@ pub fn live(
 }
 
 pub type Count = Box<dyn Fn() -> usize + Send + Sync>;
-
-/// How long a stopping operator waits for its deferred Events to go out.
-pub const EVENT_FLUSH: Duration = Duration::from_secs(5);
 
 /// How often the bookkeeping is checked against the caches.
 pub const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
@@ -242,13 +239,10 @@ pub async fn run_observed<S>(
             instance: None,
         },
     );
-    let (deferred_events, event_publisher) = events::Events::start(recorder.clone());
-    let event_publisher = AbortOnDrop(event_publisher);
     let shared = Arc::new(Shared {
         classes: class_store.clone(),
         classes_listed,
         recorder,
-        deferred_events,
         client: client.clone(),
         sandboxes,
         settings,
@@ -486,8 +480,6 @@ pub async fn run_observed<S>(
     execution_ctx.write_counts().await;
     drop(sweeper);
     drop(orphan_sweeper);
-    shared.deferred_events.flush(EVENT_FLUSH).await;
-    drop(event_publisher);
     info!("controllers stopped");
 }
 

@@ -5,7 +5,7 @@
 use kube::{
     ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
-    runtime::{controller::Action, events::EventType},
+    runtime::controller::Action,
 };
 use serde_json::json;
 use tracing::{info, warn};
@@ -20,7 +20,6 @@ use crate::{
     briq::SandboxApi,
     controller::{
         context::{Error, Result},
-        publish::{self, publish_deferred},
         status::is_conflict,
     },
     crd::{
@@ -170,13 +169,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         self.report(&claimer, ready, fields).await?;
         self.handovers.reported(&uid, &member.name_any());
-        let note = format!(
-            "took sandbox {id} and its kernel from BriqExecutorPool {pool} (executor {})",
-            member.name_any()
-        );
-        // Nothing is ordered against it; a burst of claims would wait on 100 of them.
-        let claimed = publish::event(EventType::Normal, "Claimed", "Claim", note);
-        publish_deferred(self.shared, &claimer, claimed);
+        // No Event: the Ready condition says where the kernel came from (publish.rs).
         info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
     }
