@@ -154,7 +154,11 @@ def test_the_previous_bridge_reads_the_journal_this_one_wrote(previous, current,
 
 def test_the_kernel_state_is_where_and_what_it_was(previous, current, workdir):
     old, new = previous.KernelState(".briq/state"), current.KernelState(".briq/state")
-    assert vars(new) == vars(old), "the same files: connection, pids, logs, socket, lock"
+    # Files this release added; every other is where the previous release keeps it.
+    added = {"env_file"}  # the claimer's environment (set-env)
+    kept = {name: path for name, path in vars(new).items() if name not in added}
+    assert kept == vars(old), "the same files: connection, pids, logs, socket, lock"
+    assert added <= set(vars(new)) and not added & set(vars(old)), "added ones are new"
     old.dir.mkdir(parents=True)
     old.write_pid(4321)
     assert new.read_pid() == 4321
