@@ -40,6 +40,12 @@ pub struct Counts {
     pub pool_burst: usize,
     /// Scenario 8: claims at once against a pool as large, on real kernels.
     pub pool_real_kernels: usize,
+    /// Scenario 8's drained pool on real kernels: its members, its claims, the time between
+    /// two claims, and each claimer's `coldCreateAfterSeconds`.
+    pub drained_pool: usize,
+    pub drained_claims: usize,
+    pub drained_spacing_ms: u64,
+    pub drained_cold_after_seconds: u32,
     /// Scenario 8's bound of every wait (the pool filling, a claim, a refill).
     pub pool_bound_seconds: u64,
     /// Scenario 13: claims per wave (the demand pools' `maxReady`, the larger fixed pool's
@@ -80,6 +86,10 @@ impl Counts {
                 pool_claims: 10,
                 pool_burst: 20,
                 pool_real_kernels: 3,
+                drained_pool: 3,
+                drained_claims: 8,
+                drained_spacing_ms: 250,
+                drained_cold_after_seconds: 5,
                 pool_bound_seconds: 120,
                 demand_burst: 10,
                 demand_fixed_replicas: 2,
@@ -111,6 +121,10 @@ impl Counts {
                 pool_claims: 50,
                 pool_burst: 100,
                 pool_real_kernels: 3,
+                drained_pool: 3,
+                drained_claims: 20,
+                drained_spacing_ms: 250,
+                drained_cold_after_seconds: 5,
                 pool_bound_seconds: 120,
                 demand_burst: 20,
                 demand_fixed_replicas: 2,
@@ -140,6 +154,10 @@ impl Counts {
             claims: self.pool_claims,
             burst: self.pool_burst,
             real_kernels: self.pool_real_kernels,
+            drained_pool: self.drained_pool,
+            drained_claims: self.drained_claims,
+            drained_spacing: std::time::Duration::from_millis(self.drained_spacing_ms),
+            drained_cold_after_seconds: self.drained_cold_after_seconds,
             bound: std::time::Duration::from_secs(self.pool_bound_seconds),
         }
     }

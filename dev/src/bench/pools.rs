@@ -5,7 +5,15 @@
 //! server): claims one at a time from a pool of 10, each finding the pool full, with as many cold
 //! creates beside; then a burst of claims all at once against a pool as large as the burst, and
 //! how long the pool takes to be full again. On real kernels, at a size this machine runs at
-//! once: a pool of 3, 3 claims at once, one cold create.
+//! once: a pool of 3, 3 claims at once, one cold create. Then a drained pool: claims arriving
+//! faster than it refills (one every quarter second against a pool of 3 real kernels, each
+//! claimer waiting 5 s for a member before it creates its own sandbox), where what counts is the
+//! wait and how many fell back to a cold create.
+//!
+//! In the bursts the operator's API writes are counted from kube-apiserver's audit log, from the
+//! first create until every claimer is Ready, and divided by the claims: the claim path's own
+//! (the member's take, the claimer's record and its Ready; `tests/pools.rs` counts them exactly)
+//! with the refill's beside them.
 //!
 //! A claimer is timed from its create call to `Ready=True` seen by one watch over the namespace,
 //! as scenario 7 times its executors. Its Ready message says whether the pool handed it a member
@@ -46,6 +54,7 @@ pub const TARGET_CLAIM_P99_MS: f64 = 1_000.0;
 const ONE_AT_A_TIME_NAMESPACE: &str = "bench-pool";
 const BURST_NAMESPACE: &str = "bench-pool-burst";
 const REAL_NAMESPACE: &str = "bench-pool-real";
+const DRAINED_NAMESPACE: &str = "bench-pool-drained";
 /// The pool of every phase.
 const POOL: &str = "warm";
 /// How often a waiting phase looks at the pool (its status first; its members only once the
@@ -63,6 +72,12 @@ pub struct Sizes {
     pub burst: usize,
     /// Claims at once against a pool as large, on real kernels.
     pub real_kernels: usize,
+    /// The drained pool on real kernels: its members, its claims, the time between two, and
+    /// each claimer's `coldCreateAfterSeconds`.
+    pub drained_pool: usize,
+    pub drained_claims: usize,
+    pub drained_spacing: Duration,
+    pub drained_cold_after_seconds: u32,
     /// The bound of every wait: the pool filling, a claim, a cold create, a refill.
     pub bound: Duration,
 }
@@ -73,6 +88,7 @@ pub struct Pools {
     pub one_at_a_time: Option<Claims>,
     pub burst: Option<Claims>,
     pub real_kernels: Option<Claims>,
+    pub drained: Option<Claims>,
 }
 
 /// Claims against one pool, and cold creates beside them on the same sandbox server.
@@ -84,8 +100,16 @@ pub struct Claims {
     pub replicas: usize,
     /// Claims planned.
     pub claims: usize,
-    /// All created at once (else one at a time, each finding the pool full).
+    /// All created at once (else one at a time, each finding the pool full, or paced).
     pub at_once: bool,
+    /// Paced: one claim this often, whatever the pool holds (a drained pool), each waiting
+    /// `cold_after_seconds` for a member.
+    pub spacing_ms: Option<u64>,
+    pub cold_after_seconds: Option<u32>,
+    /// The operator's API writes (and all its requests) per claim, from the first create until
+    /// every claimer was Ready, the refill's included; when all at once.
+    pub writes_per_claim: Option<f64>,
+    pub requests_per_claim: Option<f64>,
     /// Pool created → full (every member Ready), before any claim; `None` past the bound.
     pub fill_seconds: Option<f64>,
     /// Create → Ready of each claimer Ready within the bound.
@@ -116,6 +140,10 @@ impl Claims {
             replicas,
             claims,
             at_once,
+            spacing_ms: None,
+            cold_after_seconds: None,
+            writes_per_claim: None,
+            requests_per_claim: None,
             fill_seconds: None,
             claim_ms: None,
             create_call_ms: None,
@@ -211,10 +239,23 @@ pub async fn run(
     let measured = phase(stack, REAL_NAMESPACE, Server::Real, sizes, plan).await;
     let real_kernels = keep("real kernels", measured);
 
+    progress.step(format!(
+        "8: a drained pool of {} on real kernels: {} claims, one every {} ms, each creating its \
+         own sandbox after {} s",
+        sizes.drained_pool,
+        sizes.drained_claims,
+        sizes.drained_spacing.as_millis(),
+        sizes.drained_cold_after_seconds
+    ));
+    let plan = Plan::Drained;
+    let measured = phase(stack, DRAINED_NAMESPACE, Server::Real, sizes, plan).await;
+    let drained = keep("drained", measured);
+
     let pools = Pools {
         one_at_a_time,
         burst,
         real_kernels,
+        drained,
     };
     (pools, failures)
 }
@@ -225,6 +266,8 @@ enum Plan {
     OneAtATime { replicas: usize, claims: usize },
     /// [`Phase::at_once`].
     AtOnce { claims: usize, cold: usize },
+    /// [`Phase::drained`].
+    Drained,
 }
 
 /// What a phase measured, and how its clean-up went.
@@ -246,6 +289,7 @@ async fn phase(
     let measured = match plan {
         Plan::OneAtATime { replicas, claims } => phase.one_at_a_time(replicas, claims).await,
         Plan::AtOnce { claims, cold } => phase.at_once(claims, cold).await,
+        Plan::Drained => phase.drained(sizes).await,
     };
     (measured, phase.finish().await)
 }
@@ -255,6 +299,8 @@ async fn phase(
 struct Phase {
     server: Server,
     bound: Duration,
+    /// kube-apiserver's audit log, where the operator's requests are counted.
+    audit_log: Option<std::path::PathBuf>,
     operator: Controllers,
     pools: Api<BriqExecutorPool>,
     executors: Api<BriqExecutor>,
@@ -272,6 +318,10 @@ impl Phase {
             operator: super::setup::controllers(stack, namespace, server.of(stack))?,
             server,
             bound: sizes.bound,
+            audit_log: stack
+                .plane()
+                .and_then(|plane| plane.audit_log())
+                .map(|log| log.to_owned()),
             pools: Api::namespaced(stack.admin().clone(), namespace),
             executors: Api::namespaced(stack.admin().clone(), namespace),
         })
@@ -343,6 +393,7 @@ impl Phase {
             .map(|i| objects::executor(&format!("claim-{i:03}"), claimer()))
             .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
         let executors = &self.executors;
+        let audit_from = self.audit_offset()?;
         let first = Instant::now();
         let calls: Vec<(String, Instant, Instant)> = stream::iter(plan)
             .map(|executor| async move {
@@ -363,6 +414,13 @@ impl Phase {
             .collect();
         let names: Vec<String> = sent_at.keys().cloned().collect();
         let all_ready = ready.wait_for_names(&names, first + self.bound).await;
+        if let Some(requests) = self.operator_requests(audit_from)? {
+            let per_claim = |n: u64| n as f64 / claims.max(1) as f64;
+            figures.writes_per_claim = Some(per_claim(requests.writes));
+            figures.requests_per_claim = Some(per_claim(
+                requests.reads + requests.writes + requests.watches + requests.other,
+            ));
+        }
         let ready_at = ready.times();
         figures.claim_ms = Summary::of_millis(&scaling::latencies(&sent_at, &ready_at));
         figures.create_call_ms = Summary::of_millis(&scaling::latencies(&sent_at, &answered_at));
@@ -402,6 +460,68 @@ impl Phase {
         figures.cold_ms = Summary::of_millis(&cold_ms);
         figures.cold_over_claim = cold_over_claim(&figures);
         Ok(figures)
+    }
+
+    /// A pool of `drained_pool` members and `drained_claims` claims, one every
+    /// `drained_spacing` whatever the pool holds, each creating its own sandbox after
+    /// `drained_cold_after_seconds` without a member: how long they waited, and how many fell
+    /// back.
+    async fn drained(&self, sizes: Sizes) -> anyhow::Result<Claims> {
+        let mut figures = Claims::new(&self.server, sizes.drained_pool, sizes.drained_claims, false);
+        figures.spacing_ms = Some(u64::try_from(sizes.drained_spacing.as_millis())?);
+        figures.cold_after_seconds = Some(sizes.drained_cold_after_seconds);
+        if !self.fill(&mut figures).await? {
+            return Ok(figures);
+        }
+        let ready = self.watch_ready().await?;
+        let spec = json!({ "poolRef": {
+            "name": POOL,
+            "coldCreateAfterSeconds": sizes.drained_cold_after_seconds,
+        } });
+        let mut sent_at = HashMap::new();
+        let first = Instant::now();
+        for i in 0..sizes.drained_claims {
+            let name = format!("claim-{i:03}");
+            let sent = self.create(&name, spec.clone()).await?;
+            sent_at.insert(name, sent);
+            // Paced, as claims that keep coming whatever the pool holds.
+            tokio::time::sleep_until((first + sizes.drained_spacing * (i as u32 + 1)).into()).await;
+        }
+        let names: Vec<String> = sent_at.keys().cloned().collect();
+        let deadline = Instant::now() + self.bound;
+        if !ready.wait_for_names(&names, deadline).await {
+            let ready_at = ready.times();
+            let late = names.iter().filter(|n| !ready_at.contains_key(*n)).count();
+            figures.partial = Some(format!(
+                "{late} of {} claimers were not Ready {}",
+                names.len(),
+                self.within()
+            ));
+        }
+        figures.claim_ms = Summary::of_millis(&scaling::latencies(&sent_at, &ready.times()));
+        (figures.handed_over, figures.fallbacks) = self.handovers(&sent_at, &ready).await?;
+        Ok(figures)
+    }
+
+    /// Where the audit log ends now (0 without one).
+    fn audit_offset(&self) -> anyhow::Result<u64> {
+        self.audit_log
+            .as_deref()
+            .map_or(Ok(0), super::audit::offset)
+    }
+
+    /// The operator's requests since `from` in the audit log, if there is one.
+    fn operator_requests(&self, from: u64) -> anyhow::Result<Option<super::audit::RequestCounts>> {
+        let Some(log) = self.audit_log.as_deref() else {
+            return Ok(None);
+        };
+        let to = super::audit::offset(log)?;
+        Ok(Some(super::audit::count(
+            log,
+            from,
+            to,
+            super::setup::OPERATOR_USER,
+        )?))
     }
 
     /// Creates the pool (template `{}`) and waits until it is full; whether it was within the

@@ -139,7 +139,13 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
     } else {
         "real kernels"
     };
-    let figure = if c.at_once {
+    let figure = if let (Some(spacing), Some(after)) = (c.spacing_ms, c.cold_after_seconds) {
+        format!(
+            "{} claims, one every {spacing} ms → Ready, drained pool of {} ({kind}), cold create \
+             after {after} s",
+            c.claims, c.replicas
+        )
+    } else if c.at_once {
         format!(
             "{} claim{} at once → Ready, pool of {} ({kind})",
             c.claims,
@@ -154,7 +160,7 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
     };
     let mut notes = Vec::new();
     if let Some(s) = &c.claim_ms {
-        notes.push(if c.at_once && c.simulated {
+        notes.push(if c.at_once && c.simulated || c.spacing_ms.is_some() {
             format!("p90 {}, p99 {}", ms(s.p90), ms(s.p99))
         } else if c.at_once {
             format!("max {}", ms(s.max))
@@ -169,6 +175,12 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
             ms(call.p99),
             ms(after.median),
             ms(after.p99)
+        ));
+    }
+    if let (Some(writes), Some(requests)) = (c.writes_per_claim, c.requests_per_claim) {
+        notes.push(format!(
+            "the operator's API writes per claim **{writes:.1}** (all requests {requests:.1}), \
+             the refill's included; target: the claim path ≤ 2 (it is 3: take, record, Ready)"
         ));
     }
     if targets {
