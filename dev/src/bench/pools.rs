@@ -467,7 +467,12 @@ impl Phase {
     /// `drained_cold_after_seconds` without a member: how long they waited, and how many fell
     /// back.
     async fn drained(&self, sizes: Sizes) -> anyhow::Result<Claims> {
-        let mut figures = Claims::new(&self.server, sizes.drained_pool, sizes.drained_claims, false);
+        let mut figures = Claims::new(
+            &self.server,
+            sizes.drained_pool,
+            sizes.drained_claims,
+            false,
+        );
         figures.spacing_ms = Some(u64::try_from(sizes.drained_spacing.as_millis())?);
         figures.cold_after_seconds = Some(sizes.drained_cold_after_seconds);
         if !self.fill(&mut figures).await? {
