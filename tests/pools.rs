@@ -211,15 +211,10 @@ async fn a_warm_claim_writes_the_take_the_record_and_ready_and_no_event() {
 
 /// The notes of the Events about the executor `name`.
 async fn event_notes_about(env: &TestEnv, name: &str) -> Vec<String> {
-    env.api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|event| event.note.unwrap_or_default())
-        .collect()
+    notes_of_events(env, |event| {
+        event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -283,14 +278,19 @@ async fn assert_own_sandbox(env: &TestEnv, operator: &Operator, executor: &BriqE
 }
 
 async fn event_notes(env: &TestEnv, reason: &str) -> Vec<String> {
+    notes_of_events(env, |event| event.reason.as_deref() == Some(reason)).await
+}
+
+/// The notes of the namespace's Events that `keep` keeps.
+async fn notes_of_events(env: &TestEnv, keep: impl Fn(&Event) -> bool) -> Vec<String> {
     env.api::<Event>()
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.note)
+        .filter(|event| keep(event))
+        .map(|event| event.note.unwrap_or_default())
         .collect()
 }
 
