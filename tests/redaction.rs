@@ -241,6 +241,24 @@ async fn a_claimers_secret_reaches_its_own_kernel_only_and_no_object_event_or_lo
         );
     }
     kernel_env_is(&env, "agent-env", "agent", Some(&token)).await;
+    // Delivered at the handover itself: the claimer was not provisioned (which says `Ready` in
+    // an Event of its own).
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let about_agent: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("agent"))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    assert_eq!(
+        about_agent,
+        Vec::<String>::new(),
+        "Events about the warm claimer"
+    );
     kernel_env_is(&env, "other-env", "other", None).await;
 
     // Cold (a pool scaled to zero): the sandbox of its own gets it too.

@@ -55,6 +55,7 @@ const ONE_AT_A_TIME_NAMESPACE: &str = "bench-pool";
 const BURST_NAMESPACE: &str = "bench-pool-burst";
 const REAL_NAMESPACE: &str = "bench-pool-real";
 const DRAINED_NAMESPACE: &str = "bench-pool-drained";
+const REAL_ENV_NAMESPACE: &str = "bench-pool-real-env";
 /// The pool of every phase.
 const POOL: &str = "warm";
 /// How often a waiting phase looks at the pool (its status first; its members only once the
@@ -88,6 +89,8 @@ pub struct Pools {
     pub one_at_a_time: Option<Claims>,
     pub burst: Option<Claims>,
     pub real_kernels: Option<Claims>,
+    /// The same, each claimer bringing one variable (`poolRef.env`, delivered before Ready).
+    pub real_kernels_env: Option<Claims>,
     pub drained: Option<Claims>,
 }
 
@@ -102,6 +105,8 @@ pub struct Claims {
     pub claims: usize,
     /// All created at once (else one at a time, each finding the pool full, or paced).
     pub at_once: bool,
+    /// Each claimer brings a variable (`poolRef.env`).
+    pub with_env: bool,
     /// Paced: one claim this often, whatever the pool holds (a drained pool), each waiting
     /// `cold_after_seconds` for a member.
     pub spacing_ms: Option<u64>,
@@ -140,6 +145,7 @@ impl Claims {
             replicas,
             claims,
             at_once,
+            with_env: false,
             spacing_ms: None,
             cold_after_seconds: None,
             writes_per_claim: None,
@@ -224,6 +230,7 @@ pub async fn run(
     let plan = Plan::AtOnce {
         claims: sizes.burst,
         cold: 0,
+        env: false,
     };
     let measured = phase(stack, BURST_NAMESPACE, Server::Simulated, sizes, plan).await;
     let burst = keep("burst", measured);
@@ -235,9 +242,22 @@ pub async fn run(
     let plan = Plan::AtOnce {
         claims: sizes.real_kernels,
         cold: 1,
+        env: false,
     };
     let measured = phase(stack, REAL_NAMESPACE, Server::Real, sizes, plan).await;
     let real_kernels = keep("real kernels", measured);
+
+    progress.step(format!(
+        "8: a warm pool of {0} on real kernels: {0} claims at once, each bringing a variable",
+        sizes.real_kernels
+    ));
+    let plan = Plan::AtOnce {
+        claims: sizes.real_kernels,
+        cold: 0,
+        env: true,
+    };
+    let measured = phase(stack, REAL_ENV_NAMESPACE, Server::Real, sizes, plan).await;
+    let real_kernels_env = keep("real kernels, with env", measured);
 
     progress.step(format!(
         "8: a drained pool of {} on real kernels: {} claims, one every {} ms, each creating its \
@@ -255,6 +275,7 @@ pub async fn run(
         one_at_a_time,
         burst,
         real_kernels,
+        real_kernels_env,
         drained,
     };
     (pools, failures)
@@ -265,7 +286,11 @@ enum Plan {
     /// [`Phase::one_at_a_time`].
     OneAtATime { replicas: usize, claims: usize },
     /// [`Phase::at_once`].
-    AtOnce { claims: usize, cold: usize },
+    AtOnce {
+        claims: usize,
+        cold: usize,
+        env: bool,
+    },
     /// [`Phase::drained`].
     Drained,
 }
@@ -288,7 +313,7 @@ async fn phase(
     };
     let measured = match plan {
         Plan::OneAtATime { replicas, claims } => phase.one_at_a_time(replicas, claims).await,
-        Plan::AtOnce { claims, cold } => phase.at_once(claims, cold).await,
+        Plan::AtOnce { claims, cold, env } => phase.at_once(claims, cold, env).await,
         Plan::Drained => phase.drained(sizes).await,
     };
     (measured, phase.finish().await)
@@ -381,16 +406,23 @@ impl Phase {
         Ok(figures)
     }
 
-    /// A pool of `claims` members, `claims` claims created all at once, the pool full again,
-    /// then `cold` cold creates one at a time.
-    async fn at_once(&self, claims: usize, cold: usize) -> anyhow::Result<Claims> {
+    /// A pool of `claims` members, `claims` claims created all at once (each bringing a
+    /// variable when `env`), the pool full again, then `cold` cold creates one at a time.
+    async fn at_once(&self, claims: usize, cold: usize, env: bool) -> anyhow::Result<Claims> {
         let mut figures = Claims::new(&self.server, claims, claims, true);
+        figures.with_env = env;
+        let spec = match env {
+            true => {
+                json!({ "poolRef": { "name": POOL, "env": [{ "name": "REGION", "value": "eu" }] } })
+            }
+            false => claimer(),
+        };
         if !self.fill(&mut figures).await? {
             return Ok(figures);
         }
         let ready = self.watch_ready().await?;
         let plan = (0..claims)
-            .map(|i| objects::executor(&format!("claim-{i:03}"), claimer()))
+            .map(|i| objects::executor(&format!("claim-{i:03}"), spec.clone()))
             .collect::<anyhow::Result<Vec<BriqExecutor>>>()?;
         let executors = &self.executors;
         let audit_from = self.audit_offset()?;

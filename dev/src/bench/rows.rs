@@ -147,10 +147,15 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
         )
     } else if c.at_once {
         format!(
-            "{} claim{} at once → Ready, pool of {} ({kind})",
+            "{} claim{} at once → Ready, pool of {} ({kind}){}",
             c.claims,
             if c.claims == 1 { "" } else { "s" },
-            c.replicas
+            c.replicas,
+            if c.with_env {
+                ", each bringing a variable"
+            } else {
+                ""
+            }
         )
     } else {
         format!(

@@ -397,6 +397,9 @@ pub fn table(report: &Report) -> String {
         if let Some(c) = &p.real_kernels {
             pool_rows(&mut rows, c, false);
         }
+        if let Some(c) = &p.real_kernels_env {
+            pool_rows(&mut rows, c, false);
+        }
         if let Some(c) = &p.drained {
             pool_rows(&mut rows, c, false);
         }
