@@ -238,10 +238,19 @@ impl<S: SandboxApi> Session<'_, S> {
         let command = Command::SetEnv {
             deadline: SET_ENV_DEADLINE,
         };
-        match self
+        // The request carried the values: an error keeps no text from the network, which a
+        // gateway's page could fill with the request's body.
+        let answer = self
             .call_with_input(&command, SET_ENV_DEADLINE, Some(&input))
-            .await?
-        {
+            .await
+            .map_err(|error| match error {
+                CallError::Briq(error) => CallError::Briq(error.without_remote_text()),
+                CallError::ResultUnreadable(error) => {
+                    CallError::ResultUnreadable(error.without_remote_text())
+                }
+                other => other,
+            })?;
+        match answer {
             Envelope::Env(report) if report.ok && !report.names.iter().eq(env.keys()) => {
                 Err(CallError::Malformed(Malformed::Invalid(
                     "set-env answered other names than it was sent".into(),

@@ -133,6 +133,9 @@ pub enum Error {
 /// Remote text kept in an error, at most: enough to tell a gateway page from briq's own answer.
 pub const MAX_REMOTE_CHARS: usize = 200;
 
+/// What stands for remote text an error does not keep ([`Error::without_remote_text`]).
+pub const REMOTE_TEXT_NOT_KEPT: &str = "<not kept: the request carried secrets>";
+
 /// `text` from the network as an error may carry it: the key scrubbed first, then cut to
 /// [`MAX_REMOTE_CHARS`] characters.
 pub fn remote_text(text: &str, key: &ApiKey) -> String {
@@ -304,8 +307,19 @@ impl Error {
     /// The same error with every piece of text that came from the network scrubbed of `key`,
     /// then cut to [`MAX_REMOTE_CHARS`].
     pub fn redacted(self, key: &ApiKey) -> Self {
-        let text = |text: String| remote_text(&text, key);
-        let id = |id: Option<String>| id.map(text);
+        self.with_remote_text(|text| remote_text(&text, key))
+    }
+
+    /// The same error without any text that came from the network (status, class and what
+    /// this client knows stay): for a request that carried secrets other than the key, which
+    /// a gateway's page might echo where no scrubbing can find every piece of them.
+    pub fn without_remote_text(self) -> Self {
+        self.with_remote_text(|_| REMOTE_TEXT_NOT_KEPT.to_owned())
+    }
+
+    /// The same error with `text` applied to every piece of text that came from the network.
+    fn with_remote_text(self, text: impl Fn(String) -> String) -> Self {
+        let id = |id: Option<String>| id.map(&text);
         match self {
             Self::NotFound {
                 message,
@@ -398,6 +412,29 @@ impl Error {
 mod tests {
     use super::*;
     use crate::briq::key::leaked_pieces;
+
+    #[test]
+    fn an_error_of_a_request_that_carried_secrets_keeps_no_remote_text() {
+        let page = "<html>502 Bad Gateway: {\"stdin\": \"{\\\"TOKEN\\\": \\\"tok-9f8e7d6c5b4a\\\"}\"}</html>";
+        let error = Error::from_answer(
+            StatusCode::BAD_GATEWAY,
+            page.as_bytes(),
+            None,
+            Some("req-tok-9f8e7d6c5b4a".into()),
+            &key(),
+        );
+        let class = error.class();
+        let kept = error.without_remote_text();
+        assert_eq!(kept.class(), class, "what the error means is kept");
+        let text = kept.to_string();
+        assert_eq!(
+            leaked_pieces("tok-9f8e7d6c5b4a", &text),
+            Vec::<String>::new(),
+            "{text}"
+        );
+        assert!(text.contains(REMOTE_TEXT_NOT_KEPT), "{text}");
+        assert!(text.contains("502"), "{text}");
+    }
 
     fn key() -> ApiKey {
         ApiKey::new("k3y-s3cret").unwrap()
