@@ -68,6 +68,11 @@ pub enum Fault {
     /// many offsets, as a misconfigured proxy might; the operation is not performed.
     #[serde(untagged)]
     EchoPage { echo_status: u16 },
+    /// A gateway's error page that echoes the request's body (an exec's: its command, its
+    /// environment, its stdin), as a proxy might for a request it could not forward; the
+    /// operation is not performed.
+    #[serde(untagged)]
+    EchoRequest { echo_request_status: u16 },
 }
 
 impl Fault {
@@ -82,6 +87,12 @@ impl Fault {
     pub fn echo_page(status: u16) -> Self {
         Self::EchoPage {
             echo_status: status,
+        }
+    }
+
+    pub fn echo_request(status: u16) -> Self {
+        Self::EchoRequest {
+            echo_request_status: status,
         }
     }
 

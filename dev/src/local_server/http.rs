@@ -147,6 +147,22 @@ pub(crate) fn echo_page(status: u16, key: &str) -> Response {
     (status, [(CONTENT_TYPE, "text/html")], page).into_response()
 }
 
+/// An HTML error page that echoes `request` (a request's body): its last 150 characters first,
+/// within the first 200 of the page (where error messages are commonly cut), then all of it.
+pub(crate) fn echo_request_page(status: u16, request: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let tail_start = request
+        .char_indices()
+        .rev()
+        .nth(149)
+        .map_or(0, |(at, _)| at);
+    let page = format!(
+        "<html><body><h1>{status}</h1><pre>…{}\n{request}</pre></body></html>",
+        &request[tail_start..]
+    );
+    (status, [(CONTENT_TYPE, "text/html")], page).into_response()
+}
+
 pub(crate) fn malformed_json() -> Response {
     (
         StatusCode::OK,

@@ -13,7 +13,9 @@ use axum::{Extension, Json, Router};
 use sha2::{Digest as _, Sha256};
 
 use super::faults::{Fault, Operation};
-use super::http::{ApiError, RequestId, dropped_connection, echo_page, malformed_json};
+use super::http::{
+    ApiError, RequestId, dropped_connection, echo_page, echo_request_page, malformed_json,
+};
 use super::paths::resolve;
 use super::process::{self, CommandSpec};
 use super::state::Shared;
@@ -50,6 +52,22 @@ async fn perform<F>(
 where
     F: Future<Output = Result<Response, ApiError>> + Send + 'static,
 {
+    perform_echoing(shared, request_id, operation, sandbox_id, None, effect).await
+}
+
+/// [`perform`], with the request's body as text, which a gateway's page may echo
+/// ([`Fault::EchoRequest`]).
+async fn perform_echoing<F>(
+    shared: &Shared,
+    request_id: &RequestId,
+    operation: Operation,
+    sandbox_id: Option<String>,
+    request: Option<String>,
+    effect: F,
+) -> Response
+where
+    F: Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
     let fault = shared.faults.record(operation, sandbox_id.as_deref());
     let delay = match &fault {
         Some(Fault::Status {
@@ -63,6 +81,11 @@ where
         Some(Fault::DropConnection) => return dropped_connection(),
         Some(Fault::EchoPage { echo_status }) => {
             return echo_page(*echo_status, shared.api_key.expose());
+        }
+        Some(Fault::EchoRequest {
+            echo_request_status,
+        }) => {
+            return echo_request_page(*echo_request_status, request.as_deref().unwrap_or(""));
         }
         Some(Fault::Delay { delay_ms }) => Duration::from_millis(*delay_ms),
         _ => Duration::ZERO,
@@ -192,11 +215,16 @@ async fn exec(
     body: Result<Json<ExecBody>, JsonRejection>,
 ) -> Response {
     let inner = Arc::clone(&shared);
-    perform(
+    let request = body
+        .as_ref()
+        .ok()
+        .and_then(|Json(body)| serde_json::to_string(body).ok());
+    perform_echoing(
         &shared,
         &rid,
         Operation::Exec,
         Some(id.clone()),
+        request,
         async move {
             let body = json_body(body)?;
             let timeout = Duration::from_secs(body.timeout_seconds);
