@@ -21,7 +21,7 @@ use kube::{
 use serde_json::json;
 use support::{
     Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, create_pool,
-    finished, output, reason, run, wait_for, wait_ready,
+    finished, output, reason, run, sandbox_of, wait_for, wait_ready,
 };
 
 /// Everything the operator logs in this test binary (it runs in this process).
@@ -243,19 +243,8 @@ async fn a_claimers_secret_reaches_its_own_kernel_only_and_no_object_event_or_lo
     kernel_env_is(&env, "agent-env", "agent", Some(&token)).await;
     // Delivered at the handover itself: the claimer was not provisioned (which says `Ready` in
     // an Event of its own).
-    let events = env
-        .api::<Event>()
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    let about_agent: Vec<_> = events
-        .items
-        .iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("agent"))
-        .filter_map(|e| e.reason.clone())
-        .collect();
     assert_eq!(
-        about_agent,
+        event_reasons_about(&env, "agent").await,
         Vec::<String>::new(),
         "Events about the warm claimer"
     );
@@ -309,5 +298,72 @@ async fn a_claimers_secret_reaches_its_own_kernel_only_and_no_object_event_or_lo
                 "in {what}"
             );
         }
+    }
+}
+
+/// The reasons of the Events about the executor `name`.
+async fn event_reasons_about(env: &TestEnv, name: &str) -> Vec<String> {
+    let events = env
+        .api::<Event>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    events
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gateway_page_echoing_the_claimers_variables_leaves_no_piece_of_them_in_status_events_or_logs()
+ {
+    let logs = logs();
+    let env = TestEnv::new("claim-env-echo").await;
+    let operator = Operator::start(&env).await;
+    let token = format!("tok-{}", briq_operator::bridge::Nonce::random().as_str());
+    create_secret(&env, "tools", true, &token).await;
+    create_pool(&env, "fast", 1, json!({})).await;
+    let pool = wait_for(
+        &env.api::<BriqExecutorPool>(),
+        "fast",
+        READY_SECONDS,
+        |pool| pool.status.as_ref().is_some_and(|s| s.ready_replicas == 1),
+    )
+    .await;
+    let members = env
+        .api::<BriqExecutor>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(members.len(), 1, "{:?}", pool.status);
+    // The handover's `set-env` reaches a gateway that answers with the request's body.
+    let page = FaultRule::on(Operation::Exec, Fault::echo_request(502))
+        .for_sandbox(sandbox_of(&members[0]))
+        .times(1);
+    operator.admin().add_fault(&page).await.unwrap();
+
+    create_executor(&env, "agent", claimer_with_env("fast", "tools")).await;
+    wait_ready(&env, "agent").await;
+    kernel_env_is(&env, "agent-env", "agent", Some(&token)).await;
+    // The page was the handover's answer: the claimer was provisioned instead, which gave it.
+    let reasons = event_reasons_about(&env, "agent").await;
+    assert!(reasons.contains(&"Ready".to_owned()), "{reasons:?}");
+
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(
+        logged.contains("<not kept: the request carried secrets>"),
+        "the failed handover was logged"
+    );
+    let mut readable = readable_without_secrets(&env).await;
+    readable.push(("logs", logged));
+    for (what, text) in readable {
+        assert_eq!(
+            leaked_pieces(&token, &text),
+            Vec::<String>::new(),
+            "in {what}"
+        );
     }
 }
