@@ -5,9 +5,11 @@ use std::{
     collections::{BTreeMap, HashSet},
     io::{Read, Seek, SeekFrom},
     path::Path,
+    time::SystemTime,
 };
 
 use anyhow::Context as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde::{Deserialize, Serialize};
 
 /// A user's requests in a stretch of the audit log.
@@ -32,6 +34,10 @@ pub struct RequestCounts {
 struct Event {
     #[serde(rename = "auditID")]
     audit_id: String,
+    #[serde(default)]
+    request_received_timestamp: Option<MicroTime>,
+    #[serde(default)]
+    stage_timestamp: Option<MicroTime>,
     stage: String,
     verb: String,
     #[serde(default)]
@@ -61,6 +67,55 @@ struct ObjectRef {
     resource: String,
     #[serde(default)]
     subresource: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// One completed request, when the API server received it and when it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    pub user: String,
+    pub verb: String,
+    /// `resource[/subresource]`.
+    pub what: String,
+    pub name: String,
+    pub received: SystemTime,
+    pub completed: SystemTime,
+}
+
+/// The completed requests on named objects logged between byte offsets `from` and `to`, with
+/// the API server's own timestamps (microseconds).
+pub fn timed(path: &Path, from: u64, to: u64) -> anyhow::Result<Vec<Timed>> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    file.seek(SeekFrom::Start(from))?;
+    let mut text = String::new();
+    file.take(to.saturating_sub(from))
+        .read_to_string(&mut text)
+        .context("reading the audit log")?;
+    Ok(timed_text(&text))
+}
+
+fn timed_text(text: &str) -> Vec<Timed> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Event>(line).ok())
+        .filter(|event| event.stage == "ResponseComplete")
+        .filter_map(|event| {
+            let object = event.object_ref?;
+            let what = match object.subresource {
+                Some(sub) => format!("{}/{sub}", object.resource),
+                None => object.resource,
+            };
+            Some(Timed {
+                user: event.user.username,
+                verb: event.verb,
+                what,
+                name: object.name?,
+                received: event.request_received_timestamp?.0.into(),
+                completed: event.stage_timestamp?.0.into(),
+            })
+        })
+        .collect()
 }
 
 /// Where the log ends now: count from here to a later offset.

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, bail};
@@ -72,6 +72,72 @@ pub struct Latency {
     pub list_ms: Option<Summary>,
     pub status_write_ms: Option<Summary>,
     pub operator_api_floor_ms: Option<f64>,
+    /// Where the operator path's time went, by the API server's clock (its audit log) and the
+    /// benchmark's (one machine, one clock).
+    pub path_parts: Option<PathParts>,
+}
+
+/// One action's time on the operator path, in parts, each over the Executions measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathParts {
+    /// The create call sent → the API server received it, and received → answered.
+    pub create_sent_ms: Option<Summary>,
+    pub create_ms: Option<Summary>,
+    /// Created → the operator's result write received: its watch, its reconcile, the exec.
+    pub created_to_result_write_ms: Option<Summary>,
+    /// The result write, received → answered.
+    pub result_write_ms: Option<Summary>,
+    /// Answered → the benchmark's watch saw it.
+    pub written_to_seen_ms: Option<Summary>,
+}
+
+/// An Execution run by [`sequential_timed`]: when its create was sent and its end seen.
+struct Run {
+    name: String,
+    sent: SystemTime,
+    seen: SystemTime,
+    elapsed: Duration,
+}
+
+/// [`PathParts`] of `runs`, from the audit log's `timed` requests (an Execution missing any of
+/// them is left out).
+fn path_parts(runs: &[Run], timed: &[audit::Timed]) -> PathParts {
+    let mut parts: [Vec<Duration>; 5] = Default::default();
+    let between = |from: SystemTime, to: SystemTime| to.duration_since(from).ok();
+    for run in runs {
+        let created = timed
+            .iter()
+            .find(|t| t.verb == "create" && t.what == "executions" && t.name == run.name);
+        let written = timed.iter().rev().find(|t| {
+            t.user == OPERATOR_USER
+                && t.verb == "patch"
+                && t.what == "executions/status"
+                && t.name == run.name
+        });
+        let (Some(created), Some(written)) = (created, written) else {
+            continue;
+        };
+        let measured = [
+            between(run.sent, created.received),
+            between(created.received, created.completed),
+            between(created.completed, written.received),
+            between(written.received, written.completed),
+            between(written.completed, run.seen),
+        ];
+        if let [Some(a), Some(b), Some(c), Some(d), Some(e)] = measured {
+            for (part, value) in parts.iter_mut().zip([a, b, c, d, e]) {
+                part.push(value);
+            }
+        }
+    }
+    let [sent, create, operator, write, seen] = parts;
+    PathParts {
+        create_sent_ms: Summary::of(&sent),
+        create_ms: Summary::of(&create),
+        created_to_result_write_ms: Summary::of(&operator),
+        result_write_ms: Summary::of(&write),
+        written_to_seen_ms: Summary::of(&seen),
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,13 +190,15 @@ pub async fn run(
         .to_owned();
     let counter = WatchCounter::start(stack.admin(), NAMESPACE).await?;
     let from = audit::offset(&audit_log)?;
-    let operator_times = sequential(&executions, &executor, "lat", actions).await?;
+    let runs = sequential_timed(&executions, &executor, "lat", actions, CODE, "2").await?;
+    let operator_times: Vec<Duration> = runs.iter().map(|run| run.elapsed).collect();
     // Anything the last Execution still triggers (executor reconcile after the counters).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let to = audit::offset(&audit_log)?;
     let (execution_events, executor_events) = counter.counts();
     drop(counter);
     let totals = audit::count(&audit_log, from, to, OPERATOR_USER)?;
+    let path_parts = path_parts(&runs, &audit::timed(&audit_log, from, to)?);
 
     progress.step(format!(
         "1: {actions} direct bridge calls and {actions} execs of `true` on the same sandbox"
@@ -221,6 +289,7 @@ pub async fn run(
         list_ms,
         status_write_ms,
         python_import_jupyter_client_ms: Summary::of(&python_import),
+        path_parts: Some(path_parts),
     };
     let per = |count: u64| count as f64 / actions.max(1) as f64;
     let cost = ApiCost {
@@ -291,11 +360,24 @@ pub(super) async fn sequential_of(
     code: &str,
     expected: &str,
 ) -> anyhow::Result<Vec<Duration>> {
-    let mut times = Vec::with_capacity(count);
+    let runs = sequential_timed(api, executor, prefix, count, code, expected).await?;
+    Ok(runs.into_iter().map(|run| run.elapsed).collect())
+}
+
+/// [`sequential_of`], each Execution with its name and the wall-clock instants its create was
+/// sent and its end seen.
+async fn sequential_timed(
+    api: &Api<Execution>,
+    executor: &BriqExecutor,
+    prefix: &str,
+    count: usize,
+    code: &str,
+    expected: &str,
+) -> anyhow::Result<Vec<Run>> {
+    let mut runs = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("{prefix}-{i:04}");
         let execution = objects::execution_of(&name, executor, code)?;
-        let started = Instant::now();
         // Watching before the create costs nothing extra: the watch starts from a list.
         let done = tokio::spawn({
             let (api, name) = (api.clone(), name.clone());
@@ -304,13 +386,20 @@ pub(super) async fn sequential_of(
                 await_condition(api, &name, finished).await
             }
         });
+        let (started, sent) = (Instant::now(), SystemTime::now());
         api.create(&PostParams::default(), &execution).await?;
         let finished = tokio::time::timeout(RUN_TIMEOUT, done)
             .await
             .with_context(|| format!("Execution {name} did not finish within {RUN_TIMEOUT:?}"))???
             .with_context(|| format!("Execution {name} disappeared"))?;
-        times.push(started.elapsed());
+        let (elapsed, seen) = (started.elapsed(), SystemTime::now());
         objects::check_output(&finished, expected)?;
+        runs.push(Run {
+            name,
+            sent,
+            seen,
+            elapsed,
+        });
     }
-    Ok(times)
+    Ok(runs)
 }

@@ -24,6 +24,27 @@ pub fn table(report: &Report) -> String {
             l.direct_ms.as_ref(),
             String::new(),
         ));
+        if let Some(parts) = &l.path_parts {
+            let pieces = [
+                (
+                    "… the create call, sent → received (the API server's clock)",
+                    &parts.create_sent_ms,
+                ),
+                ("… the create call, received → answered", &parts.create_ms),
+                (
+                    "… created → the operator's result write (its watch, reconcile, the exec)",
+                    &parts.created_to_result_write_ms,
+                ),
+                ("… the result write itself", &parts.result_write_ms),
+                (
+                    "… written → the client's watch saw it",
+                    &parts.written_to_seen_ms,
+                ),
+            ];
+            for (figure, summary) in pieces {
+                rows.push(timing("1", figure, summary.as_ref(), String::new()));
+            }
+        }
         rows.push(Row {
             scenario: "1",
             figure: "ratio operator / direct".into(),
