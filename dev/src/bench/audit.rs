@@ -234,4 +234,41 @@ mod tests {
         assert_eq!(counts.by_request["patch executions/status"], 1);
         assert_eq!(counts.by_request["watch executions"], 1);
     }
+
+    #[test]
+    fn completed_requests_on_named_objects_carry_the_api_servers_timestamps() {
+        let line = |stage: &str, name: Option<&str>| {
+            serde_json::json!({
+                "kind": "Event", "auditID": "1", "stage": stage, "verb": "patch",
+                "requestURI": "/apis/briq.cloud/v1alpha1/namespaces/n/executions/a/status",
+                "user": { "username": "briq-operator" },
+                "objectRef": { "resource": "executions", "subresource": "status", "name": name },
+                "requestReceivedTimestamp": "2026-12-06T22:31:31.500000Z",
+                "stageTimestamp": "2026-12-06T22:31:31.503250Z",
+            })
+            .to_string()
+        };
+        let text = [
+            line("ResponseStarted", Some("a")),
+            line("ResponseComplete", Some("a")),
+            line("ResponseComplete", None),
+        ]
+        .join("\n");
+        let timed = timed_text(&text);
+        assert_eq!(timed.len(), 1, "{timed:?}");
+        let request = &timed[0];
+        assert_eq!(
+            (
+                request.user.as_str(),
+                request.verb.as_str(),
+                request.what.as_str()
+            ),
+            ("briq-operator", "patch", "executions/status")
+        );
+        assert_eq!(request.name, "a");
+        assert_eq!(
+            request.completed.duration_since(request.received).unwrap(),
+            std::time::Duration::from_micros(3250)
+        );
+    }
 }
