@@ -86,14 +86,7 @@ pub struct Timed {
 /// The completed requests on named objects logged between byte offsets `from` and `to`, with
 /// the API server's own timestamps (microseconds).
 pub fn timed(path: &Path, from: u64, to: u64) -> anyhow::Result<Vec<Timed>> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    file.seek(SeekFrom::Start(from))?;
-    let mut text = String::new();
-    file.take(to.saturating_sub(from))
-        .read_to_string(&mut text)
-        .context("reading the audit log")?;
-    Ok(timed_text(&text))
+    Ok(timed_text(&read_range(path, from, to)?))
 }
 
 fn timed_text(text: &str) -> Vec<Timed> {
@@ -128,6 +121,11 @@ pub fn offset(path: &Path) -> anyhow::Result<u64> {
 /// `user`'s requests logged between byte offsets `from` and `to`. A completed request is its
 /// ResponseComplete event; a watch is counted when it starts (ResponseStarted).
 pub fn count(path: &Path, from: u64, to: u64, user: &str) -> anyhow::Result<RequestCounts> {
+    Ok(count_text(&read_range(path, from, to)?, user))
+}
+
+/// The log between byte offsets `from` and `to`.
+fn read_range(path: &Path, from: u64, to: u64) -> anyhow::Result<String> {
     let mut file =
         std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     file.seek(SeekFrom::Start(from))?;
@@ -135,7 +133,7 @@ pub fn count(path: &Path, from: u64, to: u64, user: &str) -> anyhow::Result<Requ
     file.take(to.saturating_sub(from))
         .read_to_string(&mut text)
         .context("reading the audit log")?;
-    Ok(count_text(&text, user))
+    Ok(text)
 }
 
 fn count_text(text: &str, user: &str) -> RequestCounts {

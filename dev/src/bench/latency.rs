@@ -178,7 +178,7 @@ pub async fn run(
         .clone()
         .and_then(|s| s.sandbox_id)
         .context("the ready executor has no sandbox id")?;
-    sequential(&executions, &executor, "warmup", WARM_UP).await?;
+    sequential_of(&executions, &executor, "warmup", WARM_UP, CODE, "2").await?;
     progress.step(format!(
         "1/9: executor ready; {actions} Executions of `{CODE}`, one after another"
     ));
@@ -340,18 +340,9 @@ async fn api_round_trips(
     Ok((Summary::of(&lists), Summary::of(&writes)))
 }
 
-/// Creates `count` Executions of [`CODE`] in `executor` one after another, as the agent client
-/// does, each timed from the create call to its `Succeeded` condition seen through a watch.
-async fn sequential(
-    api: &Api<Execution>,
-    executor: &BriqExecutor,
-    prefix: &str,
-    count: usize,
-) -> anyhow::Result<Vec<Duration>> {
-    sequential_of(api, executor, prefix, count, CODE, "2").await
-}
-
-/// [`sequential`] with `code`, whose output must be `expected`.
+/// Creates `count` Executions of `code` in `executor` one after another, as the agent client
+/// does, each timed from the create call to its `Succeeded` condition seen through a watch;
+/// each output must be `expected`.
 pub(super) async fn sequential_of(
     api: &Api<Execution>,
     executor: &BriqExecutor,
