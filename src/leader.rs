@@ -63,7 +63,7 @@ pub fn lease_client(mut config: kube::Config, grace_seconds: u64) -> kube::Resul
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
-    Client::try_from(config)
+    crate::kube_client::client(config)
 }
 
 enum Outcome {

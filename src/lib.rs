@@ -11,6 +11,7 @@ pub mod crd;
 #[cfg(test)]
 mod docs;
 pub mod http;
+pub mod kube_client;
 #[cfg(test)]
 mod layering;
 pub mod leader;

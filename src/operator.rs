@@ -214,7 +214,7 @@ pub async fn serve<S>(
 where
     S: SandboxApi + Clone + 'static,
 {
-    let client = kube::Client::try_from(config.clone()).context("connecting to Kubernetes")?;
+    let client = crate::kube_client::client(config.clone()).context("connecting to Kubernetes")?;
     crate::traces::init().context("configuring traces")?;
     let http = options.http.map(|listener| {
         let (health, metrics) = (observer.health.clone(), observer.metrics.clone());

@@ -1003,7 +1003,7 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
     let server = ops::sandbox_server().await;
     let mut config = ops::kube_config(&env).await;
     config.auth_info.impersonate = Some(user.clone());
-    let impersonated = kube::Client::try_from(config.clone()).unwrap();
+    let impersonated = briq_operator::kube_client::client(config.clone()).unwrap();
     let listed = Api::<Secret>::namespaced(impersonated, ns)
         .list(&ListParams::default())
         .await;

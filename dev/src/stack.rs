@@ -360,7 +360,9 @@ pub async fn kube_config(kubeconfig: &Path) -> anyhow::Result<kube::Config> {
 
 /// A client for `kubeconfig`, on the current runtime.
 pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    Ok(Client::try_from(kube_config(kubeconfig).await?)?)
+    Ok(briq_operator::kube_client::client(
+        kube_config(kubeconfig).await?,
+    )?)
 }
 
 pub async fn create_namespace(client: &Client, name: &str) -> anyhow::Result<()> {

@@ -50,7 +50,7 @@ impl Cluster {
             server: server.clone(),
             source,
         };
-        let client = Client::try_from(config).map_err(unavailable)?;
+        let client = crate::kube_client::client(config).map_err(unavailable)?;
         client.apiserver_version().await.map_err(unavailable)?;
         Ok(Cluster { client, namespace })
     }

@@ -211,7 +211,7 @@ pub async fn admission_policy_effective(env: &TestEnv) {
 pub async fn impersonating(env: &TestEnv, user: &str) -> kube::Client {
     let mut config = kube_config(env).await;
     config.auth_info.impersonate = Some(user.to_owned());
-    kube::Client::try_from(config).unwrap()
+    briq_operator::kube_client::client(config).unwrap()
 }
 
 /// `kubectl apply --server-side` of `yaml`, as field manager `manager`; panics when it fails.

@@ -98,7 +98,7 @@ impl RequestLog {
             request
         });
         let slow = tower::layer::layer_fn(move |inner| SlowLists { inner, slow });
-        kube::client::ClientBuilder::try_from(config_for(&env.kubeconfig).await)
+        briq_operator::kube_client::builder(config_for(&env.kubeconfig).await)
             .expect("kube client")
             .with_layer(&record)
             .with_layer(&slow)
