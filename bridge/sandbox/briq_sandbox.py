@@ -1980,30 +1980,68 @@ def cmd_set_env(args: argparse.Namespace) -> tuple[dict, int]:
     if pid is None:
         message = f"kept {len(names)} variables for the next kernel (no live kernel)"
         return env_envelope(True, message, names), 0
+    # The kernel's runner is connected already; a client of our own would cost importing
+    # jupyter_client and a fresh connection, most of a claim's time. Setting the variables is
+    # idempotent, so whatever the runner did not confirm is simply done again directly.
+    if (through := set_env_through_runner(state, pid, env, deadline)) is not None:
+        return through
     client = connect(state, shell=True, iopub=True)
     try:
-        request = StateRequest(
-            client.execute(
-                "",
-                silent=True,
-                store_history=False,
-                user_expressions={ENV_EXPRESSION_KEY: env_expression(env)},
-                allow_stdin=False,
-                stop_on_error=False,
-            )
-        )
-        outcome = request.wait(client, pid, deadline)
+        return set_env_in_kernel(client, pid, env, deadline, args.deadline)
     finally:
         client.stop_channels()
+
+
+def set_env_in_kernel(
+    client: Any, pid: int, env: dict[str, str], deadline: float, seconds: float
+) -> tuple[dict, int]:
+    """Set `env` in kernel `pid`'s os.environ over `client`: the env envelope and exit code."""
+    request = StateRequest(
+        client.execute(
+            "",
+            silent=True,
+            store_history=False,
+            user_expressions={ENV_EXPRESSION_KEY: env_expression(env)},
+            allow_stdin=False,
+            stop_on_error=False,
+        )
+    )
+    outcome = request.wait(client, pid, deadline)
     if outcome == "lost":
         return env_envelope(False, f"kernel process {pid} is gone"), 1
     if outcome == "deadline":
-        message = f"the kernel did not set its environment within {args.deadline:g} s"
+        message = f"the kernel did not set its environment within {seconds:g} s"
         return env_envelope(False, message), 1
     problem = kernel_env_outcome(request.reply, len(env))
     if problem is not None:
         return env_envelope(False, problem), 1
+    names = sorted(env)
     return env_envelope(True, f"set {len(names)} variables in kernel {pid}", names), 0
+
+
+def set_env_through_runner(
+    state: KernelState, pid: int, env: dict[str, str], deadline: float
+) -> tuple[dict, int] | None:
+    """The runner's (envelope, exit code) for setting `env` in kernel `pid`, or None when no
+    runner serves it, it declined, or its answer did not come (then the caller sets it)."""
+    request = {"op": "set-env", "kernel_pid": pid, "env": env}
+    if len(json.dumps(request, separators=(",", ":"))) > RUNNER_MAX_REQUEST_BYTES:
+        return None
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            send_line(sock, request, RUNNER_PING_WAIT_S)
+            answer = json.loads(read_line(sock, RUNNER_MAX_ANSWER_BYTES, deadline))
+        except (OSError, ValueError, RecursionError):
+            return None
+    if not (isinstance(answer, dict) and set(answer) == {"envelope", "exit_code"}):
+        return None
+    envelope, exit_code = answer["envelope"], answer["exit_code"]
+    if not (isinstance(envelope, dict) and envelope.get("kind") == "env" and exit_code in (0, 1)):
+        return None
+    return envelope, exit_code
 
 
 # --------------------------------------------------------------------------------------------
@@ -2016,6 +2054,8 @@ def cmd_set_env(args: argparse.Namespace) -> tuple[dict, int]:
 #   {"op":"ping"}                                          -> {"kernel_pid":N}
 #   {"op":"run","code":ABS_PATH,"timeout":S,"kernel_pid":N} -> {"envelope":{...},"exit_code":0|1}
 #                                                             or {"declined":"why"} (nothing ran)
+#   {"op":"set-env","kernel_pid":N,"env":{NAME:VALUE}}      -> {"envelope":{env},"exit_code":0|1}
+#                                                             or {"declined":"why"}
 # A request that does not parse gets a BridgeError result envelope with exit code 1.
 
 
@@ -2590,6 +2630,8 @@ def parse_request(line: bytes) -> dict:
         return request
     if request.get("op") == "exec":
         return parse_exec_request(request)
+    if request.get("op") == "set-env":
+        return parse_set_env_request(request)
     fields = {"op", "code", "timeout", "kernel_pid"}
     if request.get("op") != "run" or set(request) - {"attempt"} != fields:
         raise ValueError("expected a ping, exec or run request")
@@ -2605,6 +2647,19 @@ def parse_request(line: bytes) -> dict:
         raise ValueError("timeout must be a number of seconds in (0, 86400)")
     if type(pid) is not int or pid <= 0:
         raise ValueError("kernel_pid must be a positive integer")
+    return request
+
+
+def parse_set_env_request(request: dict) -> dict:
+    """A claimer's environment for the runner's kernel (`set-env` checked it; so does this)."""
+    if set(request) != {"op", "kernel_pid", "env"}:
+        raise ValueError("a set-env request has exactly op, kernel_pid and env")
+    pid = request["kernel_pid"]
+    if type(pid) is not int or pid <= 0:
+        raise ValueError("kernel_pid must be a positive integer")
+    problem = claim_env_problem(request["env"])
+    if problem is not None:
+        raise ValueError(problem)
     return request
 
 
@@ -2704,6 +2759,8 @@ class Runner:
             return None
         if request["op"] == "exec":
             return self.serve_exec(conn, request)
+        if request["op"] == "set-env":
+            return self.serve_set_env(conn, request)
         if request["kernel_pid"] != self.pid:
             declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
             self.reply(conn, {"declined": declined})
@@ -2737,6 +2794,26 @@ class Runner:
         except Exception as exc:
             stop = f"kernel client failed: {failure_message(exc)}"
             return bridge_failure("result", failure_message(exc)), 1, stop
+
+    def serve_set_env(self, conn: socket.socket, request: dict) -> str | None:
+        """Set a claimer's environment in the kernel over the runner's client (`set-env`)."""
+        if request["kernel_pid"] != self.pid:
+            declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
+            self.reply(conn, {"declined": declined})
+            return None
+        try:
+            deadline = time.monotonic() + RUNNER_REQUEST_WAIT_S
+            envelope, exit_code = set_env_in_kernel(
+                self.client, self.pid, request["env"], deadline, RUNNER_REQUEST_WAIT_S
+            )
+            stop = None
+        except Exception as exc:
+            envelope = env_envelope(False, f"bridge error: {failure_message(exc)}")
+            exit_code, stop = 1, f"kernel client failed: {failure_message(exc)}"
+        if exit_code == 0:
+            envelope["message"] += " (through its runner)"
+        self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
+        return stop
 
     def serve_exec(self, conn: socket.socket, request: dict) -> str | None:
         """The run client's action (briq_run.py): `ready` (or `declined`), then the code as a

@@ -360,3 +360,35 @@ def fresh_sandbox(sandbox_root: Path):
 def empty_sandbox(sandbox_root: Path):
     """A sandbox where no kernel was ever started."""
     return Sandbox(sandbox_root)
+
+
+def kill_runner(sandbox) -> int:
+    pid = sandbox.runner_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert process_gone(pid)
+    # A killed process shows as a zombie once its main thread is gone, while its other threads
+    # (the kernel client's) may still hold its files: until they are gone, its socket still
+    # takes a connection, which it then resets.
+    assert runner_socket_closed(sandbox), "the killed runner's socket still takes connections"
+    return pid
+
+
+def runner_socket_closed(sandbox, wait: float = 5.0) -> bool:
+    """Whether connecting to the runner socket is refused (or it is gone) within `wait` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            ask = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            cwd = os.getcwd()
+            os.chdir(sandbox.state_dir)  # AF_UNIX paths are short; the tmp path may not be
+            try:
+                ask.connect("runner.sock")
+            finally:
+                os.chdir(cwd)
+                ask.close()
+        except (ConnectionRefusedError, FileNotFoundError):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -11,7 +11,7 @@ import os
 import stat
 
 import pytest
-from conftest import SPLIT, process_gone
+from conftest import SPLIT, kill_runner, process_gone
 
 SECRET = "tok-3f9a\N{SNOWMAN} with spaces='quotes\"\n"
 
@@ -60,6 +60,28 @@ def test_variables_kept_without_a_live_kernel_reach_the_next_one(empty_sandbox):
         assert environ(empty_sandbox, "REGION") == ["us"]
     finally:
         empty_sandbox.stop_kernel()
+
+
+def test_a_claims_variables_go_through_the_kernels_runner_without_a_kernel_client_of_their_own(
+    fresh_sandbox, blocker
+):
+    # A kernel client of its own costs set-env importing jupyter_client and connecting afresh,
+    # most of a warm claim's time: with both unimportable, only the runner can set them.
+    env = dict(fresh_sandbox.env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocker), env.get("PYTHONPATH")]))
+    call = fresh_sandbox.bridge("set-env", stdin=json.dumps({"TOOL_TOKEN": SECRET}), env=env)
+    assert (call.returncode, call.envelope["ok"]) == (0, True), (call.envelope, call.stderr)
+    assert "through its runner" in call.envelope["message"]
+    assert environ(fresh_sandbox, "TOOL_TOKEN") == [SECRET]
+    assert SECRET not in call.stdout + call.stderr, "the answer never carries a value"
+
+
+def test_without_a_runner_set_env_sets_the_variables_itself(fresh_sandbox):
+    kill_runner(fresh_sandbox)
+    call = set_env(fresh_sandbox, {"REGION": "eu"})
+    assert (call.returncode, call.envelope["ok"]) == (0, True), (call.envelope, call.stderr)
+    assert "through its runner" not in call.envelope["message"]
+    assert environ(fresh_sandbox, "REGION") == ["eu"]
 
 
 def test_the_variables_leave_no_trace_in_the_namespace_or_the_history(fresh_sandbox):

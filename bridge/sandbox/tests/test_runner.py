@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Call, bridge_env, new_nonce, parse_envelope, process_gone
+from conftest import Call, bridge_env, kill_runner, new_nonce, parse_envelope, process_gone
 
 RAISE_FINAL = """
 class FinalAnswerException(BaseException):
@@ -77,38 +77,6 @@ def wait_until(predicate, wait: float = 15.0) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def kill_runner(sandbox) -> int:
-    pid = sandbox.runner_pid()
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    assert process_gone(pid)
-    # A killed process shows as a zombie once its main thread is gone, while its other threads
-    # (the kernel client's) may still hold its files: until they are gone, its socket still
-    # takes a connection, which it then resets.
-    assert runner_socket_closed(sandbox), "the killed runner's socket still takes connections"
-    return pid
-
-
-def runner_socket_closed(sandbox, wait: float = 5.0) -> bool:
-    """Whether connecting to the runner socket is refused (or it is gone) within `wait` s."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            ask = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            cwd = os.getcwd()
-            os.chdir(sandbox.state_dir)  # AF_UNIX paths are short; the tmp path may not be
-            try:
-                ask.connect("runner.sock")
-            finally:
-                os.chdir(cwd)
-                ask.close()
-        except (ConnectionRefusedError, FileNotFoundError):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
 
 
 def test_start_kernel_starts_a_runner(fresh_sandbox):
@@ -339,6 +307,10 @@ def test_replacing_the_kernel_replaces_its_runner(fresh_sandbox):
         b'{"op":"run","code":"/abs.py","timeout":true,"kernel_pid":1}\n',
         b'{"op":"run","code":"/abs.py","timeout":1,"kernel_pid":"1"}\n',
         b'{"op":"run","code":"/abs.py","timeout":1,"kernel_pid":1,"more":2}\n',
+        b'{"op":"set-env","kernel_pid":1}\n',
+        b'{"op":"set-env","kernel_pid":1,"env":{"PATH":"/tmp"}}\n',
+        b'{"op":"set-env","kernel_pid":1,"env":{"A":"x"},"more":2}\n',
+        b'{"op":"set-env","kernel_pid":0,"env":{"A":"x"}}\n',
         b"x" * 70_000,
     ],
 )
