@@ -2594,8 +2594,20 @@ def stop_runner(state: KernelState) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
     until = time.monotonic() + 2.0
-    while process_is_runner(pid) and time.monotonic() < until:
+    # A killed runner shows as a zombie once its main thread is gone, while its other threads
+    # (the kernel client's) may still hold its files: until they are gone its socket still takes
+    # a connection, which it then resets, and a run sent there would get no answer.
+    while (process_is_runner(pid) or runner_listens(state)) and time.monotonic() < until:
         time.sleep(0.01)
+
+
+def runner_listens(state: KernelState) -> bool:
+    """Whether the runner socket takes a connection (closed at once, nothing sent)."""
+    sock = open_runner(state, RUNNER_PING_WAIT_S)
+    if sock is None:
+        return False
+    sock.close()
+    return True
 
 
 def ensure_runner(state: KernelState, pid: int, until: float) -> str:

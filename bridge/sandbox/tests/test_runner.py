@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Call, bridge_env, kill_runner, new_nonce, parse_envelope, process_gone
+from conftest import (
+    Call,
+    bridge_env,
+    kill_runner,
+    new_nonce,
+    parse_envelope,
+    process_gone,
+    runner_socket_closed,
+)
 
 RAISE_FINAL = """
 class FinalAnswerException(BaseException):
@@ -284,6 +292,17 @@ def test_runner_reports_a_kernel_dying_mid_run(fresh_sandbox, blocker):
     code = "import os, time\nprint('bye', flush=True)\ntime.sleep(0.5)\nos.kill(os.getpid(), 9)"
     result = thin_run(fresh_sandbox, blocker, code)
     assert result["status"] == "kernel_lost" and result["logs"] == "bye\n"
+
+
+def test_a_stopped_runner_takes_no_connection_that_it_would_reset(fresh_sandbox, bridge_module):
+    # A killed runner's threads outlive its main thread for a moment, and its socket still took
+    # a connection then reset it after about 1 kill in 4: ten stops in a row all but never miss.
+    state = bridge_module.KernelState(str(fresh_sandbox.state_dir))
+    for _ in range(10):
+        assert ping(fresh_sandbox) == fresh_sandbox.kernel_pid()
+        bridge_module.stop_runner(state)
+        assert runner_socket_closed(fresh_sandbox, wait=0), "the stopped runner's socket answers"
+        assert fresh_sandbox.start_kernel()["started"] is False  # and starts a runner again
 
 
 def test_replacing_the_kernel_replaces_its_runner(fresh_sandbox):
