@@ -688,7 +688,7 @@ async fn a_pool_beyond_the_class_maximum_is_refused_on_create_and_on_update() {
         .await;
     let c = class.name.as_str();
     let template = json!({ "className": c });
-    let expected = pool_violation(c, &class.spec, 3).unwrap();
+    let expected = pool_violation(c, &class.spec, "replicas", 3).unwrap();
     assert_eq!(
         expected,
         format!("replicas 3 is above class {c}'s maxPoolReplicas 2")
@@ -748,7 +748,7 @@ async fn a_pool_beyond_the_class_maximum_is_refused_on_create_and_on_update() {
         pools
             .replace("warm", &PostParams::default(), &replaced)
             .await,
-        &pool_violation(c, &class.spec, 5).unwrap(),
+        &pool_violation(c, &class.spec, "replicas", 5).unwrap(),
     );
     let retemplated = json!({ "spec": { "template": { "image": "evil/miner:1" } } });
     refused(
@@ -772,7 +772,7 @@ async fn a_pool_beyond_the_class_maximum_is_refused_on_create_and_on_update() {
             .spec,
         name: c.to_owned(),
     };
-    let expected = pool_violation(c, &class.spec, 2).unwrap();
+    let expected = pool_violation(c, &class.spec, "replicas", 2).unwrap();
     let refusal = classed
         .pool_refused("the tightened maximum is in force", 2, template.clone())
         .await;

@@ -296,11 +296,17 @@ pub fn executors_ahead(others: &[Holder], created: &str, name: &str) -> usize {
         .count()
 }
 
-/// The limit of class `name` a pool keeping `replicas` members breaks, if it breaks one.
-pub fn pool_violation(name: &str, class: &BriqExecutorClassSpec, replicas: i32) -> Option<String> {
+/// The limit of class `name` a pool keeping `replicas` members breaks, if it breaks one; `what`
+/// names where the number comes from (`replicas`, or the demand target of a demand-sized pool).
+pub fn pool_violation(
+    name: &str,
+    class: &BriqExecutorClassSpec,
+    what: &str,
+    replicas: i32,
+) -> Option<String> {
     let max = class.max_pool_replicas?;
     (replicas > max)
-        .then(|| format!("replicas {replicas} is above class {name}'s maxPoolReplicas {max}"))
+        .then(|| format!("{what} {replicas} is above class {name}'s maxPoolReplicas {max}"))
 }
 
 #[cfg(test)]

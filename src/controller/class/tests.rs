@@ -328,12 +328,15 @@ fn each_broken_limit_is_named() {
 #[test]
 fn a_pool_beyond_the_class_maximum_is_named() {
     let class = rules(json!({ "maxPoolReplicas": 10 }));
-    assert_eq!(pool_violation("c", &class, 10), None);
+    assert_eq!(pool_violation("c", &class, "replicas", 10), None);
     assert_eq!(
-        pool_violation("c", &class, 11).as_deref(),
+        pool_violation("c", &class, "replicas", 11).as_deref(),
         Some("replicas 11 is above class c's maxPoolReplicas 10")
     );
-    assert_eq!(pool_violation("c", &rules(json!({})), 1000), None);
+    assert_eq!(
+        pool_violation("c", &rules(json!({})), "replicas", 1000),
+        None
+    );
 }
 
 #[test]

@@ -74,11 +74,32 @@ pub enum Size {
     ClassMissing(String),
 }
 
-/// The size of a pool keeping `replicas` members under `class`, its template's class.
-pub fn size(replicas: i32, class: &Resolved) -> Size {
+/// Where the number of members a pool asks for comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    /// Its `replicas` (or the scale subresource's).
+    Replicas,
+    /// Its demand target, between `minReady` and `maxReady`.
+    Demand,
+}
+
+impl Asked {
+    /// The number's name in a condition's message.
+    fn field(self) -> &'static str {
+        match self {
+            Asked::Replicas => "replicas",
+            Asked::Demand => "the demand target",
+        }
+    }
+}
+
+/// The size of a pool asking for `replicas` members (`asked` says how) under `class`, its
+/// template's class.
+pub fn size(replicas: i32, asked: Asked, class: &Resolved) -> Size {
     match class {
         Resolved::Class(made_under) => {
-            match class::pool_violation(&made_under.name_any(), &made_under.spec, replicas) {
+            let name = made_under.name_any();
+            match class::pool_violation(&name, &made_under.spec, asked.field(), replicas) {
                 Some(broken) => Size::Keep {
                     desired: made_under.spec.max_pool_replicas.unwrap_or(0),
                     capped: Some(broken),
@@ -170,6 +191,7 @@ mod tests {
             (
                 "no class: its replicas",
                 5,
+                Asked::Replicas,
                 Resolved::Unclassed,
                 Size::Keep {
                     desired: 5,
@@ -179,6 +201,7 @@ mod tests {
             (
                 "a class without a pool limit: its replicas",
                 5,
+                Asked::Replicas,
                 class("std", key),
                 Size::Keep {
                     desired: 5,
@@ -188,6 +211,7 @@ mod tests {
             (
                 "within the class's maximum",
                 2,
+                Asked::Demand,
                 class("small", capped.clone()),
                 Size::Keep {
                     desired: 2,
@@ -197,21 +221,35 @@ mod tests {
             (
                 "above the class's maximum: the maximum",
                 3,
-                class("small", capped),
+                Asked::Replicas,
+                class("small", capped.clone()),
                 Size::Keep {
                     desired: 2,
                     capped: Some("replicas 3 is above class small's maxPoolReplicas 2".into()),
                 },
             ),
             (
+                "a demand target above the class's maximum: the maximum, named as the target",
+                4,
+                Asked::Demand,
+                class("small", capped),
+                Size::Keep {
+                    desired: 2,
+                    capped: Some(
+                        "the demand target 4 is above class small's maxPoolReplicas 2".into(),
+                    ),
+                },
+            ),
+            (
                 "a class not there (yet): nothing made or removed",
                 3,
+                Asked::Replicas,
                 Resolved::Missing("later".into()),
                 Size::ClassMissing("later".into()),
             ),
         ];
-        for (name, replicas, resolved, expected) in cases {
-            assert_eq!(size(replicas, &resolved), expected, "{name}");
+        for (name, replicas, asked, resolved, expected) in cases {
+            assert_eq!(size(replicas, asked, &resolved), expected, "{name}");
         }
     }
 

@@ -183,7 +183,12 @@ async fn act<S>(pool: &BriqExecutorPool, ctx: &Context<S>) -> Result<Action> {
             }),
     );
     super::credentials::classes_known(&ctx.shared).await?;
-    let (plan, ready, target) = match decide::size(requested, &pool_class(&ctx.shared, pool)) {
+    let asked = match demand {
+        Some(_) => decide::Asked::Demand,
+        None => decide::Asked::Replicas,
+    };
+    let class = pool_class(&ctx.shared, pool);
+    let (plan, ready, target) = match decide::size(requested, asked, &class) {
         decide::Size::Keep { desired, capped } => {
             let plan = decide::plan(desired, &members);
             for name in &plan.delete {
