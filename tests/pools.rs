@@ -209,6 +209,63 @@ async fn a_warm_claim_writes_the_take_the_record_and_ready_and_no_event() {
     assert_eq!(about_agent, Vec::<String>::new(), "no Event per claim");
 }
 
+/// A claimer waiting for a pool that refills reads its Secrets when it begins to wait and when
+/// it takes a member, not on every recheck in between: that was one GET per Secret a second
+/// and waiting claimer, all through a drained pool's refill.
+#[tokio::test]
+async fn a_claimer_waiting_for_a_refill_reads_its_secret_to_begin_and_to_take_not_on_each_recheck()
+{
+    let env = TestEnv::new("pool-env-reads").await;
+    let requests = support::RequestLog::default();
+    let client = requests.client(&env).await;
+    let operator = Operator::start_as(&env, client, |_| {}).await;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": { "name": "tools", "labels": { "briq.cloud/claim-env": "true" } },
+        "stringData": { "token": "tok" },
+    }))
+    .unwrap();
+    env.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    // The member's sandbox takes 6 s to create: the claimer rechecks several times meanwhile.
+    let admin = operator.admin();
+    let creates = admin.stats().await.unwrap().calls(Operation::Create);
+    admin
+        .add_fault(&FaultRule::on(Operation::Create, Fault::delay(Duration::from_secs(6))).times(1))
+        .await
+        .unwrap();
+    create_pool(&env, "refilling", 1, json!({})).await;
+    eventually(30, "the member's create reached briq", || async {
+        admin.stats().await.unwrap().calls(Operation::Create) > creates
+    })
+    .await;
+
+    let before = requests.len();
+    let env_from_secret = json!([
+        { "name": "TOOL_TOKEN", "valueFrom": { "secretKeyRef": { "name": "tools", "key": "token" } } },
+    ]);
+    let pool_ref =
+        json!({ "name": "refilling", "coldCreateAfterSeconds": 600, "env": env_from_secret });
+    create_executor(&env, "agent", json!({ "poolRef": pool_ref })).await;
+    let claimer = wait_ready(&env, "agent").await;
+    let message = condition(&claimer, "Ready").2;
+    assert!(
+        message.contains("handed over from BriqExecutorPool refilling"),
+        "{message}"
+    );
+    let reads: Vec<String> = requests
+        .reads_since(before, "secrets")
+        .into_iter()
+        .filter(|request| request.contains("/secrets/tools"))
+        .collect();
+    assert_eq!(
+        reads.len(),
+        2,
+        "the reads of the claimer's Secret: {reads:#?}"
+    );
+}
+
 /// The notes of the Events about the executor `name`.
 async fn event_notes_about(env: &TestEnv, name: &str) -> Vec<String> {
     notes_of_events(env, |event| {

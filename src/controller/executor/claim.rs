@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{
     actor::{Actor, CONFLICT_RECHECK},
     admit::key_recheck,
-    status::state,
+    status::{state, status_of},
 };
 use crate::{
     bridge::session::ClaimEnv,
@@ -22,7 +22,7 @@ use crate::{
     controller::{context::Result, index, requeue::waited},
     crd::{
         BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
-        POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, reasons::ExecutorReason,
+        POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, conditions, reasons::ExecutorReason,
     },
     metrics::ClaimOutcome,
 };
@@ -162,6 +162,20 @@ fn claim_lookup(plan: &ClaimPlan, uncertain_write: bool) -> ClaimLookup {
     }
 }
 
+/// Whether a claim reads the claimer's environment (its Secrets) now: when it may hand a kernel
+/// over (taking a member, or a handover the API server may show) or make a sandbox of its own,
+/// both of which need every variable; and when it begins to wait, so that a Secret it cannot
+/// have says `EnvUnavailable` at once rather than once a member is Ready. A claimer already
+/// waiting reads nothing on its rechecks: one GET per Secret per second and claimer, while a
+/// drained pool refills, for an answer the take will read anyway.
+fn reads_env(plan: &ClaimPlan, lookup: ClaimLookup, waiting_already: bool) -> bool {
+    match plan {
+        ClaimPlan::Take(_) | ClaimPlan::FallBack(_) => true,
+        ClaimPlan::Mismatch(_) => false,
+        ClaimPlan::Wait { .. } => lookup == ClaimLookup::AskTheApiServer || !waiting_already,
+    }
+}
+
 /// The order in which a claimer tries the Ready members: the pool's order (longest Ready
 /// first), started at a place that depends on the claimer's uid, so that claimers arriving
 /// together mostly try different members instead of all racing for the first.
@@ -181,16 +195,21 @@ fn take_order<T: Clone>(members: &[T], claimer_uid: &str) -> Vec<T> {
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
-    /// A claimer without a sandbox, once its class admits it and its whole environment can be
-    /// had (claim_env.rs): [`Actor::claim`]. One that cannot have it takes no member.
+    /// A claimer without a sandbox, once its class admits it: [`Actor::claim`].
     pub(super) async fn claim_step(&self, executor: &BriqExecutor) -> Result<Action> {
         if let Err(wait) = self.admit(executor, false).await? {
             return Ok(wait);
         }
-        match self.claim_env(executor).await? {
-            Some(env) => self.claim(executor, &env).await,
-            None => Ok(key_recheck(executor)),
-        }
+        self.claim(executor).await
+    }
+
+    /// The claimer's environment (claim_env.rs), or, while it cannot have all of it (reported
+    /// as `EnvUnavailable`), when to look again: it takes no member and makes no sandbox.
+    async fn env_or_recheck(&self, executor: &BriqExecutor) -> Result<Result<ClaimEnv, Action>> {
+        Ok(self
+            .claim_env(executor)
+            .await?
+            .ok_or_else(|| key_recheck(executor)))
     }
 
     /// A claimer without a sandbox: resume a handover this process or a crashed one began, else
@@ -203,28 +222,30 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// member's write whose outcome is unknown, and before a fallback, which cannot be taken
     /// back. A claimer whose cached copy was stale is caught by its record's precondition
     /// ([`Actor::record_claim`]).
-    async fn claim(&self, executor: &BriqExecutor, env: &ClaimEnv) -> Result<Action> {
+    async fn claim(&self, executor: &BriqExecutor) -> Result<Action> {
         let pool_ref = executor
             .spec
             .pool_ref
             .clone()
             .expect("a claimer has a poolRef");
         let uid = executor.uid().unwrap_or_default();
-        if let Some(member) = self.handovers.taken(&uid) {
-            return self
-                .record_claim(executor, &pool_ref.name, member, env)
-                .await;
-        }
         let handed_to_it = |member: &BriqExecutor| {
             member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
                 && member.metadata.deletion_timestamp.is_none()
         };
-        // A handover a crash interrupted: a restarted operator's cache shows it (the executors'
-        // first list is a consistent read).
-        let cached = self.executors.state().into_iter().find(|m| handed_to_it(m));
-        if let Some(member) = cached {
+        // A handover this process began, or one a crash interrupted: a restarted operator's
+        // cache shows it (the executors' first list is a consistent read).
+        let resumed = self.handovers.taken(&uid).or_else(|| {
+            let cached = self.executors.state().into_iter().find(|m| handed_to_it(m));
+            cached.map(|member| member.as_ref().clone())
+        });
+        if let Some(member) = resumed {
+            let env = match self.env_or_recheck(executor).await? {
+                Ok(env) => env,
+                Err(recheck) => return Ok(recheck),
+            };
             return self
-                .record_claim(executor, &pool_ref.name, member.as_ref().clone(), env)
+                .record_claim(executor, &pool_ref.name, member, &env)
                 .await;
         }
         let namespace = executor.namespace().unwrap_or_default();
@@ -246,13 +267,23 @@ impl<S: SandboxApi> Actor<'_, S> {
             waited,
         );
         let lookup = claim_lookup(&plan, self.handovers.uncertain(&uid));
+        let waiting_already = conditions::find(&status_of(executor).conditions, conditions::READY)
+            .is_some_and(|ready| ready.reason == ExecutorReason::WaitingForPool.as_str());
+        let env = if reads_env(&plan, lookup, waiting_already) {
+            match self.env_or_recheck(executor).await? {
+                Ok(env) => env,
+                Err(recheck) => return Ok(recheck),
+            }
+        } else {
+            ClaimEnv::new()
+        };
         if lookup == ClaimLookup::AskTheApiServer {
             let mine = ListParams::default().labels(&format!("{CLAIMED_BY_LABEL}={uid}"));
             let listed = self.api.list(&mine).await?.items;
             if let Some(member) = listed.into_iter().find(|m| handed_to_it(m)) {
                 self.handovers.won(&uid, member.clone());
                 return self
-                    .record_claim(executor, &pool_ref.name, member, env)
+                    .record_claim(executor, &pool_ref.name, member, &env)
                     .await;
             }
             self.handovers.lost(&uid);
@@ -271,7 +302,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                         continue;
                     };
                     self.handovers.won(&uid, won.clone());
-                    return self.record_claim(executor, &pool_ref.name, won, env).await;
+                    return self.record_claim(executor, &pool_ref.name, won, &env).await;
                 }
                 Ok(Action::requeue(CLAIM_RECHECK))
             }

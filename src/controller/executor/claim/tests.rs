@@ -261,3 +261,38 @@ fn a_claim_asks_the_api_server_only_where_the_cache_cannot_decide() {
         assert_eq!(claim_lookup(plan, uncertain), expected, "{name}");
     }
 }
+
+#[test]
+fn a_claim_reads_the_claimers_secrets_only_when_it_hands_over_makes_a_sandbox_or_begins_to_wait() {
+    use ClaimLookup::{AskTheApiServer, Cache};
+    let take = ClaimPlan::Take(vec!["m".into()]);
+    let wait = ClaimPlan::Wait {
+        message: "w".into(),
+        recheck: CLAIM_RECHECK,
+    };
+    let fall_back = ClaimPlan::FallBack("gone".into());
+    let mismatch = ClaimPlan::Mismatch("image".into());
+    let cases = [
+        ("taking a member", &take, Cache, true, true),
+        (
+            "falling back to a sandbox of its own",
+            &fall_back,
+            AskTheApiServer,
+            true,
+            true,
+        ),
+        ("beginning to wait", &wait, Cache, false, true),
+        ("a recheck while waiting", &wait, Cache, true, false),
+        (
+            "waiting after a write without an answer (it may resume a handover)",
+            &wait,
+            AskTheApiServer,
+            true,
+            true,
+        ),
+        ("a mismatch (final)", &mismatch, Cache, false, false),
+    ];
+    for (name, plan, lookup, waiting_already, expected) in cases {
+        assert_eq!(reads_env(plan, lookup, waiting_already), expected, "{name}");
+    }
+}
