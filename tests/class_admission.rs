@@ -175,6 +175,11 @@ impl Classed {
 
     async fn pool_refused(&self, what: &str, replicas: i32, template: Value) -> Refusal {
         let spec = json!({ "replicas": replicas, "template": template });
+        self.pool_spec_refused(what, spec).await
+    }
+
+    /// Waits until a pool with `spec` is refused, with the policies in force; its refusal.
+    async fn pool_spec_refused(&self, what: &str, spec: Value) -> Refusal {
         let probe = raw::<BriqExecutorPool>("class-probe", spec);
         refused_once_in_force(&self.raw::<BriqExecutorPool>(), &probe, what, self).await
     }
@@ -669,6 +674,54 @@ async fn a_namespace_outside_the_class_selector_is_refused() {
     assert_eq!(
         refusals, 9,
         "the operator refuses each selector meant to refuse"
+    );
+}
+
+/// A demand-sized pool's `maxReady` is its size at a burst: above the class's `maxPoolReplicas`,
+/// it was admitted and then held down at run time, which nobody applying it was told.
+#[tokio::test]
+async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() {
+    let classed = Classed::install("cls-demand").await;
+    let class = classed
+        .class(
+            "demand",
+            false,
+            json!({
+                "maxPoolReplicas": 2,
+                "allowedImages": ["corp/python:3.12"],
+                "defaultImage": "corp/python:3.12",
+            }),
+        )
+        .await;
+    let c = class.name.as_str();
+    let demand = |max_ready: i32| json!({ "replicas": 0, "minReady": 0, "maxReady": max_ready, "template": { "className": c } });
+    let expected = pool_violation(c, &class.spec, "maxReady", 3).unwrap();
+    assert_eq!(
+        expected,
+        format!("maxReady 3 is above class {c}'s maxPoolReplicas 2")
+    );
+    let refusal = classed
+        .pool_spec_refused("the class's pool maximum is in force", demand(3))
+        .await;
+    says("creating a demand pool up to 3", refusal, &expected);
+
+    let pools = classed.raw::<BriqExecutorPool>();
+    admitted(
+        "creating a demand pool up to 2",
+        pools
+            .create(
+                &PostParams::default(),
+                &raw::<BriqExecutorPool>("bursty", demand(2)),
+            )
+            .await,
+    );
+    let raised = json!({ "spec": { "maxReady": 5 } });
+    refused(
+        "patching maxReady to 5",
+        pools
+            .patch("bursty", &PatchParams::default(), &Patch::Merge(&raised))
+            .await,
+        &pool_violation(c, &class.spec, "maxReady", 5).unwrap(),
     );
 }
 
