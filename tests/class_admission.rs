@@ -678,7 +678,7 @@ async fn a_namespace_outside_the_class_selector_is_refused() {
 }
 
 /// A demand-sized pool's `maxReady` is its size at a burst: above the class's `maxPoolReplicas`,
-/// it was admitted and then held down at run time, which nobody applying it was told.
+/// it was admitted and then held down at run time, said only in the pool's status.
 #[tokio::test]
 async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() {
     let classed = Classed::install("cls-demand").await;
