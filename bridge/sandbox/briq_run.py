@@ -17,6 +17,13 @@ the action over a kernel connection of its own, exactly as before the runner exi
 
 Once the code is sent, any failure to get a whole answer ends with no envelope and exit code
 1: the code may or may not have run, and the operator must not be told either.
+
+It also carries a claimer's environment (``set-env --state-dir D --deadline S``, the variables
+on stdin) to the runner, which sets them over its kernel connection: a claim then pays neither
+for the full bridge nor for a kernel client of its own. Without a runner that takes the request
+(none, declined, or one too old to know it: nothing has been sent yet), it becomes ``bridge.py
+set-env`` with the same arguments. Setting the variables again changes nothing, so no answer
+means only that they may not be set.
 """
 
 import os
@@ -34,6 +41,9 @@ ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 ANSWER_MARGIN_S = 1.5 + 2.0
 CONNECT_WAIT_S = 1.0
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# A claimer's environment is at most this many bytes; one byte more tells the runner it is over
+# (mirrors ENV_MAX_BYTES in briq_sandbox.py).
+ENV_MAX_BYTES = 65_536
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -41,8 +51,31 @@ def fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
+def seconds(text: str, name: str) -> float:
+    """A number of seconds in (0, 86400); exits with 2 otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86_400:
+        fail(f"{name} must be a number of seconds in (0, 86400)", 2)
+    return value
+
+
+def set_env_options(argv: list) -> dict:
+    """The `set-env` options this client understands, validated; exits with 2 otherwise."""
+    found = dict(zip(argv[1::2], argv[2::2], strict=False))
+    if len(argv) % 2 != 1 or set(found) != {"--state-dir", "--deadline"}:
+        fail("set-env needs exactly --state-dir and --deadline", 2)
+    deadline = seconds(found["--deadline"], "--deadline")
+    return {"command": "set-env", "state_dir": found["--state-dir"], "deadline": deadline}
+
+
 def options(argv: list) -> dict:
-    """The `run` options this client understands, validated; exits with 2 otherwise."""
+    """The options of the command this client understands (`run`, `set-env`), validated; exits
+    with 2 otherwise."""
+    if argv and argv[0] == "set-env":
+        return set_env_options(argv)
     if not argv or argv[0] != "run" or len(argv) % 2 != 1:
         fail("usage: run --state-dir D --timeout S --attempt ID", 2)
     found = dict(zip(argv[1::2], argv[2::2], strict=True))
@@ -51,13 +84,13 @@ def options(argv: list) -> dict:
     attempt = found["--attempt"]
     if not (16 <= len(attempt) <= 64 and set(attempt) <= HEX):
         fail("an attempt id is 16 to 64 lowercase hex digits", 2)
-    try:
-        timeout = float(found["--timeout"])
-    except ValueError:
-        timeout = 0.0
-    if not 0 < timeout < 86_400:
-        fail("--timeout must be a number of seconds in (0, 86400)", 2)
-    return {"state_dir": found["--state-dir"], "timeout": timeout, "attempt": attempt}
+    timeout = seconds(found["--timeout"], "--timeout")
+    return {
+        "command": "run",
+        "state_dir": found["--state-dir"],
+        "timeout": timeout,
+        "attempt": attempt,
+    }
 
 
 def trusted(path: str, kind) -> bool:
@@ -86,8 +119,10 @@ def connect(state_dir: str):
 
 
 def become_bridge(argv: list) -> None:
-    """Run the action with the full bridge instead (stdin untouched, nonce still in env)."""
-    os.execv(sys.executable, [sys.executable, BRIDGE, argv[0], "--code", "-", *argv[1:]])
+    """Do it with the full bridge instead (stdin untouched, nonce still in env)."""
+    if argv[0] == "run":
+        argv = [argv[0], "--code", "-", *argv[1:]]
+    os.execv(sys.executable, [sys.executable, BRIDGE, *argv])
 
 
 def read_line(sock, limit: int) -> bytes:
@@ -122,23 +157,31 @@ def main(argv: list) -> None:
     sock = connect(run["state_dir"])
     if sock is None:
         become_bridge(argv)
-    wait = run["timeout"] + ANSWER_MARGIN_S
     # Every field is hex, alphanumeric or a float's repr: nothing in it needs escaping.
-    request = f'{{"op":"exec","attempt":"{run["attempt"]}","timeout":{run["timeout"]!r},'
-    request += f'"nonce":"{nonce}"}}\n'
+    if run["command"] == "set-env":
+        wait = run["deadline"] + ANSWER_MARGIN_S
+        request = f'{{"op":"set-env","deadline":{run["deadline"]!r},"nonce":"{nonce}"}}\n'
+    else:
+        wait = run["timeout"] + ANSWER_MARGIN_S
+        request = f'{{"op":"exec","attempt":"{run["attempt"]}","timeout":{run["timeout"]!r},'
+        request += f'"nonce":"{nonce}"}}\n'
     try:
         sock.sendall(request.encode("ascii"))
         # It may be serving another connection first; until it says ready, nothing was taken.
         sock.settimeout(wait)
         verdict = read_line(sock, 4_096)
     except (OSError, ValueError) as exc:
-        fail(f"the runner did not take the action ({exc}); it did not run")
-    if verdict.startswith(b"declined"):
+        fail(f"the runner did not take the {run['command']} request ({exc}); it did not run")
+    # A runner made by an earlier bridge answers a request it does not know as malformed.
+    if verdict.startswith(b"declined") or (run["command"] == "set-env" and verdict != b"ready"):
         sock.close()
         become_bridge(argv)
     if verdict != b"ready":
         fail(f"the runner refused the action: {verdict[:1000].decode('ascii', 'replace')}")
-    code = sys.stdin.buffer.read()
+    if run["command"] == "set-env":
+        code = sys.stdin.buffer.read(ENV_MAX_BYTES + 1)
+    else:
+        code = sys.stdin.buffer.read()
     try:
         sock.sendall(b"%d\n" % len(code) + code)
         header = read_line(sock, 64).split(b" ")
@@ -149,6 +192,8 @@ def main(argv: list) -> None:
             raise ValueError(f"answer of {size} bytes")
         answer = read_exactly(sock, size)
     except (OSError, ValueError) as exc:
+        if run["command"] == "set-env":
+            fail(f"the runner gave no answer ({exc}); the variables may not be set")
         fail(f"the runner gave no answer ({exc}); the code may or may not have run")
     view = memoryview(answer)
     while view:

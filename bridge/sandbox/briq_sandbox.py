@@ -1963,16 +1963,9 @@ def cmd_set_env(args: argparse.Namespace) -> tuple[dict, int]:
     deadline = time.monotonic() + args.deadline
     state = KernelState(args.state_dir)
     check_state_dir(state)
-    raw = sys.stdin.buffer.read(ENV_MAX_BYTES + 1)
-    if len(raw) > ENV_MAX_BYTES:
-        return env_envelope(False, f"the environment is over {ENV_MAX_BYTES} bytes"), 1
-    try:
-        env = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
-        return env_envelope(False, f"the environment is not JSON: {clip(str(exc), 200)}"), 1
-    problem = claim_env_problem(env)
-    if problem is not None:
-        return env_envelope(False, problem), 1
+    env = parse_claim_env(sys.stdin.buffer.read(ENV_MAX_BYTES + 1))
+    if isinstance(env, str):
+        return env_envelope(False, env), 1
     names = sorted(env)
     state.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_claim_env(state, env)
@@ -1980,11 +1973,6 @@ def cmd_set_env(args: argparse.Namespace) -> tuple[dict, int]:
     if pid is None:
         message = f"kept {len(names)} variables for the next kernel (no live kernel)"
         return env_envelope(True, message, names), 0
-    # The kernel's runner is connected already; a client of our own would cost importing
-    # jupyter_client and a fresh connection, most of a claim's time. Setting the variables is
-    # idempotent, so whatever the runner did not confirm is simply done again directly.
-    if (through := set_env_through_runner(state, pid, env, deadline)) is not None:
-        return through
     client = connect(state, shell=True, iopub=True)
     try:
         return set_env_in_kernel(client, pid, env, deadline, args.deadline)
@@ -2019,29 +2007,17 @@ def set_env_in_kernel(
     return env_envelope(True, f"set {len(names)} variables in kernel {pid}", names), 0
 
 
-def set_env_through_runner(
-    state: KernelState, pid: int, env: dict[str, str], deadline: float
-) -> tuple[dict, int] | None:
-    """The runner's (envelope, exit code) for setting `env` in kernel `pid`, or None when no
-    runner serves it, it declined, or its answer did not come (then the caller sets it)."""
-    request = {"op": "set-env", "kernel_pid": pid, "env": env}
-    if len(json.dumps(request, separators=(",", ":"))) > RUNNER_MAX_REQUEST_BYTES:
-        return None
-    sock = open_runner(state, RUNNER_PING_WAIT_S)
-    if sock is None:
-        return None
-    with sock:
-        try:
-            send_line(sock, request, RUNNER_PING_WAIT_S)
-            answer = json.loads(read_line(sock, RUNNER_MAX_ANSWER_BYTES, deadline))
-        except (OSError, ValueError, RecursionError):
-            return None
-    if not (isinstance(answer, dict) and set(answer) == {"envelope", "exit_code"}):
-        return None
-    envelope, exit_code = answer["envelope"], answer["exit_code"]
-    if not (isinstance(envelope, dict) and envelope.get("kind") == "env" and exit_code in (0, 1)):
-        return None
-    return envelope, exit_code
+def parse_claim_env(raw: bytes) -> dict[str, str] | str:
+    """The claimer's environment in `raw` (read with one byte over the limit), or what is wrong
+    with it."""
+    if len(raw) > ENV_MAX_BYTES:
+        return f"the environment is over {ENV_MAX_BYTES} bytes"
+    try:
+        env = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
+        return f"the environment is not JSON: {clip(str(exc), 200)}"
+    problem = claim_env_problem(env)
+    return env if problem is None else problem
 
 
 # --------------------------------------------------------------------------------------------
@@ -2054,8 +2030,8 @@ def set_env_through_runner(
 #   {"op":"ping"}                                          -> {"kernel_pid":N}
 #   {"op":"run","code":ABS_PATH,"timeout":S,"kernel_pid":N} -> {"envelope":{...},"exit_code":0|1}
 #                                                             or {"declined":"why"} (nothing ran)
-#   {"op":"set-env","kernel_pid":N,"env":{NAME:VALUE}}      -> {"envelope":{env},"exit_code":0|1}
-#                                                             or {"declined":"why"}
+# The run client's own requests (briq_run.py), `exec` and `set-env`, are described at
+# Runner.serve_exec and Runner.serve_set_env.
 # A request that does not parse gets a BridgeError result envelope with exit code 1.
 
 
@@ -2663,15 +2639,15 @@ def parse_request(line: bytes) -> dict:
 
 
 def parse_set_env_request(request: dict) -> dict:
-    """A claimer's environment for the runner's kernel (`set-env` checked it; so does this)."""
-    if set(request) != {"op", "kernel_pid", "env"}:
-        raise ValueError("a set-env request has exactly op, kernel_pid and env")
-    pid = request["kernel_pid"]
-    if type(pid) is not int or pid <= 0:
-        raise ValueError("kernel_pid must be a positive integer")
-    problem = claim_env_problem(request["env"])
-    if problem is not None:
-        raise ValueError(problem)
+    """The run client's `set-env` request (briq_run.py): the variables follow once the runner
+    is ready."""
+    if set(request) != {"op", "deadline", "nonce"}:
+        raise ValueError("a set-env request has exactly op, deadline and nonce")
+    deadline, nonce = request["deadline"], request["nonce"]
+    if type(deadline) not in (int, float) or not 0 < deadline < 86_400:
+        raise ValueError("deadline must be a number of seconds in (0, 86400)")
+    if not (isinstance(nonce, str) and NONCE_PATTERN.fullmatch(nonce)):
+        raise ValueError("nonce must be [A-Za-z0-9]{16,64}")
     return request
 
 
@@ -2808,23 +2784,47 @@ class Runner:
             return bridge_failure("result", failure_message(exc)), 1, stop
 
     def serve_set_env(self, conn: socket.socket, request: dict) -> str | None:
-        """Set a claimer's environment in the kernel over the runner's client (`set-env`)."""
-        if request["kernel_pid"] != self.pid:
-            declined = f"this runner serves kernel {self.pid}, not {request['kernel_pid']}"
-            self.reply(conn, {"declined": declined})
-            return None
+        """The run client's `set-env` (briq_run.py): `ready` (or `declined`), then the variables
+        as a length line and their bytes, then `answer EXIT SIZE` and the SIZE bytes the client
+        prints: what `bridge.py set-env` would have printed, over the runner's kernel client
+        (connected already, where the bridge would import jupyter_client and connect anew)."""
+        if self.state.live_pid() != self.pid:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"declined: kernel {self.pid} is not the live kernel\n".encode())
+            return f"kernel {self.pid} is gone or was replaced"
         try:
-            deadline = time.monotonic() + RUNNER_REQUEST_WAIT_S
-            envelope, exit_code = set_env_in_kernel(
-                self.client, self.pid, request["env"], deadline, RUNNER_REQUEST_WAIT_S
-            )
-            stop = None
-        except Exception as exc:
-            envelope = env_envelope(False, f"bridge error: {failure_message(exc)}")
-            exit_code, stop = 1, f"kernel client failed: {failure_message(exc)}"
-        if exit_code == 0:
-            envelope["message"] += " (through its runner)"
-        self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
+            conn.settimeout(RUNNER_REQUEST_WAIT_S)
+            conn.sendall(b"ready\n")
+            with conn.makefile("rb") as reader:
+                size = int(reader.readline(32))
+                if not 0 <= size <= ENV_MAX_BYTES + 1:
+                    raise ValueError(f"{size} bytes of environment")
+                raw = reader.read(size)
+            if len(raw) != size:
+                raise ConnectionError(f"the environment ended {size - len(raw)} bytes short")
+        except (OSError, ValueError) as exc:
+            runner_log(f"set-env: no environment ({clip(str(exc), 200)}); nothing changed")
+            return None
+        stop = None
+        env = parse_claim_env(raw)
+        if isinstance(env, str):
+            envelope, exit_code = env_envelope(False, env), 1
+        else:
+            try:
+                write_claim_env(self.state, env)
+                deadline = time.monotonic() + request["deadline"]
+                envelope, exit_code = set_env_in_kernel(
+                    self.client, self.pid, env, deadline, request["deadline"]
+                )
+            except Exception as exc:
+                envelope = env_envelope(False, f"bridge error: {failure_message(exc)}")
+                exit_code, stop = 1, f"kernel client failed: {failure_message(exc)}"
+            if exit_code == 0:
+                envelope["message"] += " (through its runner)"
+        text, exit_code = stdout_text(request["nonce"], "env", envelope, exit_code)
+        data = text.encode("ascii")
+        with contextlib.suppress(OSError):  # the client is gone: the variables are kept anyway
+            conn.sendall(b"answer %d %d\n" % (exit_code, len(data)) + data)
         return stop
 
     def serve_exec(self, conn: socket.socket, request: dict) -> str | None:

@@ -293,11 +293,17 @@ fn every_envelope_the_previous_bridge_prints_parses_to_what_it_meant() {
 /// release's bridge first (record_claim.rs), and never be read as some other command.
 #[test]
 fn a_claimers_environment_sent_to_the_previous_bridge_is_refused_not_misread() {
-    let argv = Command::SetEnv {
+    // What the run client hands the sandbox's own bridge when no runner takes the request: the
+    // arguments it was given, as they are.
+    let command = Command::SetEnv {
         deadline: Duration::from_secs(10),
     }
-    .argv()[2..]
-        .to_vec();
+    .argv();
+    let client = command
+        .iter()
+        .position(|part| part == RUN_CLIENT)
+        .expect("the run client is the program");
+    let argv = command[client + 1..].to_vec();
     for release in RELEASES {
         let answer = ask_previous_bridge(release, std::slice::from_ref(&argv), &Nonce::random());
         let refusal = answer["parsed"][0]["refused"].as_str().unwrap_or_else(|| {

@@ -119,8 +119,9 @@ impl Command<'_> {
     pub fn argv(&self) -> Vec<String> {
         let program: &[&str] = match self {
             Command::Setup { staged, .. } => &[staged],
-            // No site, no user environment: the client imports only built-in modules.
-            Command::Run { .. } => &["-I", "-S", "-c", RUN_CLIENT],
+            // No site, no user environment: the client imports only built-in modules. It hands
+            // a claimer's environment to the kernel's runner too (else becomes the bridge).
+            Command::Run { .. } | Command::SetEnv { .. } => &["-I", "-S", "-c", RUN_CLIENT],
             _ => &[BRIDGE_ARG],
         };
         let mut argv: Vec<String> = vec!["python3".into()];

@@ -185,6 +185,13 @@ def client_argv(timeout: float, attempt: str) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", RUN_CLIENT, "run", *options]
 
 
+def set_env_argv(deadline: float = 10.0) -> list[str]:
+    """The argv of the operator's `set-env` (src/bridge/mod.rs): the run client, which hands the
+    variables to the kernel's runner or becomes `bridge.py set-env`."""
+    options = ["--state-dir", ".briq/state", "--deadline", str(deadline)]
+    return [sys.executable, "-I", "-S", "-c", RUN_CLIENT, "set-env", *options]
+
+
 def bridge_env(env: dict, nonce: str) -> dict:
     """`env` with the nonce where the operator puts it."""
     return {**env, NONCE_ENV: nonce}
@@ -253,6 +260,21 @@ class Sandbox:
         outer = parse_framed(stdout, nonce)
         spilled = outer if outer["kind"] == "spilled" else None
         return Call(envelope, process.returncode, stdout, stderr, spilled)
+
+    def set_env(self, text: str, env: dict | None = None) -> Call:
+        """Give the kernel a claimer's variables (`text` on stdin) as the operator does."""
+        nonce = new_nonce()
+        process = subprocess.run(
+            set_env_argv(),
+            cwd=self.root,
+            env=bridge_env(env or self.env, nonce),
+            input=text.encode("utf-8"),
+            capture_output=True,
+            timeout=120,
+        )
+        stdout, stderr = process.stdout.decode(), process.stderr.decode()
+        envelope = parse_envelope(stdout, nonce, self.root)
+        return Call(envelope, process.returncode, stdout, stderr, None)
 
     def run_call(self, code: str, timeout: float = 30, nonce: str | None = None) -> Call:
         """Run `code` as a new attempt, the way the operator does."""

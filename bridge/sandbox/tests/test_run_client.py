@@ -58,6 +58,11 @@ def stand_in_runner(path: Path, behaviour: str):
                     path.unlink()
                     conn.sendall(b"declined: stand-in\n")
                     return
+                if behaviour == "knows_no_set_env":
+                    # As a runner of an earlier bridge: a request it does not know is malformed.
+                    refusal = {"envelope": {"kind": "result"}, "exit_code": 1}
+                    conn.sendall(json.dumps(refusal).encode() + b"\n")
+                    return
                 if behaviour == "never_ready":
                     conn.recv(1)  # until the client hangs up
                     return
@@ -121,6 +126,20 @@ def test_a_declining_runner_sends_the_client_to_the_bridge(fresh_sandbox):
     assert call.envelope["output"] == "'done'"
     assert json.loads(received[0])["op"] == "exec"
     assert ran.read_text() == "ran\n"
+
+
+def test_a_runner_that_knows_no_set_env_leaves_it_to_the_bridge_before_any_variable_is_sent(
+    fresh_sandbox,
+):
+    stop_the_runner(fresh_sandbox)
+    with stand_in_runner(fresh_sandbox.state_dir / "runner.sock", "knows_no_set_env") as received:
+        call = fresh_sandbox.set_env(json.dumps({"REGION": "eu-west"}))
+    assert (call.returncode, call.envelope["ok"]) == (0, True), (call.envelope, call.stderr)
+    assert "through its runner" not in call.envelope["message"]
+    assert json.loads(received[0])["op"] == "set-env"
+    assert b"eu-west" not in b"".join(received), "the variables went to the old runner"
+    result = fresh_sandbox.run("import os\nos.environ.get('REGION')")
+    assert result["output"] == "'eu-west'", result
 
 
 def test_a_runner_that_takes_the_code_and_dies_gets_no_envelope_and_no_second_run(

@@ -195,4 +195,5 @@ def test_the_run_client_waits_as_long_as_the_bridge_does(sandbox):
     )
     assert constants["CONNECT_WAIT_S"] == sandbox.RUNNER_PING_WAIT_S
     assert constants["MAX_ANSWER_BYTES"] == sandbox.RUNNER_MAX_ANSWER_BYTES
+    assert constants["ENV_MAX_BYTES"] == sandbox.ENV_MAX_BYTES
     assert constants["NONCE_ENV"] == sandbox.NONCE_ENV
