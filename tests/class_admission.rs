@@ -677,14 +677,11 @@ async fn a_namespace_outside_the_class_selector_is_refused() {
     );
 }
 
-/// A demand-sized pool's `maxReady` is its size at a burst: above the class's `maxPoolReplicas`,
-/// it was admitted and then held down at run time, said only in the pool's status.
-#[tokio::test]
-async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() {
-    let classed = Classed::install("cls-demand").await;
-    let class = classed
+/// A class `name` whose pools keep at most 2 members, of one image.
+async fn class_of_two_members(classed: &Classed, name: &str) -> Class {
+    classed
         .class(
-            "demand",
+            name,
             false,
             json!({
                 "maxPoolReplicas": 2,
@@ -692,7 +689,15 @@ async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() 
                 "defaultImage": "corp/python:3.12",
             }),
         )
-        .await;
+        .await
+}
+
+/// A demand-sized pool's `maxReady` is its size at a burst: above the class's `maxPoolReplicas`,
+/// it was admitted and then held down at run time, said only in the pool's status.
+#[tokio::test]
+async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() {
+    let classed = Classed::install("cls-demand").await;
+    let class = class_of_two_members(&classed, "demand").await;
     let c = class.name.as_str();
     let demand = |max_ready: i32| json!({ "replicas": 0, "minReady": 0, "maxReady": max_ready, "template": { "className": c } });
     let expected = pool_violation(c, &class.spec, "maxReady", 3).unwrap();
@@ -728,17 +733,7 @@ async fn a_demand_pool_whose_max_ready_is_beyond_the_class_maximum_is_refused() 
 #[tokio::test]
 async fn a_pool_beyond_the_class_maximum_is_refused_on_create_and_on_update() {
     let classed = Classed::install("cls-pool").await;
-    let class = classed
-        .class(
-            "pools",
-            false,
-            json!({
-                "maxPoolReplicas": 2,
-                "allowedImages": ["corp/python:3.12"],
-                "defaultImage": "corp/python:3.12",
-            }),
-        )
-        .await;
+    let class = class_of_two_members(&classed, "pools").await;
     let c = class.name.as_str();
     let template = json!({ "className": c });
     let expected = pool_violation(c, &class.spec, "replicas", 3).unwrap();

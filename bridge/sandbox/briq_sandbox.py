@@ -2686,6 +2686,21 @@ def peer_hung_up(conn: socket.socket) -> bool:
         return True
 
 
+def receive_after_ready(conn: socket.socket, limit: int, what: str) -> bytes:
+    """Say `ready` to the run client, then read what it sends: a decimal length line (at most
+    `limit`) and that many bytes. Raises OSError or ValueError when it does not come whole."""
+    conn.settimeout(RUNNER_REQUEST_WAIT_S)
+    conn.sendall(b"ready\n")
+    with conn.makefile("rb") as reader:
+        size = int(reader.readline(32))
+        if not 0 <= size <= limit:
+            raise ValueError(f"{size} bytes of {what}")
+        payload = reader.read(size)
+    if len(payload) != size:
+        raise ConnectionError(f"the {what} ended {size - len(payload)} bytes short")
+    return payload
+
+
 class Runner:
     """Serves the requests for kernel `pid` on `listener`, one connection at a time, over one
     kernel client that stays connected (shell and iopub)."""
@@ -2793,15 +2808,7 @@ class Runner:
                 conn.sendall(f"declined: kernel {self.pid} is not the live kernel\n".encode())
             return f"kernel {self.pid} is gone or was replaced"
         try:
-            conn.settimeout(RUNNER_REQUEST_WAIT_S)
-            conn.sendall(b"ready\n")
-            with conn.makefile("rb") as reader:
-                size = int(reader.readline(32))
-                if not 0 <= size <= ENV_MAX_BYTES + 1:
-                    raise ValueError(f"{size} bytes of environment")
-                raw = reader.read(size)
-            if len(raw) != size:
-                raise ConnectionError(f"the environment ended {size - len(raw)} bytes short")
+            raw = receive_after_ready(conn, ENV_MAX_BYTES + 1, "environment")
         except (OSError, ValueError) as exc:
             runner_log(f"set-env: no environment ({clip(str(exc), 200)}); nothing changed")
             return None
@@ -2837,15 +2844,7 @@ class Runner:
             return f"kernel {self.pid} is gone or was replaced"
         attempt = request["attempt"]
         try:
-            conn.settimeout(RUNNER_REQUEST_WAIT_S)
-            conn.sendall(b"ready\n")
-            with conn.makefile("rb") as reader:
-                size = int(reader.readline(32))
-                if not 0 <= size <= RUNNER_MAX_CODE_BYTES:
-                    raise ValueError(f"{size} bytes of code")
-                code = reader.read(size)
-            if len(code) != size:
-                raise ConnectionError(f"the code ended {size - len(code)} bytes short")
+            code = receive_after_ready(conn, RUNNER_MAX_CODE_BYTES, "code")
         except (OSError, ValueError) as exc:
             # The client gave up or broke: it reports that nothing ran, and nothing did.
             runner_log(f"attempt {attempt}: no code ({clip(str(exc), 200)}); nothing ran")

@@ -225,15 +225,22 @@ fn claim_plan_table() {
     );
 }
 
+/// One plan of each kind: take, wait, fall back, mismatch.
+fn plans() -> [ClaimPlan; 4] {
+    [
+        ClaimPlan::Take(vec!["m".into()]),
+        ClaimPlan::Wait {
+            message: "w".into(),
+            recheck: CLAIM_RECHECK,
+        },
+        ClaimPlan::FallBack("gone".into()),
+        ClaimPlan::Mismatch("image".into()),
+    ]
+}
+
 #[test]
 fn a_claim_asks_the_api_server_only_where_the_cache_cannot_decide() {
-    let take = ClaimPlan::Take(vec!["m".into()]);
-    let wait = ClaimPlan::Wait {
-        message: "w".into(),
-        recheck: CLAIM_RECHECK,
-    };
-    let fall_back = ClaimPlan::FallBack("gone".into());
-    let mismatch = ClaimPlan::Mismatch("image".into());
+    let [take, wait, fall_back, mismatch] = plans();
     let cases = [
         (
             "taking a member: conditional writes",
@@ -265,13 +272,7 @@ fn a_claim_asks_the_api_server_only_where_the_cache_cannot_decide() {
 #[test]
 fn a_claim_reads_the_claimers_secrets_only_when_it_hands_over_makes_a_sandbox_or_begins_to_wait() {
     use ClaimLookup::{AskTheApiServer, Cache};
-    let take = ClaimPlan::Take(vec!["m".into()]);
-    let wait = ClaimPlan::Wait {
-        message: "w".into(),
-        recheck: CLAIM_RECHECK,
-    };
-    let fall_back = ClaimPlan::FallBack("gone".into());
-    let mismatch = ClaimPlan::Mismatch("image".into());
+    let [take, wait, fall_back, mismatch] = plans();
     let cases = [
         ("taking a member", &take, Cache, true, true),
         (
