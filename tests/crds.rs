@@ -404,11 +404,25 @@ async fn a_resource_quota_caps_how_many_executors_a_namespace_may_hold() {
     let executor = |name: &str| -> BriqExecutor {
         serde_json::from_value(json!({ "metadata": { "name": name }, "spec": {} })).unwrap()
     };
-    for name in ["one", "two"] {
+    // The quota's admission counts each create into the quota's status, and the quota
+    // controller recounts from its own caches, which can lag a create just admitted: a recount
+    // written then lowers `used` again and lets one create too many in. So each create waits
+    // until the quota shows it, as Kubernetes' own quota tests do.
+    for (count, name) in ["one", "two"].into_iter().enumerate() {
         executors
             .create(&PostParams::default(), &executor(name))
             .await
             .unwrap_or_else(|e| panic!("{name} within the quota: {e}"));
+        let counted = (count + 1).to_string();
+        support::wait_for(&quotas, "executors", 60, |quota| {
+            quota
+                .status
+                .as_ref()
+                .and_then(|s| s.used.as_ref())
+                .and_then(|used| used.get("count/briqexecutors.briq.cloud"))
+                .is_some_and(|used| used.0 == counted)
+        })
+        .await;
     }
     match executors
         .create(&PostParams::default(), &executor("three"))
