@@ -219,15 +219,7 @@ async fn a_claimer_waiting_for_a_refill_reads_its_secret_to_begin_and_to_take_no
     let requests = support::RequestLog::default();
     let client = requests.client(&env).await;
     let operator = Operator::start_as(&env, client, |_| {}).await;
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": { "name": "tools", "labels": { "briq.cloud/claim-env": "true" } },
-        "stringData": { "token": "tok" },
-    }))
-    .unwrap();
-    env.api::<k8s_openapi::api::core::v1::Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    support::create_claim_env_secret(&env, "tools", true, "tok").await;
     // The member's sandbox takes 6 s to create: the claimer rechecks several times meanwhile.
     let admin = operator.admin();
     let creates = admin.stats().await.unwrap().calls(Operation::Create);

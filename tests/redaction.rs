@@ -16,12 +16,12 @@ use briq_operator::crd::{BriqExecutor, BriqExecutorPool, Execution};
 use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{
     ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams},
 };
 use serde_json::json;
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, create_pool,
-    finished, output, reason, run, sandbox_of, wait_for, wait_ready,
+    Operator, READY_SECONDS, TestEnv, condition, create_claim_env_secret, create_execution,
+    create_executor, create_pool, finished, output, reason, run, sandbox_of, wait_for, wait_ready,
 };
 
 /// Everything the operator logs in this test binary (it runs in this process).
@@ -164,23 +164,6 @@ async fn readable_without_secrets(env: &TestEnv) -> Vec<(&'static str, String)> 
     ]
 }
 
-async fn create_secret(env: &TestEnv, name: &str, labelled: bool, token: &str) {
-    let labels = if labelled {
-        json!({ "briq.cloud/claim-env": "true" })
-    } else {
-        json!({})
-    };
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": name, "labels": labels },
-        "stringData": { "token": token },
-    }))
-    .unwrap();
-    env.api::<Secret>()
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-}
-
 /// A claimer whose environment names the Secret `secret` (as `TOOL_TOKEN`) and a plain value.
 fn claimer_with_env(pool: &str, secret: &str) -> serde_json::Value {
     json!({ "poolRef": { "name": pool, "coldCreateAfterSeconds": 600, "env": [
@@ -215,8 +198,8 @@ async fn a_claimers_secret_reaches_its_own_kernel_only_and_no_object_event_or_lo
     let _operator = Operator::start(&env).await;
     let token = format!("tok-{}", briq_operator::bridge::Nonce::random().as_str());
     let private = format!("priv-{}", briq_operator::bridge::Nonce::random().as_str());
-    create_secret(&env, "tools", true, &token).await;
-    create_secret(&env, "private", false, &private).await;
+    create_claim_env_secret(&env, "tools", true, &token).await;
+    create_claim_env_secret(&env, "private", false, &private).await;
     for (name, replicas) in [("fast", 2), ("empty", 0)] {
         create_pool(&env, name, replicas, json!({})).await;
     }
@@ -323,7 +306,7 @@ async fn a_gateway_page_echoing_the_claimers_variables_leaves_no_piece_of_them_i
     let env = TestEnv::new("claim-env-echo").await;
     let operator = Operator::start(&env).await;
     let token = format!("tok-{}", briq_operator::bridge::Nonce::random().as_str());
-    create_secret(&env, "tools", true, &token).await;
+    create_claim_env_secret(&env, "tools", true, &token).await;
     create_pool(&env, "fast", 1, json!({})).await;
     let pool = wait_for(
         &env.api::<BriqExecutorPool>(),

@@ -481,6 +481,25 @@ pub async fn create_api_key_secret(env: &TestEnv, name: &str, key: &str, labelle
         .expect("creating the Secret");
 }
 
+/// Creates a Secret holding `token` under the key `token`, labelled for claimers' environments
+/// (opted in) or not.
+pub async fn create_claim_env_secret(env: &TestEnv, name: &str, labelled: bool, token: &str) {
+    let labels = if labelled {
+        json!({ briq_operator::crd::CLAIM_ENV_LABEL: briq_operator::crd::CLAIM_ENV_LABEL_VALUE })
+    } else {
+        json!({})
+    };
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": labels },
+        "stringData": { "token": token },
+    }))
+    .unwrap();
+    env.api::<k8s_openapi::api::core::v1::Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the Secret");
+}
+
 /// Asks the API server whether `user` may do `verb` on `resource` (`group/resource[/sub]`).
 pub async fn may(
     client: &kube::Client,
