@@ -15,7 +15,7 @@ use k8s_openapi::api::events::v1::Event;
 
 use briq_operator::crd::{
     BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
-    CLAIMED_MEMBER_ANNOTATION, POOL_LABEL, POOL_MEMBER_ANNOTATION,
+    CLAIMED_MEMBER_ANNOTATION, FINALIZER, POOL_LABEL, POOL_MEMBER_ANNOTATION,
 };
 use kube::{
     ResourceExt,
@@ -23,8 +23,8 @@ use kube::{
 };
 use serde_json::{Value, json};
 use support::{
-    Operator, READY_SECONDS, TestEnv, condition, create_executor, create_pool, output, reason, run,
-    sandbox_of, two_operators, wait_deleted, wait_for, wait_ready,
+    Operator, READY_SECONDS, TestEnv, condition, create_execution, create_executor, create_pool,
+    finished, output, reason, run, sandbox_of, two_operators, wait_deleted, wait_for, wait_ready,
 };
 
 /// A test namespace, its operator, and a pool `fast` (template `{}`) of `replicas` Ready members.
@@ -160,12 +160,13 @@ async fn a_claim_takes_a_ready_members_kernel_and_the_pool_refills() {
     assert_eq!(operator.live_sandboxes().await, 3);
 }
 
-/// The claim path's writes, counted: a burst of claims competes for the API server, so each
-/// claim costs the member's take, the claimer's record and its Ready status, and nothing else
-/// (no Event, no interim status). The member's own status (`Claimed`), the pool's and its
-/// refill follow the claim, off its path.
+/// The claim path's writes, counted: a burst of claims competes for the API server, so a claim
+/// is Ready after two writes, the member's take and the claimer's status (its record and its
+/// Ready together), with no Event and no interim status; the claimer's finalizer and the record's
+/// annotations follow in a third, off the claim's path. The member's own status (`Claimed`), the
+/// pool's and its refill follow the claim too.
 #[tokio::test]
-async fn a_warm_claim_writes_the_take_the_record_and_ready_and_no_event() {
+async fn a_warm_claim_is_ready_after_two_writes_the_take_and_its_record_with_ready() {
     let env = TestEnv::new("pool-writes").await;
     let requests = support::RequestLog::default();
     let client = requests.client(&env).await;
@@ -200,10 +201,23 @@ async fn a_warm_claim_writes_the_take_the_record_and_ready_and_no_event() {
         writes,
         [
             "PATCH /briqexecutors/MEMBER",
-            "PATCH /briqexecutors/agent",
             "PATCH /briqexecutors/agent/status",
+            "PATCH /briqexecutors/agent",
         ],
-        "the claim path's writes"
+        "the claim's writes: the take, the record with Ready, then what settles it"
+    );
+    let agent = env.api::<BriqExecutor>().get("agent").await.unwrap();
+    assert_eq!(agent.claimed_member(), Some(member.as_str()));
+    assert_eq!(
+        agent.status.as_ref().unwrap().claimed_member.as_deref(),
+        Some(member.as_str()),
+        "recorded with its Ready"
+    );
+    assert!(agent.finalizers().iter().any(|f| f == FINALIZER));
+    assert_eq!(
+        agent.annotations().get(CLAIMED_MEMBER_ANNOTATION),
+        Some(&member),
+        "settled"
     );
     let about_agent = event_notes_about(&env, "agent").await;
     assert_eq!(about_agent, Vec::<String>::new(), "no Event per claim");
@@ -529,6 +543,117 @@ async fn deleting_the_pool_destroys_unclaimed_members_and_claimed_ones_live_on()
     assert_eq!(operator.live_sandboxes().await, 0, "no sandbox leaked");
 }
 
+/// The first half of a handover, as the operator writes it: `member` is `claimer`'s, owned by
+/// it, out of its pool.
+async fn take_as_the_operator_does(env: &TestEnv, member: &BriqExecutor, claimer: &BriqExecutor) {
+    let uid = claimer.uid().unwrap();
+    let owner = json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor", "name": claimer.name_any(),
+        "uid": uid, "controller": true, "blockOwnerDeletion": true,
+    });
+    let taken = json!({ "metadata": {
+        "annotations": { CLAIMED_BY_ANNOTATION: uid },
+        "labels": { POOL_LABEL: null, CLAIMED_BY_LABEL: uid },
+        "ownerReferences": [owner],
+    }});
+    env.api::<BriqExecutor>()
+        .patch(
+            &member.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&taken),
+        )
+        .await
+        .unwrap();
+}
+
+/// A claim's first two writes, as the operator writes them, without the third: `claimer` took
+/// `member` and is Ready with the record of it, without its finalizer and the record's
+/// annotations (the operator died between the writes).
+async fn claim_without_settling(env: &TestEnv, member: &BriqExecutor, claimer: &BriqExecutor) {
+    take_as_the_operator_does(env, member, claimer).await;
+    let condition = |type_: &str, status: &str| {
+        json!({
+            "type": type_, "status": status, "reason": "KernelReady",
+            "message": format!("the kernel answers: handed over from BriqExecutorPool fast (executor {})", member.name_any()),
+            "lastTransitionTime": "2026-12-07T00:00:00Z",
+        })
+    };
+    let record = json!({ "status": {
+        "conditions": [condition("Ready", "True"), condition("Stalled", "False")],
+        "sandboxId": sandbox_of(member),
+        "claimedMember": member.name_any(),
+    }});
+    env.api::<BriqExecutor>()
+        .patch_status(
+            &claimer.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&record),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_operator_killed_between_a_claims_ready_and_its_finalizer_settles_it_before_any_code_runs()
+ {
+    let (env, mut operator) = with_ready_pool("pool-settle", 1).await;
+    operator.kill().await;
+    let claimer = create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    let member = unclaimed(&env, "fast").await.remove(0);
+    claim_without_settling(&env, &member, &claimer).await;
+    // An Execution comes while the claimer is Ready but unsettled: it runs once the claimer
+    // holds its finalizer, so that deleting the claimer waits for it.
+    create_execution(&env, "early", "agent", "x = 41").await;
+
+    operator.resume();
+    let early = finished(&env, "early", READY_SECONDS).await;
+    assert_eq!(reason(&early), "Completed", "{:?}", early.status);
+    let agent = env.api::<BriqExecutor>().get("agent").await.unwrap();
+    assert!(
+        agent.finalizers().iter().any(|f| f == FINALIZER),
+        "settled: {:?}",
+        agent.metadata
+    );
+    assert_eq!(
+        agent.annotations().get(CLAIMED_MEMBER_ANNOTATION),
+        Some(&member.name_any())
+    );
+    assert_eq!(sandbox_of(&agent), sandbox_of(&member));
+    // The code ran in the member's kernel, where the next action finds its state.
+    let next = run(&env, "next", "agent", "x + 1").await;
+    assert_eq!(output(&next), "42", "{:?}", next.status);
+}
+
+#[tokio::test]
+async fn a_claimer_deleted_before_its_claim_is_settled_leaks_no_sandbox() {
+    let (env, mut operator) = with_ready_pool("pool-unsettled-delete", 1).await;
+    operator.kill().await;
+    let claimer = create_executor(&env, "agent", json!({ "poolRef": { "name": "fast" } })).await;
+    let member = unclaimed(&env, "fast").await.remove(0);
+    let taken = sandbox_of(&member);
+    claim_without_settling(&env, &member, &claimer).await;
+    // Without a finalizer the claimer goes at once; the member it owns goes with it (the
+    // garbage collector), and the member's finalizer destroys the sandbox.
+    let executors = env.api::<BriqExecutor>();
+    executors
+        .delete("agent", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&executors, "agent", 30).await;
+    operator.resume();
+    wait_deleted(&executors, &member.name_any(), READY_SECONDS).await;
+    pool_ready(&env, "fast", 1).await;
+    eventually(READY_SECONDS, "the taken sandbox is destroyed", || async {
+        !live_sandboxes(&operator).await.0.contains(&taken)
+    })
+    .await;
+    assert_eq!(
+        operator.live_sandboxes().await,
+        1,
+        "only the refill's sandbox"
+    );
+}
+
 #[tokio::test]
 async fn an_operator_killed_mid_handover_leaves_exactly_one_owner() {
     let (env, mut operator) = with_ready_pool("pool-crash", 2).await;
@@ -540,23 +665,7 @@ async fn an_operator_killed_mid_handover_leaves_exactly_one_owner() {
     let uid = claimer.uid().unwrap();
     let members = unclaimed(&env, "fast").await;
     let member = &members[0];
-    let owner = json!({
-        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor", "name": "agent",
-        "uid": uid, "controller": true, "blockOwnerDeletion": true,
-    });
-    let half = json!({ "metadata": {
-        "annotations": { CLAIMED_BY_ANNOTATION: uid },
-        "labels": { POOL_LABEL: null, CLAIMED_BY_LABEL: uid },
-        "ownerReferences": [owner],
-    }});
-    env.api::<BriqExecutor>()
-        .patch(
-            &member.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&half),
-        )
-        .await
-        .unwrap();
+    take_as_the_operator_does(&env, member, &claimer).await;
 
     operator.resume();
     let agent = wait_ready(&env, "agent").await;
@@ -655,7 +764,10 @@ async fn two_operators_claiming_for_the_same_claimers_at_once_leave_each_one_mem
                     })
                     .map(|e| e.name_any())
                     .collect();
-                held == [claimer.annotations()[CLAIMED_MEMBER_ANNOTATION].clone()]
+                claimer
+                    .annotations()
+                    .get(CLAIMED_MEMBER_ANNOTATION)
+                    .is_some_and(|recorded| held == [recorded.clone()])
             })
         },
     )
@@ -696,8 +808,11 @@ async fn a_copied_claimer_never_gets_the_members_sandbox() {
     );
 
     // `kubectl get -o yaml`, a new name, `kubectl apply`: every annotation comes along (here
-    // as an admin, past the admission policy that stops tenants from writing them).
+    // as an admin, past the admission policy that stops tenants from writing them). The code
+    // ran, so the claim is settled: its annotations record the member.
     let executors = env.api::<BriqExecutor>();
+    let agent = executors.get("agent").await.unwrap();
+    assert!(agent.annotations().contains_key(CLAIMED_MEMBER_ANNOTATION));
     let copy: BriqExecutor = serde_json::from_value(json!({
         "metadata": { "name": "copy", "annotations": agent.annotations() },
         "spec": agent.spec,
@@ -817,9 +932,9 @@ async fn a_pool_sized_by_demand_grows_from_zero_with_its_claims_and_scales_back_
     create_executor(&env, "second", json!({ "poolRef": { "name": "demand" } })).await;
     let second = wait_ready(&env, "second").await;
     assert!(
-        second.annotations().contains_key(CLAIMED_MEMBER_ANNOTATION),
+        second.claimed_member().is_some(),
         "claimed a warm member: {:?}",
-        second.metadata.annotations
+        second.status
     );
     // What the pool saw: two claims in its window, the first of them cold.
     wait_for(&pools, "demand", 60, |pool| {

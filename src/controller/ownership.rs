@@ -9,7 +9,7 @@ use kube::{
 
 use crate::{
     briq::{self, ErrorClass},
-    crd::{BriqExecutor, CLAIMED_BY_ANNOTATION, CLAIMED_MEMBER_ANNOTATION},
+    crd::{BriqExecutor, CLAIMED_BY_ANNOTATION},
 };
 
 /// Whose a sandbox named in a tenant-writable field (annotation, status) is. Only briq's own
@@ -67,14 +67,14 @@ pub fn expected_sandbox_name(executor: &BriqExecutor, member: Option<&BriqExecut
     }
 }
 
-/// The member a claimer points at (`claimed-member`), from the cache or, when the cache does not
-/// show it handed to this claimer yet, read fresh.
+/// The member a claimer points at ([`BriqExecutor::claimed_member`]), from the cache or, when the cache does
+/// not show it handed to this claimer yet, read fresh.
 pub async fn claimed_member(
     executor: &BriqExecutor,
     executors: &Store<BriqExecutor>,
     client: &kube::Client,
 ) -> Result<Option<BriqExecutor>, kube::Error> {
-    let Some(name) = executor.annotations().get(CLAIMED_MEMBER_ANNOTATION) else {
+    let Some(name) = executor.claimed_member() else {
         return Ok(None);
     };
     let namespace = executor.namespace().unwrap_or_default();
@@ -94,6 +94,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::crd::CLAIMED_MEMBER_ANNOTATION;
 
     fn executor(name: &str, uid: &str, annotations: serde_json::Value) -> BriqExecutor {
         serde_json::from_value(json!({

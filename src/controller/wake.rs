@@ -48,9 +48,8 @@ use kube::{
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::crd::{
-    BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION,
-    CLAIMED_MEMBER_ANNOTATION, Execution, POOL_FALLBACK_ANNOTATION, POOL_MEMBER_ANNOTATION,
-    reasons::ExecutorReason,
+    BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLAIMED_BY_ANNOTATION, Execution,
+    POOL_FALLBACK_ANNOTATION, POOL_MEMBER_ANNOTATION, reasons::ExecutorReason,
 };
 
 /// A wake-up of one object.
@@ -259,7 +258,7 @@ pub fn claimers_to_serve(
                     .pool_ref
                     .as_ref()
                     .is_some_and(|r| &r.name == pool)
-                && !annotations.contains_key(CLAIMED_MEMBER_ANNOTATION)
+                && executor.claimed_member().is_none()
                 && !annotations.contains_key(POOL_FALLBACK_ANNOTATION)
                 && executor.metadata.deletion_timestamp.is_none()
         })
@@ -324,8 +323,7 @@ pub fn woken_by(
 ) {
     let annotations = executor.annotations();
     let claiming = executor.spec.pool_ref.as_ref().filter(|_| {
-        !annotations.contains_key(CLAIMED_MEMBER_ANNOTATION)
-            && !annotations.contains_key(POOL_FALLBACK_ANNOTATION)
+        executor.claimed_member().is_none() && !annotations.contains_key(POOL_FALLBACK_ANNOTATION)
     });
     let pool = annotations
         .get(POOL_MEMBER_ANNOTATION)

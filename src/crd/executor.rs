@@ -249,6 +249,11 @@ pub struct BriqExecutorStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
 
+    /// The pool member (a `BriqExecutor` of the pool named by `spec.poolRef`) whose sandbox and
+    /// kernel this executor took, written with the `Ready` of its claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_member: Option<String>,
+
     /// True once the executor may never run code again (after a timeout, a transport failure, a
     /// malformed response, an interrupted Execution or a lost kernel). Final.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -317,6 +322,24 @@ pub struct UnsavedName {
     /// Why it was not saved or restored.
     #[schemars(length(max = 256))]
     pub why: String,
+}
+
+impl BriqExecutor {
+    /// The pool member a claimer records it took: its status (written with the claim's
+    /// `Ready`), else its `claimed-member` annotation (written right after, and kept when a
+    /// status is lost).
+    pub fn claimed_member(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|status| status.claimed_member.as_deref())
+            .or_else(|| {
+                self.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(super::keys::CLAIMED_MEMBER_ANNOTATION)
+                    .map(String::as_str)
+            })
+    }
 }
 
 impl BriqExecutorSpec {

@@ -9,8 +9,8 @@
 //! The sandboxes are simulated (nothing runs), by a sandbox server of this scenario's own whose
 //! provisioning takes about what a real kernel's does on this machine (1.2 s): a cold create
 //! costs what it would, and the demand rule's refill time (measured on the pool's members) is
-//! a real one. For each pool: the claims served warm (the claimer got
-//! `briq.cloud/claimed-member`, whether a member was Ready or it waited for one), the cold
+//! a real one. For each pool: the claims served warm (the claimer records a claimed member,
+//! `status.claimedMember`, whether a member was Ready or it waited for one), the cold
 //! fallbacks (`briq.cloud/pool-fallback`), claim → Ready (create call to `Ready=True` seen by a
 //! watch), per wave and after the warm-up wave, and the warm sandbox-seconds per claim: the
 //! unclaimed members alive (provisioning, Ready or being deleted), sampled from a watch every
@@ -48,10 +48,7 @@ use crate::{
 };
 use briq_operator::{
     briq::ApiKey,
-    crd::{
-        BriqExecutor, BriqExecutorPool, CLAIMED_MEMBER_ANNOTATION, POOL_FALLBACK_ANNOTATION,
-        PoolDemand,
-    },
+    crd::{BriqExecutor, BriqExecutorPool, POOL_FALLBACK_ANNOTATION, PoolDemand},
 };
 
 /// The target of a demand-sized pool: claims served warm once it has seen a wave.
@@ -153,7 +150,7 @@ impl PoolRun {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Tally {
     pub claims: usize,
-    /// Claimers that took a member (`briq.cloud/claimed-member`).
+    /// Claimers that took a member (`status.claimedMember`).
     pub warm: usize,
     /// Claimers that created a sandbox of their own (`briq.cloud/pool-fallback`).
     pub fallbacks: usize,
@@ -404,7 +401,7 @@ impl Run {
             .map(|e| {
                 let annotations = e.annotations();
                 let claimer = Claimer {
-                    member: annotations.get(CLAIMED_MEMBER_ANNOTATION).cloned(),
+                    member: e.claimed_member().map(str::to_owned),
                     fell_back: annotations.contains_key(POOL_FALLBACK_ANNOTATION),
                 };
                 (e.name_any(), claimer)

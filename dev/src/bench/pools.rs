@@ -11,9 +11,9 @@
 //! wait and how many fell back to a cold create.
 //!
 //! In the bursts the operator's API writes are counted from kube-apiserver's audit log, from the
-//! first create until every claimer is Ready, and divided by the claims: the claim path's own
-//! (the member's take, the claimer's record and its Ready; `tests/pools.rs` counts them exactly)
-//! with the refill's beside them.
+//! first create until every claimer is Ready, and divided by the claims: the claim's own (the
+//! member's take and the claimer's record with its Ready, on the path to Ready, then the write
+//! that settles it; `tests/pools.rs` counts them exactly) with the refill's beside them.
 //!
 //! A claimer is timed from its create call to `Ready=True` seen by one watch over the namespace,
 //! as scenario 7 times its executors. Its Ready message says whether the pool handed it a member

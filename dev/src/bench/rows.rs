@@ -185,7 +185,8 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
     if let (Some(writes), Some(requests)) = (c.writes_per_claim, c.requests_per_claim) {
         notes.push(format!(
             "the operator's API writes per claim **{writes:.1}** (all requests {requests:.1}), \
-             the refill's included; target: the claim path ≤ 2 (it is 3: take, record, Ready)"
+             the refill's included; target: the claim path ≤ 2 (it is 2: the take, the record \
+             with Ready; a third settles it after)"
         ));
     }
     if targets {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::SignedDuration;
-use kube::runtime::controller::Action;
+use kube::{ResourceExt, runtime::controller::Action};
 
 use super::{actor::Actor, conclude::Verdict, observed::Observed};
 use crate::{
@@ -16,7 +16,7 @@ use crate::{
         recheck::{self, Wait},
     },
     crd::{
-        BriqExecutor, POOL_MEMBER_ANNOTATION,
+        BriqExecutor, FINALIZER, POOL_MEMBER_ANNOTATION,
         conditions::{self, READY, STALLED},
         reasons::ExecutionReason,
     },
@@ -99,6 +99,19 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
             .map(|c| c.message.as_str())
             .unwrap_or_default();
         let message = format!("BriqExecutor {name} is not ready: {why}");
+        return Err(Refusal::Wait {
+            reason: ExecutionReason::ExecutorNotReady,
+            message,
+            recheck: recheck::recheck(Wait::ExecutorNotReady),
+        });
+    }
+    // A claimer is Ready with the record of its claim, and gets its finalizer in the write
+    // after (executor/record_claim.rs): code runs only where deleting the executor waits for it.
+    if !executor.finalizers().iter().any(|f| f == FINALIZER) {
+        let message = format!(
+            "BriqExecutor {name} is not ready: it does not hold its finalizer yet, which makes \
+             its deletion wait for its Executions"
+        );
         return Err(Refusal::Wait {
             reason: ExecutionReason::ExecutorNotReady,
             message,

@@ -73,6 +73,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     created: Some(conditions::now()),
                     ready: None,
                     suspension: None,
+                    claimed_member: None,
                 };
                 self.provision(executor, &key, sandbox, Some(create)).await
             }
@@ -97,6 +98,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     created: current.created.or_else(|| Some(conditions::now())),
                     ready: current.ready,
                     suspension: current.suspension,
+                    claimed_member: current.claimed_member,
                 };
                 self.provision(executor, &key, fields, None).await
             }

@@ -9,10 +9,10 @@
 //! lose). This bookkeeping answers both for this process's own claims, without asking the API
 //! server; what another process did is caught by the claimer's precondition.
 //!
-//! It also remembers a claimer this process reported Ready until the cache shows it so: the
-//! watch delivers the record (a metadata write) before that status, so a reconcile between them
-//! would find a recorded sandbox without a Ready kernel, read the claimer afresh and probe a
-//! sandbox whose kernel answered a moment ago ([`after_claim`]).
+//! It also remembers a claimer this process recorded, reported Ready and settled until the cache
+//! shows it so: the watch delivers the record with its Ready (a status write) before the
+//! finalizer and annotations that settle it, so a reconcile between them would settle it again
+//! or go back to the claim ([`after_claim`]).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -31,8 +31,8 @@ enum Handover {
     /// The member is the claimer's (as the API server returned it); the claimer's own record
     /// may not be written, or not be in the cache yet.
     Taken(Box<BriqExecutor>),
-    /// The claimer is recorded and was reported Ready at this instant; the cache may not show
-    /// it yet.
+    /// The claimer was recorded, reported Ready and settled at this instant; the cache may not
+    /// show it yet.
     Reported { member: String, at: Instant },
 }
 
@@ -45,36 +45,49 @@ impl Handover {
     }
 }
 
-/// What a reconcile of a claimer does about its handover, once the cache shows the claim
-/// recorded (any step but [`Step::Claim`]).
+/// What a reconcile of a claimer does about its handover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterClaim {
-    /// Nothing is remembered of the handover (any more): take the step.
+    /// Nothing is remembered of the handover (any more), or it is the claim's own step: take
+    /// the step.
     Go,
-    /// Nothing to do before this long: the cache has not caught up with the Ready this process
-    /// reported (the write's own watch event comes sooner), or it has and the kernel, which
+    /// Nothing to do before this long: the cache has not caught up with what this process
+    /// wrote (the writes' own watch events come sooner), or it has and the kernel, which
     /// answered when the claim was reported, is not due for a probe yet.
     Recheck(Duration),
+    /// Its status records its claim, and the finalizer and annotations that settle it are
+    /// missing: write them before anything else (record_claim.rs).
+    Settle,
 }
 
-/// Decides for a claimer reported Ready `since` ago by this process (`None`: not by this
-/// process, or settled) whose cached copy leads to `step`, probed every `probe_interval`.
-/// Whether the handover is settled: once the cache shows the claimer as reported, or anything
-/// but the gap between the record and its status.
+/// Decides for a claimer whose cached copy leads to `step`, `unsettled` when that copy records
+/// its claim in its status only, reported Ready and settled `since` ago by this process (`None`:
+/// not by this process, or settled), probed every `probe_interval`. Whether the handover is
+/// settled: it is not while the claim step may still be taking a member, or while the cache lags
+/// behind this process's own writes.
 pub fn after_claim(
     since: Option<Duration>,
     step: &Step,
+    unsettled: bool,
     probe_interval: Duration,
 ) -> (AfterClaim, bool) {
-    let Some(since) = since else {
-        return (AfterClaim::Go, true);
-    };
-    let lag_left = CACHE_LAG.saturating_sub(since);
-    let probe_due = probe_interval.saturating_sub(since);
-    match step {
-        // The record without the Ready written right after it: the cache lags this process.
-        Step::Provision { .. } if !lag_left.is_zero() => (AfterClaim::Recheck(lag_left), false),
-        Step::Probe { .. } if !probe_due.is_zero() => (AfterClaim::Recheck(probe_due), true),
+    let lag_left = since
+        .map(|since| CACHE_LAG.saturating_sub(since))
+        .filter(|left| !left.is_zero());
+    let probe_due = since
+        .map(|since| probe_interval.saturating_sub(since))
+        .filter(|due| !due.is_zero());
+    match (step, lag_left) {
+        // Neither the record nor what settles it is cached yet: the claim would take a fresh
+        // read to learn what this process already knows.
+        (Step::Claim, Some(left)) => (AfterClaim::Recheck(left), false),
+        // The claim's own step: a handover may be under way in this process.
+        (Step::Claim, None) => (AfterClaim::Go, false),
+        (_, Some(left)) if unsettled => (AfterClaim::Recheck(left), false),
+        (_, None) if unsettled => (AfterClaim::Settle, true),
+        (Step::Probe { .. }, _) if probe_due.is_some() => {
+            (AfterClaim::Recheck(probe_due.unwrap_or_default()), true)
+        }
         _ => (AfterClaim::Go, true),
     }
 }
@@ -127,7 +140,8 @@ impl Handovers {
         }
     }
 
-    /// `claimer` is recorded and reported Ready: remembered until the cache shows it so.
+    /// `claimer` is recorded, reported Ready and settled: remembered until the cache shows it
+    /// so.
     pub fn reported(&self, claimer: &str, member: &str) {
         let reported = Handover::Reported {
             member: member.to_owned(),
@@ -211,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claimer_seen_between_its_record_and_its_ready_is_left_alone_until_the_cache_catches_up() {
+    fn a_claimer_seen_before_the_cache_shows_its_settled_claim_is_left_alone_until_it_does() {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
         let provision = Step::Provision {
@@ -223,33 +237,53 @@ mod tests {
         let unusable = Step::ReportUnusable { why: "lost".into() };
         let interval = s(30);
         let table = [
-            // (reported Ready this long ago, the cached copy's step) → (what, settled)
-            // Not reported by this process: a restart, another operator, or settled already.
-            (None, &provision, (AfterClaim::Go, true)),
-            (None, &probe, (AfterClaim::Go, true)),
-            // The record is cached, the Ready written after it is not yet: no fresh read, no
-            // second setup; the Ready's own watch event comes first, the recheck bounds it.
+            // (settled this long ago, the cached copy's step, its claim in its status only)
+            //   → (what, settled)
+            // Not settled by this process: a restart, another operator, or forgotten already.
+            (None, &provision, false, (AfterClaim::Go, true)),
+            (None, &probe, false, (AfterClaim::Go, true)),
+            // The claim's own step: its handover may be under way here; nothing is forgotten.
+            (None, &Step::Claim, false, (AfterClaim::Go, false)),
+            // Recorded and Ready, not settled (a crash or an error between the two writes,
+            // or another process's claim): settled first, whatever the step.
+            (None, &probe, true, (AfterClaim::Settle, true)),
+            (None, &provision, true, (AfterClaim::Settle, true)),
+            // Settled here, the cache shows neither write, or the record without what settles
+            // it: no fresh read, no second settling; the writes' own watch events come first,
+            // the recheck bounds them.
             (
                 Some(ms(40)),
-                &provision,
+                &Step::Claim,
+                false,
                 (AfterClaim::Recheck(ms(4960)), false),
             ),
-            // A cache that never showed the Ready within its lag: the fresh read decides.
-            (Some(s(5)), &provision, (AfterClaim::Go, true)),
-            (Some(s(9)), &provision, (AfterClaim::Go, true)),
-            // Ready cached: the kernel answered when the claim was reported; it is probed when
-            // its interval is up, not at once.
-            (Some(ms(60)), &probe, (AfterClaim::Recheck(ms(29940)), true)),
-            (Some(s(30)), &probe, (AfterClaim::Go, true)),
+            (
+                Some(ms(40)),
+                &probe,
+                true,
+                (AfterClaim::Recheck(ms(4960)), false),
+            ),
+            // A cache that never showed them within its lag: the fresh read decides.
+            (Some(s(5)), &Step::Claim, false, (AfterClaim::Go, false)),
+            (Some(s(9)), &probe, true, (AfterClaim::Settle, true)),
+            // Settled and cached: the kernel answered when the claim was reported; it is probed
+            // when its interval is up, not at once.
+            (
+                Some(ms(60)),
+                &probe,
+                false,
+                (AfterClaim::Recheck(ms(29940)), true),
+            ),
+            (Some(s(30)), &probe, false, (AfterClaim::Go, true)),
             // Anything else is taken as it comes.
-            (Some(ms(60)), &unusable, (AfterClaim::Go, true)),
-            (Some(ms(60)), &Step::Claim, (AfterClaim::Go, true)),
+            (Some(ms(60)), &unusable, false, (AfterClaim::Go, true)),
+            (Some(ms(60)), &provision, false, (AfterClaim::Go, true)),
         ];
-        for (since, step, expected) in table {
+        for (since, step, unsettled, expected) in table {
             assert_eq!(
-                after_claim(since, step, interval),
+                after_claim(since, step, unsettled, interval),
                 expected,
-                "{since:?} {step:?}"
+                "{since:?} {step:?} {unsettled}"
             );
         }
     }

@@ -88,19 +88,22 @@ pub async fn reconcile<S: SandboxApi>(
     let claims = executor.spec.pool_ref.is_some();
     let asked = ctx.asked(&executor);
     let step = step::decide(&status_of(&executor), executor.annotations(), asked);
-    if claims && !matches!(step, Step::Claim) {
-        // The cache shows the claim recorded (or the claimer needs no member).
+    let mut settle_first = false;
+    if claims {
         let uid = executor.uid().unwrap_or_default();
         let since = ctx.handovers.reported_since(&uid);
+        let unsettled = record_claim::unsettled_member(&executor).is_some();
         let probe_interval = ctx.shared.settings.probe_interval;
-        let (after, settled) = handover::after_claim(since, &step, probe_interval);
+        let (after, settled) = handover::after_claim(since, &step, unsettled, probe_interval);
         if settled {
             ctx.handovers.settled(&uid);
         }
-        if let AfterClaim::Recheck(recheck) = after
-            && executor.metadata.deletion_timestamp.is_none()
-        {
-            return Ok(Action::requeue(recheck));
+        match after {
+            AfterClaim::Recheck(recheck) if executor.metadata.deletion_timestamp.is_none() => {
+                return Ok(Action::requeue(recheck));
+            }
+            AfterClaim::Settle => settle_first = true,
+            AfterClaim::Recheck(_) | AfterClaim::Go => {}
         }
     }
     let actor = Actor {
@@ -113,14 +116,18 @@ pub async fn reconcile<S: SandboxApi>(
         slot: Held::take(&ctx.work, &namespace, priority(&executor)).await,
     };
     // A claimer holds nothing of its own until it takes a member (whose own finalizer guards
-    // the member's sandbox), so its finalizer comes with the record of the claim: one write and
-    // one watch round trip less per claim (see `record_claim`).
+    // the member's sandbox), so its finalizer comes after the record of the claim and its Ready:
+    // two writes to a claim's Ready (see `record_claim`).
     if matches!(step, Step::Claim)
         && executor.metadata.deletion_timestamp.is_none()
         && !executor.finalizers().iter().any(|f| f == FINALIZER)
     {
         let claimed = actor.claim_step(&executor).await;
         return settle(&ctx.backoff, &object, claimed);
+    }
+    if settle_first {
+        let settled = actor.settle_recorded(&executor).await;
+        return settle(&ctx.backoff, &object, settled);
     }
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.

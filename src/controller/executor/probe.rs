@@ -210,6 +210,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     created: Some(conditions::now()),
                     ready: None,
                     suspension: None,
+                    claimed_member: None,
                 };
                 self.provision(executor, key, fields, None).await
             }

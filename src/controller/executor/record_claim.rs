@@ -1,6 +1,12 @@
 //! The second half of a handover: the claimer records the member it took, and the member's
-//! sandbox, in one conditional write ([`record_step`] says what to do with what it finds), and
-//! is Ready at once.
+//! sandbox, in the same conditional status write that reports it Ready ([`record_step`] says
+//! what to do with what it finds), so that a claim is two writes to its Ready: the member's and
+//! this one. Its finalizer, and the record's copy in its annotations (which survives a lost
+//! status), follow in one more write ([`Actor::settle_claim`]), off the claim's path: no
+//! Execution runs on an executor without its finalizer (execution/admit.rs), so every one that
+//! runs is drained on deletion, and until then the member, which the claimer owns, keeps the
+//! sandbox from leaking (the garbage collector deletes it with the claimer, and its finalizer
+//! destroys the sandbox).
 
 use kube::{
     ResourceExt,
@@ -12,7 +18,7 @@ use tracing::{info, warn};
 
 use super::{
     actor::{Actor, CONFLICT_RECHECK, RECORD_ATTEMPTS},
-    status::{SandboxFields, handover_text, kernel_ready, status_of},
+    status::{SandboxFields, handover_text, kernel_ready, state, status_of},
     step::recorded_sandbox,
 };
 use crate::{
@@ -20,11 +26,12 @@ use crate::{
     briq::SandboxApi,
     controller::{
         context::{Error, Result},
+        ownership::claimed_member,
         status::is_conflict,
     },
     crd::{
         BriqExecutor, CLAIMED_MEMBER_ANNOTATION, CLASS_ANNOTATION, FINALIZER,
-        SANDBOX_ID_ANNOTATION, conditions,
+        SANDBOX_ID_ANNOTATION, conditions, reasons::ExecutorReason,
     },
     metrics::ClaimOutcome,
 };
@@ -55,14 +62,58 @@ fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
     }
 }
 
+/// Whether `claimer` holds its finalizer and the record of `member` in its annotations.
+fn settled(claimer: &BriqExecutor, member: &str) -> bool {
+    claimer.finalizers().iter().any(|f| f == FINALIZER)
+        && claimer
+            .annotations()
+            .get(CLAIMED_MEMBER_ANNOTATION)
+            .is_some_and(|annotated| annotated == member)
+}
+
+/// The member a live claimer records in its status without its finalizer and the record's
+/// annotations yet: the write after its Ready did not land (a crash, an error) or is not in the
+/// cache yet.
+pub(super) fn unsettled_member(claimer: &BriqExecutor) -> Option<&str> {
+    if claimer.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let member = claimer.status.as_ref()?.claimed_member.as_deref()?;
+    (!settled(claimer, member)).then_some(member)
+}
+
+/// A claim as the claimer records it: the member, its sandbox, and the class the sandbox was
+/// made under (whose key is the claimer's from now on).
+struct Record {
+    member: String,
+    sandbox: String,
+    class: Option<String>,
+}
+
+impl Record {
+    /// `claimer` as it reads once settled, for what depends on the record before that (its key).
+    fn applied_to(&self, claimer: &BriqExecutor) -> BriqExecutor {
+        let mut claimer = claimer.clone();
+        let annotations = claimer.annotations_mut();
+        annotations.insert(CLAIMED_MEMBER_ANNOTATION.into(), self.member.clone());
+        annotations.insert(SANDBOX_ID_ANNOTATION.into(), self.sandbox.clone());
+        if let Some(class) = &self.class {
+            annotations.insert(CLASS_ANNOTATION.into(), class.clone());
+        }
+        claimer
+    }
+}
+
 impl<S: SandboxApi> Actor<'_, S> {
-    /// The second half of a handover: the claimer records the member and its sandbox, with its
-    /// finalizer, in one write conditional on the version it was decided on, and is Ready at
-    /// once (the member's kernel answered; the first Execution confirms the sandbox with briq
-    /// before any code goes there).
+    /// The second half of a handover: the claimer records the member and its sandbox in its
+    /// status, with its Ready, in one write conditional on the version it was decided on (the
+    /// member's kernel answered; the first Execution confirms the sandbox with briq before any
+    /// code goes there); then it settles the claim ([`Actor::settle_claim`]). A claimer with
+    /// environment variables has them set in the kernel first: without them it is not Ready,
+    /// and provisioning gives them.
     ///
     /// A claimer that changed meanwhile is read afresh: recorded already (an earlier attempt),
-    /// it only reports; holding another member (a second operator's claim), the member taken
+    /// it only settles; holding another member (a second operator's claim), the member taken
     /// here is one too many and is deleted, sandbox and all, by its own finalizer.
     pub(super) async fn record_claim(
         &self,
@@ -79,18 +130,19 @@ impl<S: SandboxApi> Actor<'_, S> {
             )));
         };
         let uid = executor.uid().unwrap_or_default();
-        // The member's sandbox was made with its class's key, which is the claimer's from now on.
-        let made_under = member.annotations().get(CLASS_ANNOTATION);
+        let record = Record {
+            member: member.name_any(),
+            sandbox: id.clone(),
+            class: member.annotations().get(CLASS_ANNOTATION).cloned(),
+        };
+        let origin = handover_text(pool, &record.member);
         let mut claimer = executor.clone();
+        let mut env_taken = None;
         let mut recorded = None;
         for _ in 0..RECORD_ATTEMPTS {
-            let holds = claimer
-                .annotations()
-                .get(CLAIMED_MEMBER_ANNOTATION)
-                .cloned();
             match record_step(
-                holds.as_deref(),
-                &member.name_any(),
+                claimer.claimed_member(),
+                &record.member,
                 claimer.metadata.deletion_timestamp.is_some(),
             ) {
                 RecordStep::Write => {}
@@ -109,29 +161,33 @@ impl<S: SandboxApi> Actor<'_, S> {
                     return Ok(Action::await_change());
                 }
             }
-            let mut finalizers = claimer.finalizers().to_vec();
-            if !finalizers.iter().any(|f| f == FINALIZER) {
-                finalizers.push(FINALIZER.to_owned());
-            }
-            let patch = json!({ "metadata": {
-                "resourceVersion": claimer.resource_version(),
-                "finalizers": finalizers,
-                "annotations": {
-                    CLAIMED_MEMBER_ANNOTATION: member.name_any(),
-                    SANDBOX_ID_ANNOTATION: id,
-                    CLASS_ANNOTATION: made_under,
-                },
-            } });
-            let patched = self
-                .api
-                .patch(
-                    &claimer.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
+            let taken = match env_taken {
+                Some(taken) => taken,
+                None => {
+                    let taken = env.is_empty()
+                        || self
+                            .deliver_env(&record.applied_to(&claimer), &id, env)
+                            .await?;
+                    *env_taken.insert(taken)
+                }
+            };
+            let (state, ready) = if taken {
+                (kernel_ready(Some(&origin)), Some(conditions::now()))
+            } else {
+                let message = format!("{origin}; its environment is given as it is provisioned");
+                (
+                    state("Unknown", false, ExecutorReason::Provisioning, message),
+                    None,
                 )
-                .await
-                .map_err(Error::from);
-            match patched {
+            };
+            let fields = SandboxFields {
+                id: Some(id.clone()),
+                created: member_status.sandbox_created_time.clone(),
+                ready,
+                suspension: None,
+                claimed_member: Some(record.member.clone()),
+            };
+            match self.report_at_version(&claimer, state, fields).await {
                 Ok(written) => {
                     self.shared.metrics.pool_claimed(ClaimOutcome::Warm);
                     recorded = Some(written);
@@ -152,26 +208,94 @@ impl<S: SandboxApi> Actor<'_, S> {
         let Some(claimer) = recorded else {
             return Ok(Action::requeue(CONFLICT_RECHECK));
         };
-        if !env.is_empty() && !self.deliver_env(&claimer, &id, env).await? {
+        if !self.settle_claim(&claimer, &record).await? {
+            self.handovers.settled(&uid);
+            return Ok(Action::requeue(CONFLICT_RECHECK));
+        }
+        if !conditions::is_true(&status_of(&claimer).conditions, conditions::READY) {
             // Not Ready without its environment: provisioning gives it instead (the recorded
             // sandbox's next step), after installing this release's bridge, which a member made
             // by an older release lacks.
             self.handovers.settled(&uid);
             return Ok(Action::requeue(ENV_RETRY));
         }
-        let origin = handover_text(pool, &member.name_any());
-        let ready = kernel_ready(Some(&origin));
-        let fields = SandboxFields {
-            id: Some(id.clone()),
-            created: member_status.sandbox_created_time.clone(),
-            ready: Some(conditions::now()),
-            suspension: None,
-        };
-        self.report(&claimer, ready, fields).await?;
-        self.handovers.reported(&uid, &member.name_any());
+        self.handovers.reported(&uid, &record.member);
         // No Event: the Ready condition says where the kernel came from (publish.rs).
-        info!(sandbox = %id, member = %member.name_any(), "claimed a pool member");
+        info!(sandbox = %id, member = %record.member, "claimed a pool member");
         Ok(Action::requeue(self.shared.settings.probe_interval))
+    }
+
+    /// A claimer whose status records its claim but which does not hold its finalizer and the
+    /// record's annotations ([`unsettled_member`]): settles it, with the class of the member it
+    /// records (a member gone took its sandbox with it: the claimer's probe finds that).
+    pub(super) async fn settle_recorded(&self, claimer: &BriqExecutor) -> Result<Action> {
+        let status = status_of(claimer);
+        let (Some(member), Some(sandbox)) = (
+            status.claimed_member.clone(),
+            recorded_sandbox(&status, claimer.annotations()),
+        ) else {
+            return Ok(Action::await_change());
+        };
+        let class = claimed_member(claimer, self.executors, &self.shared.client)
+            .await?
+            .and_then(|m| m.annotations().get(CLASS_ANNOTATION).cloned());
+        let record = Record {
+            member,
+            sandbox,
+            class,
+        };
+        if !self.settle_claim(claimer, &record).await? {
+            return Ok(Action::requeue(CONFLICT_RECHECK));
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Gives a recorded claimer its finalizer and the record's annotations, in one write
+    /// conditional on its version: whether it holds them now (`false`: it is being deleted,
+    /// and the member it owns goes with it, or it kept changing).
+    async fn settle_claim(&self, claimer: &BriqExecutor, record: &Record) -> Result<bool> {
+        let mut claimer = claimer.clone();
+        for _ in 0..RECORD_ATTEMPTS {
+            if claimer.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            if settled(&claimer, &record.member) {
+                return Ok(true);
+            }
+            let mut finalizers = claimer.finalizers().to_vec();
+            if !finalizers.iter().any(|f| f == FINALIZER) {
+                finalizers.push(FINALIZER.to_owned());
+            }
+            let patch = json!({ "metadata": {
+                "resourceVersion": claimer.resource_version(),
+                "finalizers": finalizers,
+                "annotations": {
+                    CLAIMED_MEMBER_ANNOTATION: record.member,
+                    SANDBOX_ID_ANNOTATION: record.sandbox,
+                    CLASS_ANNOTATION: record.class,
+                },
+            } });
+            let patched = self
+                .api
+                .patch(
+                    &claimer.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(Error::from);
+            match patched {
+                Ok(_) => return Ok(true),
+                Err(error) if is_conflict(&error) => {
+                    match self.api.get_opt(&claimer.name_any()).await? {
+                        Some(fresh) => claimer = fresh,
+                        None => return Ok(false),
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(false)
     }
 
     /// Gives the claimed kernel the claimer's environment: whether it took it. A failure is
@@ -263,6 +387,74 @@ mod tests {
         ];
         for (name, holds, taken, deleting, expected) in cases {
             assert_eq!(record_step(holds, taken, deleting), expected, "{name}");
+        }
+    }
+
+    fn claimer(metadata: serde_json::Value, status: serde_json::Value) -> BriqExecutor {
+        let mut metadata = metadata;
+        metadata["name"] = json!("agent");
+        serde_json::from_value(json!({
+            "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+            "metadata": metadata, "spec": { "poolRef": { "name": "fast" } }, "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_claimer_recorded_in_its_status_is_settled_until_it_holds_its_finalizer_and_the_record() {
+        let recorded = json!({ "sandboxId": "bq_1", "claimedMember": "m1" });
+        let annotated = |member: &str| json!({ CLAIMED_MEMBER_ANNOTATION: member });
+        let cases = [
+            (
+                "the Ready's write landed, the one after it did not",
+                json!({}),
+                recorded.clone(),
+                Some("m1"),
+            ),
+            (
+                "its finalizer without the record's annotations",
+                json!({ "finalizers": [FINALIZER] }),
+                recorded.clone(),
+                Some("m1"),
+            ),
+            (
+                "the record's annotations without its finalizer",
+                json!({ "annotations": annotated("m1") }),
+                recorded.clone(),
+                Some("m1"),
+            ),
+            (
+                "annotations naming another member: the status's record wins",
+                json!({ "finalizers": [FINALIZER], "annotations": annotated("m0") }),
+                recorded.clone(),
+                Some("m1"),
+            ),
+            (
+                "settled",
+                json!({ "finalizers": [FINALIZER], "annotations": annotated("m1") }),
+                recorded.clone(),
+                None,
+            ),
+            (
+                "being deleted: no finalizer can be added, its member goes with it",
+                json!({ "deletionTimestamp": "2026-12-07T00:00:00Z" }),
+                recorded.clone(),
+                None,
+            ),
+            (
+                "recorded by the previous release, in its annotations only",
+                json!({ "finalizers": [FINALIZER], "annotations": annotated("m1") }),
+                json!({ "sandboxId": "bq_1" }),
+                None,
+            ),
+            ("no claim recorded", json!({}), json!({}), None),
+        ];
+        for (name, metadata, status, expected) in cases {
+            assert_eq!(
+                unsettled_member(&claimer(metadata, status)),
+                expected,
+                "{name}"
+            );
         }
     }
 }

@@ -3,8 +3,6 @@
 //! fields ([`SandboxFields`]), written only when the status does not say it already
 //! ([`status_update`]); its annotations; its Events.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     ResourceExt,
@@ -22,8 +20,8 @@ use crate::{
         status::{apply_status, apply_status_at, landed},
     },
     crd::{
-        BriqExecutor, BriqExecutorStatus, CLAIMED_MEMBER_ANNOTATION, CREATE_PENDING_ANNOTATION,
-        EXECUTOR_MANAGER, PoolRef, SANDBOX_ID_ANNOTATION, Suspension,
+        BriqExecutor, BriqExecutorStatus, CREATE_PENDING_ANNOTATION, EXECUTOR_MANAGER, PoolRef,
+        SANDBOX_ID_ANNOTATION, Suspension,
         conditions::{self, Desired, READY, STALLED, desired},
         reasons::ExecutorReason,
     },
@@ -57,12 +55,10 @@ pub(super) fn kernel_ready(handed_over: Option<&str>) -> [Desired; 2] {
     state("True", false, ExecutorReason::KernelReady, message)
 }
 
-/// Where a claimer's sandbox came from, by its own record (`poolRef` and the
-/// `claimed-member` annotation); `None` for an executor that made its own.
-fn handover(pool_ref: Option<&PoolRef>, annotations: &BTreeMap<String, String>) -> Option<String> {
-    let pool = pool_ref?;
-    let member = annotations.get(CLAIMED_MEMBER_ANNOTATION)?;
-    Some(handover_text(&pool.name, member))
+/// Where a claimer's sandbox came from, by its own record (`poolRef` and the member it
+/// records, [`BriqExecutor::claimed_member`]); `None` for an executor that made its own.
+fn handover(pool_ref: Option<&PoolRef>, member: Option<&str>) -> Option<String> {
+    Some(handover_text(&pool_ref?.name, member?))
 }
 
 pub(super) fn handover_text(pool: &str, member: &str) -> String {
@@ -84,6 +80,8 @@ pub(super) struct SandboxFields {
     pub(super) ready: Option<Time>,
     /// The last suspension; it goes with the sandbox.
     pub(super) suspension: Option<Suspension>,
+    /// The pool member whose sandbox a claimer took; it goes with the sandbox.
+    pub(super) claimed_member: Option<String>,
 }
 
 impl SandboxFields {
@@ -93,6 +91,7 @@ impl SandboxFields {
             created: status.sandbox_created_time.clone(),
             ready: status.ready_time.clone(),
             suspension: status.suspension.clone(),
+            claimed_member: status.claimed_member.clone(),
         }
     }
 }
@@ -117,6 +116,7 @@ fn status_update(
         sandbox_created_time: sandbox.created,
         ready_time: sandbox.ready,
         suspension: sandbox.suspension,
+        claimed_member: sandbox.claimed_member,
         ..Default::default()
     })
 }
@@ -149,26 +149,40 @@ impl<S: SandboxApi> Actor<'_, S> {
         executor: &BriqExecutor,
         state: impl AsRef<[conditions::Desired]>,
     ) -> Result<bool> {
+        let written = self
+            .report_at_version(executor, state, SandboxFields::default())
+            .await;
+        landed(written)
+    }
+
+    /// [`Actor::report`], only if the executor is still at the version `executor` was read at:
+    /// the executor as written (or as it was, when its status already says it); a conflict is
+    /// [`is_conflict`](crate::controller::status::is_conflict).
+    pub(super) async fn report_at_version(
+        &self,
+        executor: &BriqExecutor,
+        state: impl AsRef<[conditions::Desired]>,
+        sandbox: SandboxFields,
+    ) -> Result<BriqExecutor> {
         let current = status_of(executor);
         let Some(status) = status_update(
             &current,
             executor.metadata.generation,
             state.as_ref(),
-            SandboxFields::default(),
+            sandbox,
         ) else {
-            return Ok(true);
+            return Ok(executor.clone());
         };
         let status = serde_json::to_value(status).expect("status serializes");
         let version = executor.resource_version();
-        let written = apply_status_at(
+        apply_status_at(
             self.api,
             executor,
             EXECUTOR_MANAGER,
             status,
             version.as_deref(),
         )
-        .await;
-        landed(written)
+        .await
     }
 
     /// Says `Provisioning` once, when the executor has no `Ready` condition yet.
@@ -267,7 +281,7 @@ impl<S: SandboxApi> Actor<'_, S> {
 
 /// Ready, saying where a claimer's kernel came from.
 pub(super) fn kernel_ready_of(executor: &BriqExecutor) -> [conditions::Desired; 2] {
-    let origin = handover(executor.spec.pool_ref.as_ref(), executor.annotations());
+    let origin = handover(executor.spec.pool_ref.as_ref(), executor.claimed_member());
     kernel_ready(origin.as_deref())
 }
 

@@ -5,6 +5,7 @@ use kube::runtime::reflector;
 use serde_json::json;
 
 use super::*;
+use crate::crd::CLAIMED_MEMBER_ANNOTATION;
 
 fn executor(name: &str, ready: &str, annotations: serde_json::Value) -> BriqExecutor {
     serde_json::from_value(json!({
@@ -389,10 +390,17 @@ fn a_ready_member_wakes_as_many_of_the_oldest_waiting_claimers_as_the_pool_has_r
         member("warm-a", "True", json!({})),
         member("warm-b", "True", json!({})),
     );
+    // Ready with its claim's record, before the write that copies it into its annotations.
+    let mut recorded_not_settled = claimer("recorded", 5, json!({}));
+    Arc::make_mut(&mut recorded_not_settled)
+        .status
+        .get_or_insert_default()
+        .claimed_member = Some("warm-y".into());
     let everyone = vec![
         claimer("late", 30, json!({})),
         claimer("early", 10, json!({})),
         claimer("served", 0, json!({ CLAIMED_MEMBER_ANNOTATION: "warm-x" })),
+        recorded_not_settled,
         claimer("cold", 1, json!({ POOL_FALLBACK_ANNOTATION: "no member" })),
         claimer("middle", 20, json!({})),
         a.clone(),

@@ -10,11 +10,14 @@ use crate::{
         fixtures::{at, attempt},
         observed::NamespaceQueue,
     },
-    crd::reasons::ExecutionReason,
+    crd::{FINALIZER, reasons::ExecutionReason},
 };
 
 fn executor(status: serde_json::Value, deleting: bool) -> BriqExecutor {
-    let mut metadata = json!({ "name": "py", "namespace": "ns", "uid": "u-py" });
+    // Every executor the operator runs code in holds its finalizer.
+    let mut metadata = json!({
+        "name": "py", "namespace": "ns", "uid": "u-py", "finalizers": [FINALIZER],
+    });
     if deleting {
         metadata["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
     }
@@ -73,6 +76,8 @@ fn fail(reason: ExecutionReason, message: &str) -> Step {
 fn decide_table() {
     use ExecutionReason::*;
     let ready = ready();
+    let mut unsettled_claimer = ready.clone();
+    unsettled_claimer.metadata.finalizers = None;
     let mut queue_of_one = ready.clone();
     queue_of_one.spec.max_queued_executions = 1;
     let deleting = executor(json!({}), true);
@@ -293,6 +298,17 @@ fn decide_table() {
             Step::Refuse(Refusal::Wait {
                 reason: ExecutorNotReady,
                 message: "BriqExecutor py is not ready: creating the sandbox".into(),
+                recheck: Duration::from_secs(10),
+            }),
+        ),
+        (
+            "a claimer Ready with its claim's record, before the write that gives it its finalizer",
+            observed(Some(&unsettled_claimer)),
+            Step::Refuse(Refusal::Wait {
+                reason: ExecutorNotReady,
+                message: "BriqExecutor py is not ready: it does not hold its finalizer yet, which \
+                          makes its deletion wait for its Executions"
+                    .into(),
                 recheck: Duration::from_secs(10),
             }),
         ),

@@ -1,5 +1,5 @@
 use super::*;
-use crate::controller::executor::fixtures::{annotations, ready, status};
+use crate::controller::executor::fixtures::{ready, status};
 
 #[test]
 fn a_claimer_says_where_its_kernel_came_from_on_every_probe() {
@@ -8,14 +8,13 @@ fn a_claimer_says_where_its_kernel_came_from_on_every_probe() {
         cold_create_after_seconds: 30,
         env: vec![],
     };
-    let claimed = annotations(&[(CLAIMED_MEMBER_ANNOTATION, "fast-x1")]);
-    let none = annotations(&[]);
+    let claimed = Some("fast-x1");
     assert_eq!(
-        handover(Some(&pool), &claimed).as_deref(),
+        handover(Some(&pool), claimed).as_deref(),
         Some("handed over from BriqExecutorPool fast (executor fast-x1)")
     );
-    assert_eq!(handover(Some(&pool), &none), None, "fell back to its own");
-    assert_eq!(handover(None, &claimed), None, "not a claimer");
+    assert_eq!(handover(Some(&pool), None), None, "fell back to its own");
+    assert_eq!(handover(None, claimed), None, "not a claimer");
     assert_eq!(
         kernel_ready(Some(
             "handed over from BriqExecutorPool fast (executor fast-x1)"
