@@ -325,6 +325,15 @@ pub struct UnsavedName {
 }
 
 impl BriqExecutor {
+    /// Whether it holds the operator's finalizer: its deletion then waits for its Executions and
+    /// destroys its sandbox. Code runs only on an executor that does.
+    pub fn holds_finalizer(&self) -> bool {
+        self.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|finalizers| finalizers.iter().any(|f| f == super::keys::FINALIZER))
+    }
+
     /// The pool member a claimer records it took: its status (written with the claim's
     /// `Ready`), else its `claimed-member` annotation (written right after, and kept when a
     /// status is lost).

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::SignedDuration;
-use kube::{ResourceExt, runtime::controller::Action};
+use kube::runtime::controller::Action;
 
 use super::{actor::Actor, conclude::Verdict, observed::Observed};
 use crate::{
@@ -16,7 +16,7 @@ use crate::{
         recheck::{self, Wait},
     },
     crd::{
-        BriqExecutor, FINALIZER, POOL_MEMBER_ANNOTATION,
+        BriqExecutor, POOL_MEMBER_ANNOTATION,
         conditions::{self, READY, STALLED},
         reasons::ExecutionReason,
     },
@@ -107,7 +107,7 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
     }
     // A claimer is Ready with the record of its claim, and gets its finalizer in the write
     // after (executor/record_claim.rs): code runs only where deleting the executor waits for it.
-    if !executor.finalizers().iter().any(|f| f == FINALIZER) {
+    if !executor.holds_finalizer() {
         let message = format!(
             "BriqExecutor {name} is not ready: it does not hold its finalizer yet, which makes \
              its deletion wait for its Executions"

@@ -88,13 +88,14 @@ pub async fn reconcile<S: SandboxApi>(
     let claims = executor.spec.pool_ref.is_some();
     let asked = ctx.asked(&executor);
     let step = step::decide(&status_of(&executor), executor.annotations(), asked);
-    let mut settle_first = false;
+    let unsettled = record_claim::unsettled_member(&executor).map(str::to_owned);
+    let mut settle_first = None;
     if claims {
         let uid = executor.uid().unwrap_or_default();
         let since = ctx.handovers.reported_since(&uid);
-        let unsettled = record_claim::unsettled_member(&executor).is_some();
         let probe_interval = ctx.shared.settings.probe_interval;
-        let (after, settled) = handover::after_claim(since, &step, unsettled, probe_interval);
+        let (after, settled) =
+            handover::after_claim(since, &step, unsettled.is_some(), probe_interval);
         if settled {
             ctx.handovers.settled(&uid);
         }
@@ -102,7 +103,7 @@ pub async fn reconcile<S: SandboxApi>(
             AfterClaim::Recheck(recheck) if executor.metadata.deletion_timestamp.is_none() => {
                 return Ok(Action::requeue(recheck));
             }
-            AfterClaim::Settle => settle_first = true,
+            AfterClaim::Settle => settle_first = unsettled,
             AfterClaim::Recheck(_) | AfterClaim::Go => {}
         }
     }
@@ -120,19 +121,19 @@ pub async fn reconcile<S: SandboxApi>(
     // two writes to a claim's Ready (see `record_claim`).
     if matches!(step, Step::Claim)
         && executor.metadata.deletion_timestamp.is_none()
-        && !executor.finalizers().iter().any(|f| f == FINALIZER)
+        && !executor.holds_finalizer()
     {
         let claimed = actor.claim_step(&executor).await;
         return settle(&ctx.backoff, &object, claimed);
     }
-    if settle_first {
-        let settled = actor.settle_recorded(&executor).await;
+    if let Some(member) = settle_first {
+        let settled = actor.settle_recorded(&executor, member).await;
         return settle(&ctx.backoff, &object, settled);
     }
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
     if executor.metadata.deletion_timestamp.is_some()
-        && executor.finalizers().iter().any(|f| f == FINALIZER)
+        && executor.holds_finalizer()
         && let Some(wait) = actor.drain(&executor).await.transpose()
     {
         return settle(&ctx.backoff, &object, wait);

@@ -64,7 +64,7 @@ fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
 
 /// Whether `claimer` holds its finalizer and the record of `member` in its annotations.
 fn settled(claimer: &BriqExecutor, member: &str) -> bool {
-    claimer.finalizers().iter().any(|f| f == FINALIZER)
+    claimer.holds_finalizer()
         && claimer
             .annotations()
             .get(CLAIMED_MEMBER_ANNOTATION)
@@ -228,12 +228,12 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// A claimer whose status records its claim but which does not hold its finalizer and the
     /// record's annotations ([`unsettled_member`]): settles it, with the class of the member it
     /// records (a member gone took its sandbox with it: the claimer's probe finds that).
-    pub(super) async fn settle_recorded(&self, claimer: &BriqExecutor) -> Result<Action> {
-        let status = status_of(claimer);
-        let (Some(member), Some(sandbox)) = (
-            status.claimed_member.clone(),
-            recorded_sandbox(&status, claimer.annotations()),
-        ) else {
+    pub(super) async fn settle_recorded(
+        &self,
+        claimer: &BriqExecutor,
+        member: String,
+    ) -> Result<Action> {
+        let Some(sandbox) = recorded_sandbox(&status_of(claimer), claimer.annotations()) else {
             return Ok(Action::await_change());
         };
         let class = claimed_member(claimer, self.executors, &self.shared.client)
@@ -263,7 +263,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 return Ok(true);
             }
             let mut finalizers = claimer.finalizers().to_vec();
-            if !finalizers.iter().any(|f| f == FINALIZER) {
+            if !claimer.holds_finalizer() {
                 finalizers.push(FINALIZER.to_owned());
             }
             let patch = json!({ "metadata": {
