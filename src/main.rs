@@ -22,6 +22,9 @@ enum Command {
     Crd,
     /// Print the API reference of the CRDs as Markdown (what docs/src/reference/api.md holds).
     ApiReference,
+    /// Check briq's MCP server: compare its `tools/list` with every tool and argument the
+    /// operator sends, and print each difference (exit 1 when there is one).
+    CheckBriq(operator::CheckArgs),
 }
 
 #[tokio::main]
@@ -41,6 +44,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Run(args) => operator::run(*args).await?,
         Command::Crd => print!("{}", crd::to_yaml()?),
         Command::ApiReference => print!("{}", crd::reference::markdown()),
+        Command::CheckBriq(args) => {
+            if !operator::check_briq(args).await? {
+                std::process::exit(1);
+            }
+        }
     }
     Ok(())
 }

@@ -99,6 +99,9 @@ pub struct Live {
     pub waiting_for_briq: i64,
     /// API keys with which briq answers no call now (`briq::health`).
     pub briq_unreachable_keys: i64,
+    /// API keys whose server's MCP interface differs from what the operator sends
+    /// (`briq::conformance`).
+    pub briq_mismatched_keys: i64,
     /// What each class (by name) is used for, across namespaces.
     pub classes: std::collections::BTreeMap<String, crate::usage::Usage>,
 }
@@ -137,6 +140,7 @@ pub struct Metrics {
     class_executions_waiting: Family<ClassLabels, Gauge>,
     class_queued: Family<ClassLabels, Gauge>,
     briq_unreachable: Gauge,
+    briq_mismatched: Gauge,
     live: Mutex<Option<LiveSource>>,
 }
 
@@ -280,6 +284,14 @@ impl Default for Metrics {
              briq is probed by one call at a time (0 when briq answers)",
             briq_unreachable.clone(),
         );
+        let briq_mismatched = Gauge::default();
+        registry.register(
+            "briq_interface_mismatched_keys",
+            "briq API keys whose server's tools/list does not declare a tool or argument the \
+             operator sends, or requires one it never sends: no call is made with them \
+             (reason BriqInterfaceMismatch; 0 when the interface matches)",
+            briq_mismatched.clone(),
+        );
         let class_executors = Family::<ClassLabels, Gauge>::default();
         let class_executors_waiting = Family::<ClassLabels, Gauge>::default();
         let class_running = Family::<ClassLabels, Gauge>::default();
@@ -358,6 +370,7 @@ impl Default for Metrics {
             leader,
             waiting_for_briq,
             briq_unreachable,
+            briq_mismatched,
             class_executors,
             class_executors_waiting,
             class_running,
@@ -469,6 +482,7 @@ impl Metrics {
         self.bookkeeping.set(live.bookkeeping);
         self.waiting_for_briq.set(live.waiting_for_briq);
         self.briq_unreachable.set(live.briq_unreachable_keys);
+        self.briq_mismatched.set(live.briq_mismatched_keys);
         // A deleted class's series go with it.
         let families = [
             &self.class_executors,

@@ -15,8 +15,8 @@ use crate::{
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Base URL of the briq API.
-    #[arg(long, env = "BRIQ_API_URL", default_value = "https://api.briq.cloud")]
+    /// briq's MCP endpoint (Streamable HTTP).
+    #[arg(long, env = "BRIQ_API_URL", default_value = crate::briq::api::DEFAULT_BASE_URL)]
     pub briq_url: Url,
 
     /// API key for executors without `apiKeySecretRef`. Taken as text and checked afterwards,
@@ -168,6 +168,62 @@ impl Args {
     }
 }
 
+/// `briq-operator check-briq`: the live conformance check from a shell.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// briq's MCP endpoint (Streamable HTTP).
+    #[arg(long, env = "BRIQ_API_URL", default_value = crate::briq::api::DEFAULT_BASE_URL)]
+    pub briq_url: Url,
+
+    /// The API key to check with. Taken as text and checked afterwards, so that no parse error
+    /// can echo it.
+    #[arg(long, env = "BRIQ_API_KEY", hide_env_values = true)]
+    pub api_key: String,
+
+    /// Accept an `http://` briq URL (a local briq-compatible server only).
+    #[arg(long, env = "BRIQ_ALLOW_PLAIN_HTTP")]
+    pub allow_plain_http: bool,
+}
+
+/// Prints what the server declares against what the operator sends; `false` on a mismatch.
+pub async fn check_briq(args: CheckArgs) -> anyhow::Result<bool> {
+    let key = ApiKey::new(args.api_key.as_str()).map_err(|error| {
+        anyhow::anyhow!("--api-key (BRIQ_API_KEY) is not a usable key: {error}")
+    })?;
+    let mut options = ClientOptions::new(args.briq_url.clone());
+    options.allow_plain_http = args.allow_plain_http;
+    let client = BriqClient::new(options).context("building the briq client")?;
+    let started = std::time::Instant::now();
+    let mismatches = client
+        .check_conformance(&key)
+        .await
+        .with_context(|| format!("calling tools/list at {}", args.briq_url))?;
+    let took = started.elapsed();
+    for (tool, parameters) in crate::briq::api::SENT {
+        let named = |m: &crate::briq::Mismatch| m.tool() == *tool;
+        let verdict = if mismatches.iter().any(named) {
+            "MISMATCH"
+        } else {
+            "ok"
+        };
+        println!("{verdict:8} {tool}({})", parameters.join(", "));
+    }
+    for mismatch in &mismatches {
+        println!("  {mismatch}");
+    }
+    println!(
+        "{} at {} in {} ms (initialize, initialized, tools/list)",
+        if mismatches.is_empty() {
+            "the server declares every tool and argument the operator sends"
+        } else {
+            "BriqInterfaceMismatch"
+        },
+        args.briq_url,
+        took.as_millis()
+    );
+    Ok(mismatches.is_empty())
+}
+
 /// How [`serve`] runs.
 pub struct Options {
     pub settings: Settings,
@@ -184,11 +240,29 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("finding the Kubernetes configuration")?;
     let sandboxes = args.briq_client()?;
+    let settings = args.settings()?;
+    if let Some(key) = settings.default_api_key.clone() {
+        // The default key's check at start: a mismatch is logged now, not at the first create.
+        let client = sandboxes.clone();
+        tokio::spawn(async move {
+            match client.check_conformance(&key).await {
+                Ok(mismatches) if mismatches.is_empty() => {
+                    tracing::info!(
+                        "briq's MCP server declares every tool and argument the operator sends"
+                    );
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "briq's tools/list could not be read at start; checked again at the key's first use")
+                }
+            }
+        });
+    }
     let http = tokio::net::TcpListener::bind(args.http_address)
         .await
         .with_context(|| format!("listening on {}", args.http_address))?;
     let options = Options {
-        settings: args.settings()?,
+        settings,
         lease: args.lease(&config)?,
         http: Some(http),
     };

@@ -215,7 +215,7 @@ fn emit_under(tracer: &SdkTracer, parent: &Context, span: &Span) {
 /// A call to briq, as noted by the client.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BriqCall {
-    /// `METHOD route`, the route with its placeholders (`POST /v1/sandboxes/{id}/exec`).
+    /// The MCP tool called (`briq_exec`), or `initialize`, `initialized`, `tools/list`.
     pub operation: String,
     pub start: SystemTime,
     pub end: SystemTime,
@@ -400,13 +400,13 @@ mod tests {
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
         let end = start + Duration::from_millis(30);
         let call = |status, request_id: Option<&str>| BriqCall {
-            operation: "POST /v1/sandboxes/{id}/exec".to_owned(),
+            operation: "briq_exec".to_owned(),
             start,
             end,
             request_id: request_id.map(str::to_owned),
             status,
         };
-        let name = "briq POST /v1/sandboxes/{id}/exec";
+        let name = "briq briq_exec";
         assert_eq!(
             call(Some(200), Some("req-1")).span(),
             Span::new(name, start, end)
@@ -429,7 +429,7 @@ mod tests {
     #[tokio::test]
     async fn calls_are_noted_only_inside_a_recording() {
         let call = BriqCall {
-            operation: "GET /v1/sandboxes/{id}".to_owned(),
+            operation: "briq_status".to_owned(),
             start: SystemTime::UNIX_EPOCH,
             end: SystemTime::UNIX_EPOCH,
             request_id: None,

@@ -1,11 +1,12 @@
-//! Contract tests: the real briq client against the in-process local sandbox server, for every
-//! operation and every fault class. No network beyond loopback.
+//! Contract tests: the real briq client against the in-process local sandbox server's MCP
+//! tools, for every operation and every fault class, and the local server's `tools/list`
+//! against briq's published schemas. No network beyond loopback.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use briq_dev::local_server::{
-    self, AdminClient, Config, Fault, FaultRule, LocalServer, Operation, Outage,
+    self, AdminClient, Config, DeclaredChange, Fault, FaultRule, LocalServer, Operation, Outage,
 };
 use briq_operator::briq::api::ErrorCode;
 use briq_operator::briq::{
@@ -199,12 +200,6 @@ async fn create_exec_and_file_round_trip() {
 
     let got = h.client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
     assert_eq!(got.id, sandbox.id);
-    let preview = h
-        .client
-        .preview_url(&h.key, &sandbox.id, 8888)
-        .await
-        .unwrap();
-    assert_eq!(preview.port(), Some(8888));
     assert_eq!(h.calls(Operation::Create).await, 1);
 
     h.destroy(&sandbox.id).await;
@@ -345,7 +340,11 @@ async fn a_stopped_sandbox_keeps_its_files_runs_nothing_and_starts_again() {
     let sandbox = h.sandbox("stopped").await;
     let detached = sh("echo kept > state.txt; setsid sleep 300 >/dev/null 2>&1 </dev/null &");
     assert_eq!(h.exec(&sandbox.id, &detached).await.exit_code, Some(0));
-    assert_eq!(h.processes(&sandbox.id).await, 1);
+    // The command's wrapper (its `timeout`) is reaped a moment after it answered.
+    eventually("only the detached sleep is left", async || {
+        h.processes(&sandbox.id).await == 1
+    })
+    .await;
 
     for _ in 0..2 {
         let stopped = h.client.stop_sandbox(&h.key, &sandbox.id).await.unwrap();
@@ -473,14 +472,17 @@ async fn paths_cannot_escape_the_sandbox() {
             h.client.write_file(&h.key, id, path, b"x").await,
             ErrorClass::Terminal,
         );
-        assert!(matches!(
-            error,
-            Error::Rejected {
-                status: 400,
-                code: ErrorCode::InvalidRequest,
-                ..
-            }
-        ));
+        // A tool error: answered, not an HTTP refusal.
+        assert!(
+            matches!(
+                error,
+                Error::Rejected {
+                    code: ErrorCode::InvalidRequest,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
     }
     expect_class(
         h.client.read_file(&h.key, id, "/../../etc/passwd").await,
@@ -494,12 +496,18 @@ async fn paths_cannot_escape_the_sandbox() {
             .await,
         ErrorClass::Terminal,
     );
-    let mut outside = command(&["true"]);
-    outside.cwd = Some("/../..".to_owned());
-    expect_class(
-        h.client.exec(&h.key, id, &outside).await,
-        ErrorClass::Terminal,
-    );
+    // The working directory travels in the command: the client refuses one that climbs.
+    let before = h.calls(Operation::Exec).await;
+    for cwd in ["/../..", "/work/../..", "work"] {
+        let mut outside = command(&["true"]);
+        outside.cwd = Some(cwd.to_owned());
+        let error = expect_class(
+            h.client.exec(&h.key, id, &outside).await,
+            ErrorClass::Terminal,
+        );
+        assert_eq!(error.exec_outcome(), ExecOutcome::NotRun, "{cwd}");
+    }
+    assert_eq!(h.calls(Operation::Exec).await, before, "none was sent");
     h.destroy(id).await;
     h.finish().await;
 }
@@ -813,7 +821,9 @@ async fn exec_hanging_past_the_request_timeout_after_running_is_unknown() {
 async fn exec_refused_before_acting_did_not_run() {
     let h = harness().await;
     let sandbox = h.sandbox("refused").await;
-    for status in [400, 401, 403, 404, 409, 422, 429] {
+    // (A 404 to a request in a session says the session is gone: see
+    // a_forgotten_session_is_initialized_again_and_the_call_sent_once.)
+    for status in [400, 401, 403, 409, 422, 429] {
         h.admin
             .add_fault(
                 &FaultRule::on(Operation::Exec, Fault::status(status)).for_sandbox(&sandbox.id),
@@ -877,14 +887,15 @@ async fn malformed_answers_are_malformed() {
 
 #[tokio::test]
 async fn oversized_answers_are_malformed() {
-    let h = harness_with(|options| options.max_response_bytes = 4096).await;
+    // Room for the interface check's tools/list, not for the answer below.
+    let h = harness_with(|options| options.max_response_bytes = 16 * 1024).await;
     let sandbox = h.sandbox("big").await;
     expect_class(
         h.client
             .exec(
                 &h.key,
                 &sandbox.id,
-                &sh("head -c 10000 /dev/zero | tr '\\0' a"),
+                &sh("head -c 20000 /dev/zero | tr '\\0' a"),
             )
             .await,
         ErrorClass::Malformed,
@@ -957,6 +968,8 @@ async fn a_down_briq_is_probed_by_one_call_at_a_time_not_a_herd() {
     let h = harness().await;
     let sandbox = h.sandbox("outage").await;
     let client = h.fresh_client();
+    // Its session and interface check made before the outage: what follows counts execs.
+    client.get_sandbox(&h.key, &sandbox.id).await.unwrap();
     h.admin
         .begin_outage(&Outage::new(503, Duration::from_secs(3600)))
         .await
@@ -1026,4 +1039,407 @@ async fn dropping_the_server_kills_its_processes() {
     assert!(alive(pid));
     drop(h);
     assert!(!alive(pid));
+}
+
+/// The local server's `tools/list`, read with plain JSON-RPC (initialize, then the list).
+async fn declared_tools(h: &Harness) -> Vec<serde_json::Value> {
+    let http = reqwest::Client::new();
+    let post = |session: Option<String>, body: serde_json::Value| {
+        let mut request = http
+            .post(h.server.url())
+            .bearer_auth(KEY)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let initialized = post(
+        None,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "contract-test", "version": "0"}}}),
+    )
+    .await
+    .unwrap();
+    let session = initialized
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let listed: serde_json::Value = post(
+        session,
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    listed["result"]["tools"].as_array().unwrap().clone()
+}
+
+/// The JSON Schema type a published type names.
+fn schema_types(published: &str) -> Vec<&str> {
+    published.split('|').collect()
+}
+
+#[tokio::test]
+async fn the_local_servers_tools_list_matches_the_published_schemas_in_every_captured_field() {
+    let h = harness().await;
+    let published: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/briq-mcp-published.json")).unwrap();
+    let published = published["tools"].as_array().unwrap();
+    let declared = declared_tools(&h).await;
+    let names: Vec<&str> = declared
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for (tool, _) in briq_operator::briq::api::SENT {
+        assert!(
+            names.contains(tool),
+            "the local server declares {tool}: {names:?}"
+        );
+    }
+    for tool in &declared {
+        let name = tool["name"].as_str().unwrap();
+        let schema = &tool["inputSchema"];
+        let properties = schema["properties"].as_object().unwrap();
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().map(|v| v.as_str().unwrap()).collect())
+            .unwrap_or_default();
+        let fixture = published
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not a published tool"));
+        let captured = fixture["schema"] != "not captured";
+        if fixture["title"].is_string() {
+            assert_eq!(tool["title"], fixture["title"], "{name}.title");
+        }
+        for (hint, value) in fixture["annotations"].as_object().unwrap() {
+            assert_eq!(
+                &tool["annotations"][hint], value,
+                "{name} annotation {hint}"
+            );
+        }
+        let parameters = fixture["parameters"].as_array().unwrap();
+        for parameter in parameters {
+            let pname = parameter["name"].as_str().unwrap();
+            let Some(property) = properties.get(pname) else {
+                assert!(!captured, "{name}.{pname} is published but not declared");
+                continue;
+            };
+            match parameter["required"].as_bool() {
+                Some(true) => assert!(required.contains(&pname), "{name}.{pname} is required"),
+                Some(false) => assert!(!required.contains(&pname), "{name}.{pname} is optional"),
+                None => {}
+            }
+            if let Some(kind) = parameter["type"].as_str() {
+                let types = schema_types(kind);
+                let declared_type = &property["type"];
+                let matches = match declared_type {
+                    serde_json::Value::String(t) => types == [t.as_str()],
+                    serde_json::Value::Array(ts) => {
+                        ts.iter().map(|t| t.as_str().unwrap()).collect::<Vec<_>>() == types
+                    }
+                    _ => false,
+                };
+                assert!(
+                    matches,
+                    "{name}.{pname}: type {declared_type} against {kind}"
+                );
+            }
+            if !parameter["default"].is_null()
+                && !parameter["inDescriptionOnly"].as_bool().unwrap_or(false)
+            {
+                assert_eq!(
+                    property["default"], parameter["default"],
+                    "{name}.{pname} default"
+                );
+            }
+            for bound in ["minimum", "maximum"] {
+                if !parameter[bound].is_null() {
+                    assert_eq!(property[bound], parameter[bound], "{name}.{pname} {bound}");
+                }
+            }
+        }
+        for pname in properties.keys() {
+            let known = parameters.iter().any(|p| p["name"] == pname.as_str());
+            assert!(
+                known,
+                "{name}.{pname} is declared by the local server but not published"
+            );
+        }
+    }
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_server_that_lacks_a_parameter_is_named_as_a_mismatch_and_no_other_call_is_made() {
+    let h = harness().await;
+    h.admin
+        .declare(&DeclaredChange::DropParameter {
+            tool: "briq_exec".into(),
+            parameter: "stdin".into(),
+        })
+        .await
+        .unwrap();
+    h.admin
+        .declare(&DeclaredChange::DropTool {
+            tool: "briq_files_get".into(),
+        })
+        .await
+        .unwrap();
+    let client = h.fresh_client();
+    let started = Instant::now();
+    let error = expect_class(
+        client
+            .create_sandbox(&h.key, &create_request("mismatch"))
+            .await,
+        ErrorClass::Terminal,
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "within seconds");
+    let Error::InterfaceMismatch { mismatches } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(
+        mismatches
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [
+            "briq_files_get: the server declares no such tool",
+            "briq_exec.stdin: sent, but not declared",
+        ]
+    );
+    assert!(
+        error.to_string().contains("BriqInterfaceMismatch"),
+        "{error}"
+    );
+    assert_eq!(error.exec_outcome(), ExecOutcome::NotRun);
+    // Calls made again are refused here, without another look at the server.
+    expect_class(
+        client.get_sandbox(&h.key, "bq_whatever").await,
+        ErrorClass::Terminal,
+    );
+    assert_eq!(client.mismatched_keys(), 1);
+    let stats = h.admin.stats().await.unwrap();
+    assert_eq!(stats.calls(Operation::ListTools), 1);
+    let others: u64 = stats
+        .calls
+        .iter()
+        .filter(|(operation, _)| !matches!(operation, Operation::ListTools | Operation::Initialize))
+        .map(|(_, count)| count)
+        .sum();
+    assert_eq!(others, 0, "no other call: {:?}", stats.calls);
+    // A server that declares what is sent again is checked anew and called.
+    h.admin.restore_declared().await.unwrap();
+    assert_eq!(client.check_conformance(&h.key).await.unwrap(), vec![]);
+    let sandbox = client
+        .create_sandbox(&h.key, &create_request("matched"))
+        .await
+        .unwrap();
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_required_parameter_the_operator_never_sends_is_a_mismatch() {
+    let h = harness().await;
+    h.admin
+        .declare(&DeclaredChange::RequireParameter {
+            tool: "briq_exec".into(),
+            parameter: "cwd".into(),
+        })
+        .await
+        .unwrap();
+    let mismatches = h.fresh_client().check_conformance(&h.key).await.unwrap();
+    assert_eq!(
+        mismatches
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["briq_exec.cwd: required by the server, never sent"]
+    );
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn answers_as_event_streams_work_end_to_end() {
+    let server = local_server::spawn(Config {
+        sse_answers: true,
+        ..Config::new(ApiKey::new(KEY).unwrap())
+    })
+    .await
+    .unwrap();
+    let client = BriqClient::new(ClientOptions::local(server.url())).unwrap();
+    let key = server.api_key().clone();
+    let sandbox = client
+        .create_sandbox(&key, &create_request("sse"))
+        .await
+        .unwrap();
+    let out = client
+        .exec(&key, &sandbox.id, &sh("echo over sse"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "over sse\n");
+    client
+        .write_file(&key, &sandbox.id, "/work/a", b"x")
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .read_file(&key, &sandbox.id, "/work/a")
+            .await
+            .unwrap(),
+        b"x"
+    );
+    assert_eq!(
+        client.destroy_sandbox(&key, &sandbox.id).await.unwrap(),
+        DestroyOutcome::Destroyed
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_exec_whose_event_stream_is_cut_after_it_ran_is_uncertain_and_ran_once() {
+    let h = harness().await;
+    let sandbox = h.sandbox("sse-cut").await;
+    h.admin
+        .add_fault(
+            &FaultRule::on(Operation::Exec, Fault::SseCutAfterEffect).for_sandbox(&sandbox.id),
+        )
+        .await
+        .unwrap();
+    let error = h
+        .client
+        .exec(&h.key, &sandbox.id, &sh("echo ran >> ran.txt"))
+        .await
+        .expect_err("the answer was cut");
+    assert_no_key(&error);
+    assert!(
+        matches!(error.class(), ErrorClass::Uncertain | ErrorClass::Malformed),
+        "{error:?}"
+    );
+    assert_eq!(error.exec_outcome(), ExecOutcome::Unknown);
+    assert_eq!(h.calls(Operation::Exec).await, 1);
+    let ran = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+        .await
+        .unwrap();
+    assert_eq!(ran, b"ran\n", "it ran, once");
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn an_exec_refused_as_a_tool_or_json_rpc_error_did_not_run() {
+    let h = harness().await;
+    let sandbox = h.sandbox("refused-mcp").await;
+    for fault in [
+        Fault::ToolError {
+            tool_error: ErrorCode::InvalidRequest,
+        },
+        Fault::JsonRpcError {
+            json_rpc_error: -32602,
+        },
+    ] {
+        h.admin
+            .add_fault(&FaultRule::on(Operation::Exec, fault.clone()).for_sandbox(&sandbox.id))
+            .await
+            .unwrap();
+        let error = expect_class(
+            h.client
+                .exec(&h.key, &sandbox.id, &sh("echo ran >> ran.txt"))
+                .await,
+            ErrorClass::Terminal,
+        );
+        assert_eq!(
+            error.exec_outcome(),
+            ExecOutcome::NotRun,
+            "{fault:?}: {error:?}"
+        );
+    }
+    expect_class(
+        h.client
+            .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+            .await,
+        ErrorClass::NotFound,
+    );
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn a_picture_read_back_comes_as_an_image_item_with_the_same_bytes() {
+    let h = harness().await;
+    let sandbox = h.sandbox("png").await;
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend((0..=255u8).cycle().take(5000));
+    h.client
+        .write_file(&h.key, &sandbox.id, "/work/plot.png", &png)
+        .await
+        .unwrap();
+    let back = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/plot.png")
+        .await
+        .unwrap();
+    assert_eq!(back, png);
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
+}
+
+/// A 404 to a request in a session is the server saying the session is gone (MCP's rule): the
+/// request was refused before acting, so the client initializes again and sends it once more.
+#[tokio::test]
+async fn a_forgotten_session_is_initialized_again_and_the_call_sent_once() {
+    let h = harness().await;
+    let sandbox = h.sandbox("session").await;
+    let initialized = h.calls(Operation::Initialize).await;
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Exec, Fault::status(404)).for_sandbox(&sandbox.id))
+        .await
+        .unwrap();
+    let out = h.exec(&sandbox.id, &sh("echo ran >> ran.txt")).await;
+    assert_eq!(out.exit_code, Some(0));
+    assert_eq!(h.calls(Operation::Initialize).await, initialized + 1);
+    assert_eq!(
+        h.calls(Operation::Exec).await,
+        2,
+        "refused, then sent once more"
+    );
+    let ran = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+        .await
+        .unwrap();
+    assert_eq!(ran, b"ran\n", "it ran once");
+    // A server that forgets the new session at once too is not chased further.
+    h.admin
+        .add_fault(
+            &FaultRule::on(Operation::Exec, Fault::status(404))
+                .for_sandbox(&sandbox.id)
+                .times(2),
+        )
+        .await
+        .unwrap();
+    let error = h
+        .client
+        .exec(&h.key, &sandbox.id, &sh("echo again >> ran.txt"))
+        .await
+        .unwrap_err();
+    assert_no_key(&error);
+    assert_eq!(error.exec_outcome(), ExecOutcome::NotRun, "{error:?}");
+    assert_eq!(h.calls(Operation::Exec).await, 4);
+    let ran = h
+        .client
+        .read_file(&h.key, &sandbox.id, "/work/ran.txt")
+        .await
+        .unwrap();
+    assert_eq!(ran, b"ran\n", "the refused one never ran");
+    h.destroy(&sandbox.id).await;
+    h.finish().await;
 }

@@ -319,7 +319,7 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
             .cloned()
             .unwrap_or_default()
     };
-    assert_eq!(var("BRIQ_API_URL")["value"], "https://api.briq.cloud");
+    assert_eq!(var("BRIQ_API_URL")["value"], "https://api.briq.cloud/mcp");
     assert_eq!(var("RUST_LOG")["value"], "info");
     assert_eq!(
         var("BRIQ_API_KEY")["valueFrom"]["secretKeyRef"],

@@ -55,7 +55,8 @@ async fn an_upgrade_from_the_previous_release_keeps_every_sandbox_its_state_queu
         kubectl: stack.kubectl(),
     };
     stack.namespace(&env.namespace).await.unwrap();
-    let server = support::sandbox_server().await;
+    // Both surfaces on one server: the previous release speaks REST, this one MCP.
+    let server = support::sandbox_server_with_the_previous_surface().await;
     let admin = server.admin();
 
     // The previous release runs: two executors and a pool of two, all Ready.
@@ -341,7 +342,7 @@ impl PreviousOperator {
     ) -> PreviousOperator {
         let mut child = tokio::process::Command::new(binary)
             .args(["--log-format", "json", "run", "--allow-plain-http"])
-            .args(["--briq-url", server.url().as_str()])
+            .args(["--briq-url", server.rest_url().as_str()])
             .args(["--namespace", &env.namespace])
             .args(["--http-address", "127.0.0.1:0"])
             .env("BRIQ_API_KEY", server.api_key().expose())

@@ -70,7 +70,8 @@ pub async fn local_stack(
     stopped
 }
 
-/// Writes the sandbox server's URL and key, readable by this user only (the key is a secret).
+/// Writes the sandbox server's URL (its MCP endpoint) and key, readable by this user only (the
+/// key is a secret).
 fn write_sandbox_server_file(path: &Path, stack: &Stack) -> anyhow::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;

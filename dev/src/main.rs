@@ -29,15 +29,15 @@ enum Command {
         /// Where to write the admin kubeconfig.
         #[arg(long, default_value = "briq-local.kubeconfig")]
         kubeconfig: std::path::PathBuf,
-        /// Where to write the local sandbox server's URL and API key (JSON, mode 0600), for its
-        /// admin API: faults and outages (`/_admin/…`).
+        /// Where to write the local sandbox server's URL (its MCP endpoint) and API key (JSON,
+        /// mode 0600), for its admin API at the same host: faults and outages (`/_admin/…`).
         #[arg(long)]
         sandbox_server_file: Option<std::path::PathBuf>,
     },
     /// Start a local etcd + kube-apiserver with the CRDs installed, print its kubeconfig path and
     /// run until interrupted.
     ControlPlane,
-    /// Serve a local briq-compatible API whose sandboxes are host processes. NOT an isolation
+    /// Serve briq's MCP tools locally, with sandboxes that are host processes. NOT an isolation
     /// boundary.
     LocalSandboxServer(local_server::Args),
     /// Measure briq-operator on this machine and print the figures (see `make bench`).

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::api::{ErrorBody, ErrorCode, SandboxState};
+use super::api::{ErrorCode, SandboxState, ToolErrorBody};
+use super::conformance::{self, Mismatch};
 use super::key::ApiKey;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -43,6 +44,16 @@ const REFUSED_BEFORE_ACTING: [u16; 7] = [400, 401, 403, 404, 409, 422, 429];
 /// An error from the briq client. Never contains the API key.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Not sent: the server's `tools/list` does not declare what the operator sends with this
+    /// key, or requires what it never sends ([`super::conformance`]). Nothing happened at briq.
+    #[error(
+        "briq's MCP interface differs from what the operator speaks (BriqInterfaceMismatch): {}",
+        conformance::describe(mismatches)
+    )]
+    InterfaceMismatch { mismatches: Vec<Mismatch> },
+    /// Not sent: the request is one this client refuses to make (a limit briq publishes).
+    #[error("not sent to briq: {detail}")]
+    Invalid { detail: String },
     #[error("briq: not found: {message}{}", by(request_id))]
     NotFound {
         message: String,
@@ -157,9 +168,11 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::NotFound { .. } => ErrorClass::NotFound,
-            Self::Unauthorized { .. } | Self::Rejected { .. } | Self::Build { .. } => {
-                ErrorClass::Terminal
-            }
+            Self::Unauthorized { .. }
+            | Self::Rejected { .. }
+            | Self::Build { .. }
+            | Self::InterfaceMismatch { .. }
+            | Self::Invalid { .. } => ErrorClass::Terminal,
             Self::Unavailable { .. }
             | Self::Unreachable { .. }
             | Self::Integrity { .. }
@@ -171,26 +184,27 @@ impl Error {
     }
 
     /// What the sandbox may have done when this error is the answer to an exec. Only a request
-    /// that never left ([`Error::Unreachable`], [`Error::Build`]) or a refusal with one of
-    /// [`REFUSED_BEFORE_ACTING`]'s statuses proves the command did not run; everything else
-    /// (any 5xx, any other status, a timeout or reset after sending, a malformed answer) leaves
-    /// it unknown.
+    /// that never left ([`Error::Unreachable`], [`Error::Build`], a held-back or refused-here
+    /// call), a refusal with one of [`REFUSED_BEFORE_ACTING`]'s statuses, or a JSON-RPC or tool
+    /// error whose code says it was refused before acting ([`ErrorCode::refused_before_acting`])
+    /// proves the command did not run; everything else (any 5xx, any other status, a timeout or
+    /// reset after sending, a malformed or cut answer) leaves it unknown.
     pub fn exec_outcome(&self) -> ExecOutcome {
         let refused = |status: &u16| REFUSED_BEFORE_ACTING.contains(status);
         match self {
             Self::Unreachable { .. }
             | Self::Build { .. }
             | Self::NotFound { .. }
-            | Self::HeldBack { .. } => ExecOutcome::NotRun,
-            Self::Unauthorized { status, .. }
-            | Self::Rejected { status, .. }
-            | Self::Unavailable { status, .. }
-                if refused(status) =>
+            | Self::HeldBack { .. }
+            | Self::InterfaceMismatch { .. }
+            | Self::Invalid { .. }
+            | Self::Unauthorized { .. } => ExecOutcome::NotRun,
+            Self::Rejected { status, code, .. } | Self::Unavailable { status, code, .. }
+                if refused(status) || code.refused_before_acting() =>
             {
                 ExecOutcome::NotRun
             }
-            Self::Unauthorized { .. }
-            | Self::Rejected { .. }
+            Self::Rejected { .. }
             | Self::Unavailable { .. }
             | Self::Uncertain { .. }
             | Self::Malformed { .. }
@@ -227,7 +241,9 @@ impl Error {
             Self::Unreachable { .. }
             | Self::NotReady { .. }
             | Self::Build { .. }
-            | Self::HeldBack { .. } => None,
+            | Self::HeldBack { .. }
+            | Self::InterfaceMismatch { .. }
+            | Self::Invalid { .. } => None,
         }
     }
 
@@ -240,9 +256,11 @@ impl Error {
         }
     }
 
-    /// Turns a non-success answer into an error. The status decides the class; the body only
-    /// adds detail, since proxies in front of briq answer 502s and 503s with HTML. A body that
-    /// echoes the request (some proxies do) would echo the key, so it is scrubbed.
+    /// Turns a non-success HTTP answer into an error. The status decides the class; the body
+    /// only adds detail (a JSON-RPC error's message, else the text), since proxies in front of
+    /// briq answer 502s and 503s with HTML. A body that echoes the request (some proxies do)
+    /// would echo the key, so it is scrubbed. A 404 is the endpoint's, never a sandbox's: a
+    /// sandbox that is not found is a tool error.
     pub(crate) fn from_answer(
         status: StatusCode,
         body: &[u8],
@@ -250,12 +268,30 @@ impl Error {
         request_id: Option<String>,
         key: &ApiKey,
     ) -> Self {
-        let detail = serde_json::from_slice::<ErrorBody>(body)
+        let json_rpc = serde_json::from_slice::<serde_json::Value>(body)
             .ok()
-            .map(|b| b.error);
-        let code = detail.as_ref().map_or(ErrorCode::Other, |d| d.code);
-        let message = detail.map_or_else(
-            || {
+            .and_then(|v| v.get("error").cloned());
+        // briq's own code (assumed in the JSON-RPC error's `data`), else the JSON-RPC code.
+        let briq_code = json_rpc
+            .as_ref()
+            .and_then(|e| e.get("data"))
+            .and_then(|data| data.get("code"))
+            .and_then(|code| serde_json::from_value(code.clone()).ok());
+        let code = briq_code.unwrap_or_else(|| {
+            json_rpc.as_ref().and_then(|e| e.get("code")).map_or(
+                ErrorCode::Other,
+                |code| match code.as_i64() {
+                    Some(number) => ErrorCode::of_json_rpc(number),
+                    None => serde_json::from_value(code.clone()).unwrap_or(ErrorCode::Other),
+                },
+            )
+        });
+        let message = json_rpc
+            .as_ref()
+            .and_then(|e| e.get("message"))
+            .and_then(|m| m.as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
                 let text = String::from_utf8_lossy(body);
                 let text = text.trim();
                 if text.is_empty() {
@@ -263,9 +299,7 @@ impl Error {
                 } else {
                     text.to_owned()
                 }
-            },
-            |d| d.message,
-        );
+            });
         // Scrubbed before it is cut: a cut through the key would leave a piece no scrub finds.
         let message = remote_text(&message, key);
         let request_id = request_id.map(|id| remote_text(&id, key));
@@ -279,10 +313,6 @@ impl Error {
             };
         }
         match status {
-            StatusCode::NOT_FOUND => Self::NotFound {
-                message,
-                request_id,
-            },
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Self::Unauthorized {
                 status: status_code,
                 message,
@@ -297,6 +327,71 @@ impl Error {
             },
             _ => Self::Rejected {
                 status: status_code,
+                code,
+                message,
+                request_id,
+            },
+        }
+    }
+
+    /// A JSON-RPC error answered with HTTP 200: the standard refusals (parse error, invalid
+    /// request, unknown method, invalid params) were made before acting; anything else is the
+    /// server's own failure, as a 500 would be.
+    pub(crate) fn from_json_rpc(
+        code: i64,
+        message: &str,
+        request_id: Option<String>,
+        key: &ApiKey,
+    ) -> Self {
+        let message = format!("JSON-RPC error {code}: {}", remote_text(message, key));
+        let request_id = request_id.map(|id| remote_text(&id, key));
+        match ErrorCode::of_json_rpc(code) {
+            ErrorCode::InvalidParams => Self::Rejected {
+                status: 200,
+                code: ErrorCode::InvalidParams,
+                message,
+                request_id,
+            },
+            code => Self::Unavailable {
+                status: 200,
+                code,
+                message,
+                retry_after: None,
+                request_id,
+            },
+        }
+    }
+
+    /// A tool's error answer (`isError`), its text read as briq's error body (assumed shape,
+    /// [`ToolErrorBody`]); any other text is the message of a refusal whose code is unknown.
+    pub(crate) fn from_tool_error(text: &str, request_id: Option<String>, key: &ApiKey) -> Self {
+        let (code, message) = match serde_json::from_str::<ToolErrorBody>(text) {
+            Ok(body) => (body.error.code, body.error.message),
+            Err(_) => (ErrorCode::Other, text.to_owned()),
+        };
+        let message = remote_text(&message, key);
+        let request_id = request_id.map(|id| remote_text(&id, key));
+        match code {
+            ErrorCode::NotFound => Self::NotFound {
+                message,
+                request_id,
+            },
+            ErrorCode::Unauthorized | ErrorCode::Forbidden => Self::Unauthorized {
+                status: 200,
+                message,
+                request_id,
+            },
+            ErrorCode::RateLimited | ErrorCode::Unavailable | ErrorCode::Internal => {
+                Self::Unavailable {
+                    status: 200,
+                    code,
+                    message,
+                    retry_after: None,
+                    request_id,
+                }
+            }
+            code => Self::Rejected {
+                status: 200,
                 code,
                 message,
                 request_id,
@@ -390,9 +485,11 @@ impl Error {
                 waited,
             },
             // Built here, never from an answer: a transport error names the URL, not the key.
-            error @ (Self::Unreachable { .. } | Self::Build { .. } | Self::HeldBack { .. }) => {
-                error
-            }
+            error @ (Self::Unreachable { .. }
+            | Self::Build { .. }
+            | Self::HeldBack { .. }
+            | Self::InterfaceMismatch { .. }
+            | Self::Invalid { .. }) => error,
         }
     }
 
@@ -453,7 +550,8 @@ mod tests {
 
     #[test]
     fn statuses_classify() {
-        assert_eq!(class_of(404, ""), ErrorClass::NotFound);
+        // The MCP endpoint's 404, never a sandbox's: that is a tool error.
+        assert_eq!(class_of(404, ""), ErrorClass::Terminal);
         assert_eq!(class_of(401, ""), ErrorClass::Terminal);
         assert_eq!(class_of(403, ""), ErrorClass::Terminal);
         assert_eq!(class_of(400, ""), ErrorClass::Terminal);
@@ -568,6 +666,78 @@ mod tests {
         for (error, expected) in others {
             assert_eq!(error.exec_outcome(), expected, "{error:?}");
         }
+    }
+
+    #[test]
+    fn tool_and_json_rpc_errors_classify_by_their_code() {
+        use ExecOutcome::{NotRun, Unknown};
+        let tool = |code: &str| {
+            Error::from_tool_error(
+                &format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#),
+                None,
+                &key(),
+            )
+        };
+        let cases = [
+            (tool("not_found"), ErrorClass::NotFound, NotRun),
+            (tool("unauthorized"), ErrorClass::Terminal, NotRun),
+            (tool("invalid_request"), ErrorClass::Terminal, NotRun),
+            (tool("rate_limited"), ErrorClass::Retryable, NotRun),
+            (tool("quota_exceeded"), ErrorClass::Terminal, Unknown),
+            (tool("unavailable"), ErrorClass::Retryable, Unknown),
+            (tool("internal"), ErrorClass::Retryable, Unknown),
+            (tool("brand_new"), ErrorClass::Terminal, Unknown),
+            (
+                Error::from_tool_error("plain text, not briq's JSON", None, &key()),
+                ErrorClass::Terminal,
+                Unknown,
+            ),
+            (
+                Error::from_json_rpc(-32602, "unknown argument cwd", None, &key()),
+                ErrorClass::Terminal,
+                NotRun,
+            ),
+            (
+                Error::from_json_rpc(-32601, "no such method", None, &key()),
+                ErrorClass::Terminal,
+                NotRun,
+            ),
+            (
+                Error::from_json_rpc(-32603, "internal", None, &key()),
+                ErrorClass::Retryable,
+                Unknown,
+            ),
+        ];
+        for (error, class, outcome) in cases {
+            assert_eq!(
+                (error.class(), error.exec_outcome()),
+                (class, outcome),
+                "{error:?}"
+            );
+        }
+        let text = Error::from_json_rpc(-32602, "k3y-s3cret echoed", None, &key()).to_string();
+        assert!(!text.contains("k3y-s3cret"), "{text}");
+        assert!(text.contains("-32602"), "{text}");
+    }
+
+    #[test]
+    fn a_json_rpc_error_body_of_a_failed_answer_gives_its_message_and_briqs_code() {
+        let refused = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"no credit","data":{"code":"payment_required"}}}"#;
+        let error = Error::from_answer(StatusCode::PAYMENT_REQUIRED, refused, None, None, &key());
+        assert!(
+            matches!(
+                error,
+                Error::Rejected {
+                    code: ErrorCode::PaymentRequired,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let body = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"overloaded"}}"#;
+        let error = Error::from_answer(StatusCode::SERVICE_UNAVAILABLE, body, None, None, &key());
+        assert_eq!(error.class(), ErrorClass::Retryable);
+        assert!(error.to_string().contains("overloaded"), "{error}");
     }
 
     #[test]

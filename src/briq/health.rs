@@ -12,7 +12,6 @@
 
 use std::{
     collections::HashMap,
-    hash::{DefaultHasher, Hash, Hasher},
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -126,7 +125,7 @@ pub struct Health {
 impl Health {
     fn with<T>(&self, key: &ApiKey, apply: impl FnOnce(&mut State) -> T) -> T {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        apply(keys.entry(fingerprint(key)).or_default())
+        apply(keys.entry(key.fingerprint()).or_default())
     }
 
     /// Whether a call with `key` may go out now; `Err` holds it back for that long.
@@ -146,13 +145,6 @@ impl Health {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         keys.values().filter(|state| state.down.is_some()).count()
     }
-}
-
-/// A key's identity in memory: its hash, never the key itself.
-fn fingerprint(key: &ApiKey) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.expose().hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

@@ -35,6 +35,15 @@ impl ApiKey {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// The key's identity in memory (per-key health, sessions, conformance): its hash, never
+    /// the key itself.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+        let mut hasher = DefaultHasher::new();
+        self.0.hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 /// The 8-character pieces of `secret` that `text` contains: what a check that a key never

@@ -1,11 +1,12 @@
-//! Client for the briq sandbox API.
+//! Client for briq, over its published MCP tools.
 //!
 //! [`BriqClient`] is the one implementation of [`SandboxApi`], in production and in the tests,
-//! which run it against the local sandbox server of the `briq-dev` crate. The controllers'
-//! decisions are unit-tested as pure functions, without any sandbox. The wire format lives in
-//! [`api`], most of it assumed.
+//! which run it against the local sandbox server of the `briq-dev` crate (the same MCP
+//! surface). The transport is [`mcp`] (JSON-RPC over Streamable HTTP); what is sent to and read
+//! from each tool lives in [`api`], marked published or assumed; [`conformance`] checks it
+//! against the server's `tools/list` at each key's first use.
 //!
-//! Retries: `get`, `list`, `destroy`, `write_file`, `read_file` and `preview_url` are repeated on
+//! Retries: `get`, `list`, `destroy`, `stop`, `start`, `write_file` and `read_file` are repeated on
 //! [`ErrorClass::Retryable`] errors (3 attempts, exponential backoff with jitter, Retry-After
 //! honoured). `create_sandbox` and `exec` are never repeated: a failed create may have created a
 //! sandbox (look it up by [`sandbox_name`]), a failed exec may have run: whether it can have is
@@ -14,15 +15,18 @@
 
 pub mod api;
 mod client;
+pub mod conformance;
 mod error;
 pub mod health;
 mod key;
+pub mod mcp;
 mod name;
 mod retry;
 mod sandbox_api;
 
 pub use api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox, SandboxState};
 pub use client::{BriqClient, ClientOptions, NewClientError};
+pub use conformance::Mismatch;
 pub use error::{Error, ErrorClass, ExecOutcome, Result};
 pub use key::{ApiKey, InvalidApiKey, leaked_pieces};
 pub use name::{sandbox_name, sandbox_name_prefix};

@@ -1,7 +1,5 @@
-//! The briq operations the operator uses, as a trait ([`SandboxApi`]) apart from the HTTP client
+//! The briq operations the operator uses, as a trait ([`SandboxApi`]) apart from the MCP client
 //! that implements it.
-
-use url::Url;
 
 use super::api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox};
 use super::error::Result;
@@ -77,15 +75,14 @@ pub trait SandboxApi: Send + Sync {
         path: &str,
     ) -> impl Future<Output = Result<Vec<u8>>> + Send;
 
-    fn preview_url(
-        &self,
-        key: &ApiKey,
-        id: &str,
-        port: u16,
-    ) -> impl Future<Output = Result<Url>> + Send;
-
     /// How many API keys briq does not answer now ([`health`](super::health)).
     fn unreachable_keys(&self) -> usize {
+        0
+    }
+
+    /// How many API keys meet a server whose MCP interface differs from what the operator
+    /// sends ([`conformance`](super::conformance)).
+    fn mismatched_keys(&self) -> usize {
         0
     }
 }

@@ -79,11 +79,12 @@ pub fn live(
     executors: &Store<BriqExecutor>,
     executions: &Store<Execution>,
     bookkeeping: usize,
-    briq_unreachable_keys: usize,
+    briq: BriqKeys,
 ) -> Live {
     let mut live = Live {
         bookkeeping: bookkeeping as i64,
-        briq_unreachable_keys: briq_unreachable_keys as i64,
+        briq_unreachable_keys: briq.unreachable as i64,
+        briq_mismatched_keys: briq.mismatched as i64,
         ..Live::default()
     };
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -131,6 +132,13 @@ pub fn live(
 
 pub type Count = Box<dyn Fn() -> usize + Send + Sync>;
 
+/// The API keys briq answers no call with, and those whose server's interface does not match.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BriqKeys {
+    pub unreachable: usize,
+    pub mismatched: usize,
+}
+
 /// How often the bookkeeping is checked against the caches.
 pub const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
 
@@ -156,7 +164,7 @@ impl Reporting {
         executors: Store<BriqExecutor>,
         executions: Store<Execution>,
         bookkeeping: Count,
-        briq_unreachable_keys: Count,
+        briq_keys: Box<dyn Fn() -> BriqKeys + Send + Sync>,
     ) -> Reporting {
         let (cached_executors, cached_executions) = (executors.clone(), executions.clone());
         observer.metrics.set_live(Some(Box::new(move || {
@@ -164,7 +172,7 @@ impl Reporting {
                 &cached_executors,
                 &cached_executions,
                 bookkeeping(),
-                briq_unreachable_keys(),
+                briq_keys(),
             )
         })));
         let health = observer.health.clone();
@@ -419,16 +427,19 @@ pub async fn run_observed<S>(
             executor_ctx.bookkeeping() + execution_ctx.bookkeeping() + pool_ctx.bookkeeping()
         })
     };
-    let briq_unreachable_keys: Count = {
+    let briq_keys: Box<dyn Fn() -> BriqKeys + Send + Sync> = {
         let shared = shared.clone();
-        Box::new(move || shared.sandboxes.unreachable_keys())
+        Box::new(move || BriqKeys {
+            unreachable: shared.sandboxes.unreachable_keys(),
+            mismatched: shared.sandboxes.mismatched_keys(),
+        })
     };
     let _reporting = Reporting::start(
         &observer,
         executor_store,
         execution_store,
         bookkeeping,
-        briq_unreachable_keys,
+        briq_keys,
     );
     let orphan_sweeper = shared
         .settings
@@ -518,7 +529,10 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
         let (executions, _) = reflector::store::<Execution>();
-        assert_eq!(live(&executors, &executions, 0, 0).suspended, 1);
+        assert_eq!(
+            live(&executors, &executions, 0, BriqKeys::default()).suspended,
+            1
+        );
     }
 
     #[test]
@@ -542,7 +556,10 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
         let (executions, _) = reflector::store::<Execution>();
-        assert_eq!(live(&executors, &executions, 0, 0).sandboxes, 3);
+        assert_eq!(
+            live(&executors, &executions, 0, BriqKeys::default()).sandboxes,
+            3
+        );
     }
 
     #[test]
@@ -563,7 +580,10 @@ mod tests {
         };
         let (executions, mut writer) = reflector::store::<Execution>();
         let (executors, _) = reflector::store::<BriqExecutor>();
-        assert_eq!(live(&executors, &executions, 0, 0).oldest_queued_seconds, 0);
+        assert_eq!(
+            live(&executors, &executions, 0, BriqKeys::default()).oldest_queued_seconds,
+            0
+        );
         let done = json!({ "conditions": [{
             "type": "Succeeded", "status": "True", "reason": "Completed", "message": "",
             "lastTransitionTime": ago(1),
@@ -584,9 +604,14 @@ mod tests {
         ] {
             writer.apply_watcher_event(&watcher::Event::Apply(object));
         }
-        let now = live(&executors, &executions, 0, 1);
+        let briq = BriqKeys {
+            unreachable: 1,
+            mismatched: 2,
+        };
+        let now = live(&executors, &executions, 0, briq);
         assert_eq!((now.queued, now.running), (2, 2));
         assert_eq!((now.waiting_for_briq, now.briq_unreachable_keys), (1, 1));
+        assert_eq!(now.briq_mismatched_keys, 2);
         assert!(
             (20 * 60..20 * 60 + 30).contains(&now.oldest_queued_seconds),
             "{now:?}"

@@ -205,6 +205,10 @@ reasons! {
         WaitingForCapacity,
         /// briq refused to create the sandbox.
         BriqRefused,
+        /// briq's MCP server does not declare a tool or an argument the operator sends, or
+        /// requires one it never sends (the message names each): no call is made with the key
+        /// until its `tools/list` matches, checked again every minute.
+        BriqInterfaceMismatch,
         /// The kernel answers: Executions run.
         KernelReady,
         /// Setup failed (pip, bridge or kernel); the sandbox was destroyed.

@@ -330,6 +330,21 @@ pub async fn sandbox_server() -> LocalServer {
         .expect("starting the local sandbox server")
 }
 
+/// A local sandbox server that also serves the previous release's REST surface, which the
+/// previous release's operator speaks (the upgrade test only).
+pub async fn sandbox_server_with_the_previous_surface() -> LocalServer {
+    init_logs();
+    let venv = briq_dev::repo::sandbox_venv().expect("the sandbox venv");
+    let key = briq_operator::briq::ApiKey::new(format!("local-{:016x}", rand::random::<u64>()))
+        .expect("a key");
+    let mut config = briq_dev::local_server::Config::new(key);
+    config.python_venv = Some(venv);
+    config.legacy_rest = true;
+    briq_dev::local_server::spawn(config)
+        .await
+        .expect("starting the local sandbox server")
+}
+
 /// Waits until `condition` holds for the named object, or panics after `seconds`.
 pub async fn wait_for<K: wait::Watched>(
     api: &Api<K>,

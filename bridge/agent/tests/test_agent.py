@@ -433,7 +433,7 @@ def test_one_trace_holds_the_agent_step_the_client_span_and_the_operators_spans(
     for span in spans:
         assert span.name not in by_name, f"two {span.name!r} spans below one Execution"
         by_name[span.name] = span
-    exec_call = "briq POST /v1/sandboxes/{id}/exec"
+    exec_call = "briq briq_exec"
     parents = {
         "briq execution": "agent step",
         "execution": "briq execution",
@@ -491,7 +491,7 @@ def test_an_executors_provisioning_is_a_trace_of_its_own(shared_executor, otlp):
     calls = [
         s.name for s in spans if s.parent_span_id == children["set up bridge and kernel"].span_id
     ]
-    assert "briq POST /v1/sandboxes/{id}/exec" in calls, calls
+    assert "briq briq_exec" in calls, calls
 
 
 def test_a_failed_action_is_marked_failed_in_its_trace_by_the_client_and_the_operator(

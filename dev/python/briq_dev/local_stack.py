@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -127,7 +128,8 @@ class LocalStack:
         for `seconds`, and none is performed."""
         server = json.loads(self.sandbox_server_file.read_text())
         request = urllib.request.Request(
-            server["url"].rstrip("/") + "/_admin/outage",
+            # The URL is the MCP endpoint (`…/mcp`); the admin API is at the server's root.
+            urllib.parse.urljoin(server["url"], "/_admin/outage"),
             data=json.dumps({"status": status, "duration_ms": int(seconds * 1000)}).encode(),
             headers={
                 "Authorization": f"Bearer {server['api_key']}",

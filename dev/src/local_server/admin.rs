@@ -1,5 +1,5 @@
 //! The admin API (`/_admin/…`, same bearer key) and a typed client for it: faults, call counts,
-//! live sandboxes, and simulated sleep and restart.
+//! live sandboxes, simulated sleep and restart, and changes to what the MCP endpoint declares.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +15,8 @@ use url::Url;
 
 use super::faults::{FaultRule, Operation, Outage};
 use super::http::{ApiError, RequestId};
+use super::mcp::DeclaredChange;
+use super::rest::error_response;
 use super::state::{LiveSandbox, Shared};
 use briq_operator::briq::ApiKey;
 use briq_operator::briq::api::{Sandbox, SandboxState};
@@ -24,6 +26,7 @@ const OUTAGE: &str = "/_admin/outage";
 const STATS: &str = "/_admin/stats";
 const SLEEP: &str = "/_admin/sandboxes/{id}/sleep";
 const RESTART: &str = "/_admin/sandboxes/{id}/restart";
+const DECLARED: &str = "/_admin/declared";
 
 /// Answer of `GET /_admin/stats`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +49,7 @@ pub(crate) fn router() -> Router<Arc<Shared>> {
         .route(STATS, get(stats))
         .route(SLEEP, post(sleep))
         .route(RESTART, post(restart))
+        .route(DECLARED, post(declare).delete(restore_declared))
 }
 
 async fn add_fault(
@@ -53,7 +57,10 @@ async fn add_fault(
     Extension(rid): Extension<RequestId>,
     body: Result<Json<FaultRule>, JsonRejection>,
 ) -> Response {
-    applied(&rid, body, |rule| shared.faults.add(rule))
+    applied(&rid, body, |rule| {
+        shared.faults.add(rule);
+        Ok(())
+    })
 }
 
 async fn begin_outage(
@@ -61,21 +68,39 @@ async fn begin_outage(
     Extension(rid): Extension<RequestId>,
     body: Result<Json<Outage>, JsonRejection>,
 ) -> Response {
-    applied(&rid, body, |outage| shared.faults.begin_outage(outage))
+    applied(&rid, body, |outage| {
+        shared.faults.begin_outage(outage);
+        Ok(())
+    })
 }
 
-/// Applies a parsed admin request body: 204, or 400 saying why it did not parse.
+async fn declare(
+    State(shared): State<Arc<Shared>>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Json<DeclaredChange>, JsonRejection>,
+) -> Response {
+    applied(&rid, body, |change| {
+        shared.declared.change(change).map_err(ApiError::invalid)
+    })
+}
+
+async fn restore_declared(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.declared.restore();
+    StatusCode::NO_CONTENT
+}
+
+/// Applies a parsed admin request body: 204, or 400 saying why it did not parse or apply.
 fn applied<T>(
     rid: &RequestId,
     body: Result<Json<T>, JsonRejection>,
-    apply: impl FnOnce(T),
+    apply: impl FnOnce(T) -> Result<(), ApiError>,
 ) -> Response {
-    match body {
-        Ok(Json(body)) => {
-            apply(body);
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(e) => ApiError::invalid(e.body_text()).respond(Some(rid)),
+    match body
+        .map_err(|e| ApiError::invalid(e.body_text()))
+        .and_then(|Json(body)| apply(body))
+    {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_response(e, Some(rid)),
     }
 }
 
@@ -98,7 +123,7 @@ async fn sleep(
 ) -> Response {
     match shared.kill_processes(&id, SandboxState::Sleeping).await {
         Ok(sandbox) => Json(sandbox).into_response(),
-        Err(e) => e.respond(Some(&rid)),
+        Err(e) => error_response(e, Some(&rid)),
     }
 }
 
@@ -109,7 +134,7 @@ async fn restart(
 ) -> Response {
     match shared.kill_processes(&id, SandboxState::Running).await {
         Ok(sandbox) => Json(sandbox).into_response(),
-        Err(e) => e.respond(Some(&rid)),
+        Err(e) => error_response(e, Some(&rid)),
     }
 }
 
@@ -165,7 +190,21 @@ impl AdminClient {
 
     /// Clears pending faults and ends an outage.
     pub async fn clear_faults(&self) -> reqwest::Result<()> {
-        self.request(reqwest::Method::DELETE, FAULTS, None)
+        self.delete(FAULTS).await
+    }
+
+    /// Changes what the MCP endpoint declares (and checks calls against) from now on.
+    pub async fn declare(&self, change: &DeclaredChange) -> reqwest::Result<()> {
+        self.post(DECLARED, change).await
+    }
+
+    /// Undoes every [`AdminClient::declare`]: the endpoint declares its tools as published.
+    pub async fn restore_declared(&self) -> reqwest::Result<()> {
+        self.delete(DECLARED).await
+    }
+
+    async fn delete(&self, path: &str) -> reqwest::Result<()> {
+        self.request(reqwest::Method::DELETE, path, None)
             .send()
             .await?
             .error_for_status()

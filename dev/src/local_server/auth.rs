@@ -1,4 +1,5 @@
-//! Bearer-key auth of every route, the API's and the admin API's, against the server's key.
+//! Bearer-key auth of every route (the MCP endpoint's, the legacy REST surface's and the admin
+//! API's) against the server's key; each surface words the refusal its own way.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use axum::response::Response;
 
 use super::http::{ApiError, RequestId};
 use super::state::Shared;
+use super::{mcp, rest};
 use briq_operator::briq::api::ErrorCode;
 
 pub(crate) async fn require_key(
@@ -25,11 +27,14 @@ pub(crate) async fn require_key(
     if presented == Some(shared.api_key.expose()) {
         return next.run(request).await;
     }
+    if request.uri().path() == mcp::ENDPOINT {
+        return mcp::unauthorized();
+    }
     let id = request.extensions().get::<RequestId>().cloned();
-    ApiError::new(
+    let error = ApiError::new(
         StatusCode::UNAUTHORIZED,
         ErrorCode::Unauthorized,
         "missing or wrong API key",
-    )
-    .respond(id.as_ref())
+    );
+    rest::error_response(error, id.as_ref())
 }

@@ -8,19 +8,32 @@ use serde::{Deserialize, Serialize};
 
 use briq_operator::briq::api::ErrorCode;
 
-/// The API operations, as counted in stats and matched by faults.
+/// The operations, as counted in stats and matched by faults: the MCP methods and each tool
+/// (the legacy REST routes count as the tool they stand for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
+    /// `initialize`.
+    Initialize,
+    /// `tools/list`.
+    ListTools,
+    /// `briq_run`.
     Create,
+    /// `briq_status`.
     Get,
+    /// `briq_list`.
     List,
+    /// `briq_destroy`.
     Destroy,
+    /// `briq_exec`.
     Exec,
+    /// `briq_files_put`.
     WriteFile,
+    /// `briq_files_get`.
     ReadFile,
-    Preview,
+    /// `briq_stop`.
     Stop,
+    /// `briq_start`.
     Start,
 }
 
@@ -33,7 +46,8 @@ pub enum OperationMatch {
     Only(Operation),
 }
 
-/// What happens to a call a fault fires on.
+/// What happens to a call a fault fires on. Faults act on the HTTP answer of the call's POST
+/// (on the legacy REST surface, of its route).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
@@ -43,7 +57,11 @@ pub enum Fault {
     DropAfterEffect,
     /// The operation is performed and answered with a body that is not JSON.
     MalformedJson,
-    /// An error answer; the operation is not performed. `code` defaults from the status.
+    /// The operation is performed, then answered with an event stream that ends after its
+    /// opening comment, before the response event: the client cannot know it happened.
+    SseCutAfterEffect,
+    /// An error status; the operation is not performed. On the MCP surface the body is a
+    /// JSON-RPC error (-32000) whose `data.code` is `code`; `code` defaults from the status.
     #[serde(untagged)]
     Status {
         status: u16,
@@ -73,6 +91,12 @@ pub enum Fault {
     /// operation is not performed.
     #[serde(untagged)]
     EchoRequest { echo_request_status: u16 },
+    /// A tool error with this code (`isError`, HTTP 200); the operation is not performed.
+    #[serde(untagged)]
+    ToolError { tool_error: ErrorCode },
+    /// A JSON-RPC error with this code (HTTP 200); the operation is not performed.
+    #[serde(untagged)]
+    JsonRpcError { json_rpc_error: i64 },
 }
 
 impl Fault {
@@ -113,6 +137,16 @@ impl Fault {
             hang_after_effect_ms: millis(hang),
         }
     }
+
+    pub fn tool_error(code: ErrorCode) -> Self {
+        Self::ToolError { tool_error: code }
+    }
+
+    pub fn json_rpc_error(code: i64) -> Self {
+        Self::JsonRpcError {
+            json_rpc_error: code,
+        }
+    }
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -123,7 +157,8 @@ fn millis(duration: Duration) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultRule {
     pub operation: OperationMatch,
-    /// Only calls on this sandbox; such a rule never matches create or list.
+    /// Only calls on this sandbox; such a rule never matches a call naming none (`initialize`,
+    /// `tools/list`, create, list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_id: Option<String>,
     pub count: u32,
@@ -293,11 +328,25 @@ mod tests {
             rule.fault,
             Fault::hang_after_effect(Duration::from_millis(2500))
         );
+        let rule = parse(r#"{"operation":"list_tools","count":1,"fault":"sse_cut_after_effect"}"#);
+        assert_eq!(rule.operation, OperationMatch::Only(Operation::ListTools));
+        assert_eq!(rule.fault, Fault::SseCutAfterEffect);
+        let rule =
+            parse(r#"{"operation":"initialize","count":1,"fault":{"tool_error":"not_found"}}"#);
+        assert_eq!(rule.operation, OperationMatch::Only(Operation::Initialize));
+        assert_eq!(rule.fault, Fault::tool_error(ErrorCode::NotFound));
+        let rule =
+            parse(r#"{"operation":"read_file","count":1,"fault":{"json_rpc_error":-32603}}"#);
+        assert_eq!(rule.fault, Fault::json_rpc_error(-32603));
         for fault in [
             Fault::status_after_effect(504),
             Fault::hang_after_effect(Duration::from_secs(3)),
             Fault::status(503),
             Fault::delay(Duration::from_millis(7)),
+            Fault::tool_error(ErrorCode::RateLimited),
+            Fault::json_rpc_error(-32602),
+            Fault::SseCutAfterEffect,
+            Fault::echo_request(502),
         ] {
             let json = serde_json::to_string(&fault).unwrap();
             assert_eq!(
@@ -310,6 +359,54 @@ mod tests {
             serde_json::to_string(&Fault::status_after_effect(502)).unwrap(),
             r#"{"status_after_effect":502}"#
         );
+        assert_eq!(
+            serde_json::to_string(&Fault::tool_error(ErrorCode::PlanLimit)).unwrap(),
+            r#"{"tool_error":"plan_limit"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Fault::json_rpc_error(-32000)).unwrap(),
+            r#"{"json_rpc_error":-32000}"#
+        );
+        // Every operation keeps its name; the one without a tool is gone.
+        let names: Vec<String> = [
+            Operation::Initialize,
+            Operation::ListTools,
+            Operation::Create,
+            Operation::Get,
+            Operation::List,
+            Operation::Destroy,
+            Operation::Exec,
+            Operation::WriteFile,
+            Operation::ReadFile,
+            Operation::Stop,
+            Operation::Start,
+        ]
+        .iter()
+        .map(|o| {
+            serde_json::to_value(o)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "initialize",
+                "list_tools",
+                "create",
+                "get",
+                "list",
+                "destroy",
+                "exec",
+                "write_file",
+                "read_file",
+                "stop",
+                "start"
+            ]
+        );
+        assert!(serde_json::from_str::<Operation>(r#""preview""#).is_err());
         let json =
             serde_json::to_string(&FaultRule::on(Operation::Get, Fault::MalformedJson)).unwrap();
         assert_eq!(

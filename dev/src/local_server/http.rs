@@ -1,9 +1,8 @@
-//! HTTP plumbing shared by the API and admin routes: request ids, error answers and the broken
-//! answers faults produce.
+//! HTTP plumbing shared by the MCP endpoint, the legacy REST routes and the admin API: request
+//! ids, the error every surface renders its own way, and the broken answers faults produce.
 
 use std::io;
 
-use axum::Json;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -14,7 +13,7 @@ use bytes::Bytes;
 use rand::Rng as _;
 use rand::distr::Alphanumeric;
 
-use briq_operator::briq::api::{ErrorBody, ErrorCode, ErrorDetail, REQUEST_ID_HEADER};
+use briq_operator::briq::api::{ErrorCode, REQUEST_ID_HEADER};
 
 /// Lowercase letters and digits, for ids.
 pub(crate) fn random_token(len: usize) -> String {
@@ -39,13 +38,13 @@ pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// An error answer in briq's shape.
+/// Why the server refused or failed an operation: a tool error on the MCP surface, an error
+/// answer with `status` on the legacy REST surface.
 #[derive(Debug)]
 pub(crate) struct ApiError {
-    status: StatusCode,
-    code: ErrorCode,
-    message: String,
-    retry_after_seconds: Option<u64>,
+    pub(crate) status: StatusCode,
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
 }
 
 impl ApiError {
@@ -54,7 +53,6 @@ impl ApiError {
             status,
             code,
             message: message.into(),
-            retry_after_seconds: None,
         }
     }
 
@@ -73,42 +71,46 @@ impl ApiError {
             message,
         )
     }
+}
 
-    /// The answer of an injected status fault; the code follows the status unless given.
-    pub(crate) fn injected(status: u16, code: Option<ErrorCode>, retry_after: Option<u64>) -> Self {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let code = code.unwrap_or(match status {
-            StatusCode::NOT_FOUND => ErrorCode::NotFound,
-            StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
-            StatusCode::FORBIDDEN => ErrorCode::Forbidden,
-            StatusCode::PAYMENT_REQUIRED => ErrorCode::PaymentRequired,
-            StatusCode::TOO_MANY_REQUESTS => ErrorCode::RateLimited,
-            StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
-            s if s.is_server_error() => ErrorCode::Unavailable,
-            _ => ErrorCode::InvalidRequest,
-        });
-        Self {
-            retry_after_seconds: retry_after,
-            ..Self::new(status, code, "injected fault")
-        }
+/// The error code an error status stands for, when a fault names none.
+pub(crate) fn code_of_status(status: StatusCode) -> ErrorCode {
+    match status {
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::PAYMENT_REQUIRED => ErrorCode::PaymentRequired,
+        StatusCode::TOO_MANY_REQUESTS => ErrorCode::RateLimited,
+        StatusCode::INTERNAL_SERVER_ERROR => ErrorCode::Internal,
+        s if s.is_server_error() => ErrorCode::Unavailable,
+        _ => ErrorCode::InvalidRequest,
     }
+}
 
-    pub(crate) fn respond(self, request_id: Option<&RequestId>) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code,
-                message: self.message,
-                request_id: request_id.map(|id| id.0.clone()),
-            },
-        };
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(seconds) = self.retry_after_seconds {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+/// The status an error code stands for, for a tool error answered by the REST surface.
+pub(crate) fn status_of_code(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden | ErrorCode::PolicyViolation => StatusCode::FORBIDDEN,
+        ErrorCode::PaymentRequired | ErrorCode::PlanLimit | ErrorCode::QuotaExceeded => {
+            StatusCode::PAYMENT_REQUIRED
         }
+        ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Internal | ErrorCode::Other => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::InvalidRequest | ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// Sets `Retry-After` when a fault asks for it.
+pub(crate) fn with_retry_after(mut response: Response, seconds: Option<u64>) -> Response {
+    if let Some(seconds) = seconds {
         response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
+    response
 }
 
 /// Starts a success answer, then breaks the connection: hyper aborts it when the body fails.

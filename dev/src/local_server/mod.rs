@@ -4,34 +4,56 @@
 //! ordinary host processes running as the server's user, with the server's file system and
 //! network. Use it for development and tests only, never for untrusted code.
 //!
-//! It serves the routes and wire types of [`briq_operator::briq::api`] with bearer-key auth. A sandbox is
-//! `<root>/<id>/fs`, which is sandbox `/`; absolute paths in requests map inside it (commands
-//! themselves see the host's `/`, so they should use paths relative to their cwd). Exec runs argv
-//! in its own process group and kills the group at the timeout; processes that detach keep
-//! running and are found through a marker variable (see `process`). Sleep and restart are
-//! simulated by killing the sandbox's processes, keeping its files. The admin API under
-//! `/_admin/` injects faults, counts calls and lists live sandboxes; [`AdminClient`] speaks it.
+//! What it serves, every route behind the same bearer key:
+//! - **The MCP surface** ([`LocalServer::url`], `POST /mcp`): briq's published MCP tools
+//!   (`briq_run`, `briq_list`, `briq_status`, `briq_exec`, `briq_files_put`, `briq_files_get`,
+//!   `briq_stop`, `briq_start`, `briq_destroy`) over JSON-RPC and Streamable HTTP, with the
+//!   argument and answer types of [`briq_operator::briq::api`]: sessions, `tools/list` as briq
+//!   publishes it, tool errors, image reads, answers as JSON or, with
+//!   [`Config::sse_answers`], as event streams (see `mcp`).
+//! - **The legacy REST surface** ([`LocalServer::rest_url`], `/v1/sandboxes…`), only with
+//!   [`Config::legacy_rest`]: the previous release's routes and wire types, for the upgrade test,
+//!   whose previous operator speaks it next to this tree's. Both surfaces share the sandboxes.
+//! - **The admin API** (`/_admin/…`, [`AdminClient`]): fault rules and outages, call counts per
+//!   [`Operation`], live sandboxes, simulated sleep and restart, and changes to what the MCP
+//!   surface declares ([`DeclaredChange`]).
+//! - **Faults** ([`Fault`]): each acts on the HTTP answer of one counted call (`initialize`,
+//!   `tools/list`, each tool call, each REST route): error statuses, dropped connections before
+//!   or after the effect, bodies that are not JSON, event streams cut before the answer, tool
+//!   and JSON-RPC errors, delays, gateway pages echoing the key or the request (see `perform`).
+//!
+//! A sandbox is `<root>/<id>/fs`, which is sandbox `/`; file paths map inside it. `briq_exec`
+//! runs its command as given with the sandbox's `/` as working directory and the host path of
+//! that `/` in `BRIQ_LOCAL_SANDBOX_ROOT`, so the client's exec prelude `cd`s inside it (commands
+//! themselves see the host's `/`). A command runs in its own process group, killed at 60 s;
+//! processes that detach keep running and are found through a marker variable (see `process`).
+//! Sleep and restart are simulated by killing the sandbox's processes, keeping its files.
 //!
 //! **Simulated mode** (`--simulate`, [`Config::simulation`]), for benchmarks at scale only,
 //! never a default and never used by behaviour tests: like KWOK's nodes, sandboxes run no
 //! process; the server answers the bridge's commands itself (setup and kernel start after a
 //! short delay, a run after its code's `# sleep-ms: N`, each attempt at most once; see
-//! `simulated`). Files, sleep, restart, destroy, listing, call counts and faults work as in
-//! the real mode; sleep, restart and destroy kill the simulated kernel.
+//! `simulated`), taking the working directory and time limit out of the exec prelude. Files,
+//! sleep, restart, destroy, listing, call counts and faults work as in the real mode; sleep,
+//! restart and destroy kill the simulated kernel.
 
 mod admin;
 mod auth;
 mod faults;
 mod http;
+mod mcp;
 mod paths;
+mod perform;
 mod process;
+mod rest;
 mod root;
-mod routes;
+mod sandbox_io;
 mod simulated;
 mod state;
 
 pub use admin::{AdminClient, Stats};
 pub use faults::{Fault, FaultRule, Operation, OperationMatch, Outage};
+pub use mcp::DeclaredChange;
 pub use simulated::Simulation;
 pub use state::LiveSandbox;
 
@@ -103,6 +125,15 @@ pub struct Args {
     /// With --simulate: how long starting a kernel takes.
     #[arg(long, default_value_t = 20, value_name = "MS", requires = "simulate")]
     pub simulated_kernel_ms: u64,
+
+    /// Answer every `tools/call` as an event stream (text/event-stream) instead of one JSON
+    /// body, as Streamable HTTP allows.
+    #[arg(long)]
+    pub sse_answers: bool,
+
+    /// Also serve the previous release's REST surface (/v1/sandboxes…) on the same sandboxes.
+    #[arg(long)]
+    pub legacy_rest: bool,
 }
 
 impl Args {
@@ -125,6 +156,10 @@ pub struct Config {
     pub python_venv: Option<PathBuf>,
     /// `Some`: simulated sandboxes (see the module documentation); `python_venv` is unused.
     pub simulation: Option<Simulation>,
+    /// Answer every `tools/call` as an event stream rather than one JSON body.
+    pub sse_answers: bool,
+    /// Also serve the previous release's REST surface, at [`LocalServer::rest_url`].
+    pub legacy_rest: bool,
 }
 
 impl Config {
@@ -137,6 +172,8 @@ impl Config {
             api_key,
             python_venv: None,
             simulation: None,
+            sse_answers: false,
+            legacy_rest: false,
         }
     }
 }
@@ -144,7 +181,8 @@ impl Config {
 /// A running server. Dropping it kills every sandbox process (SIGKILL) and removes the
 /// sandboxes, so a panicking test leaks nothing; [`LocalServer::shutdown`] also stops serving.
 pub struct LocalServer {
-    url: Url,
+    /// `http://ADDR/`: the legacy REST surface and the admin API answer under it.
+    base: Url,
     shared: Arc<Shared>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -153,9 +191,17 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
-    /// Base URL for [`briq_operator::briq::ClientOptions::base_url`].
+    /// The MCP endpoint, `http://ADDR/mcp`, for [`briq_operator::briq::ClientOptions::base_url`].
     pub fn url(&self) -> Url {
-        self.url.clone()
+        let mut url = self.base.clone();
+        url.set_path(mcp::ENDPOINT);
+        url
+    }
+
+    /// `http://ADDR/`: the base of the legacy REST surface (served with [`Config::legacy_rest`]),
+    /// as the previous release's operator takes it.
+    pub fn rest_url(&self) -> Url {
+        self.base.clone()
     }
 
     pub fn api_key(&self) -> &ApiKey {
@@ -163,7 +209,7 @@ impl LocalServer {
     }
 
     pub fn admin(&self) -> AdminClient {
-        AdminClient::new(self.url(), self.shared.api_key.clone())
+        AdminClient::new(self.rest_url(), self.shared.api_key.clone())
     }
 
     /// Destroys every sandbox, then stops serving.
@@ -243,10 +289,13 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
         config.python_venv.as_deref(),
         preview_host,
         config.simulation.map(simulated::Simulator::new),
+        config.sse_answers,
     ));
-    let app = Router::new()
-        .merge(routes::router())
-        .merge(admin::router())
+    let mut app = Router::new().merge(mcp::router()).merge(admin::router());
+    if config.legacy_rest {
+        app = app.merge(rest::router());
+    }
+    let app = app
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             auth::require_key,
@@ -261,9 +310,9 @@ pub async fn spawn(config: Config) -> anyhow::Result<LocalServer> {
             })
             .into_future(),
     );
-    let url = Url::parse(&format!("http://{address}/")).context("server URL")?;
+    let base = Url::parse(&format!("http://{address}/")).context("server URL")?;
     Ok(LocalServer {
-        url,
+        base,
         shared,
         stop: Some(stop),
         task: Some(task),
@@ -281,22 +330,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         root: args.root,
         api_key: args.api_key,
         python_venv: args.python_venv,
+        sse_answers: args.sse_answers,
+        legacy_rest: args.legacy_rest,
     })
     .await?;
     if let Some(port_file) = &args.port_file {
         write_port_file(
             port_file,
-            server.url.port_or_known_default().unwrap_or_default(),
+            server.base.port_or_known_default().unwrap_or_default(),
         )?;
     }
     if args.simulate {
         tracing::warn!(
-            url = %server.url,
+            url = %server.url(),
             "local sandbox server listening with SIMULATED sandboxes (no code runs; benchmarks only)"
         );
     } else {
         tracing::warn!(
-            url = %server.url,
+            url = %server.url(),
             "local sandbox server listening; it is NOT an isolation boundary (host processes, this user)"
         );
     }

@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::faults::Faults;
 use super::http::{ApiError, random_token};
+use super::mcp::declared::Declared;
+use super::mcp::session::Sessions;
 use super::process::{self, MARKER};
 use super::simulated::{SimulatedSandbox, Simulator};
 
@@ -24,12 +26,21 @@ const FALLBACK_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub(crate) struct Shared {
     pub(crate) api_key: ApiKey,
     pub(crate) faults: Faults,
-    /// Host for preview URLs: where the server listens, so where sandbox ports are too.
+    /// The MCP sessions `initialize` gave out.
+    pub(crate) sessions: Sessions,
+    /// What `tools/list` declares, as the admin API changed it.
+    pub(crate) declared: Declared,
+    /// Answer every `tools/call` as an event stream rather than one JSON body.
+    pub(crate) sse_answers: bool,
+    /// Host for the legacy surface's preview URLs: where the server listens, so where sandbox
+    /// ports are too.
     pub(crate) preview_host: IpAddr,
     root: PathBuf,
     /// PATH of sandbox processes: the venv's bin first, then the server's PATH.
     path: OsString,
     sandboxes: Mutex<BTreeMap<String, Arc<Entry>>>,
+    /// Destroyed sandboxes as they were last, for `briq_list` with `all`.
+    destroyed: Mutex<Vec<Sandbox>>,
     /// `Some` in simulated mode: no sandbox runs a process, the server answers for them.
     pub(crate) simulator: Option<Simulator>,
 }
@@ -67,8 +78,8 @@ impl Entry {
     }
 
     /// Any use of a sleeping sandbox wakes it, as on briq; a stopped one answers no use until
-    /// it is started (assumed: briq's docs say only that stop and start exist and are
-    /// idempotent), with 409.
+    /// it is started, with an error saying so (published: exec on a stopped briq says why; 409
+    /// on the legacy REST surface).
     pub(crate) fn wake(&self) -> Result<(), ApiError> {
         let mut sandbox = lock(&self.sandbox);
         match sandbox.state {
@@ -135,6 +146,7 @@ impl Shared {
         python_venv: Option<&Path>,
         preview_host: IpAddr,
         simulator: Option<Simulator>,
+        sse_answers: bool,
     ) -> Self {
         let host_path = std::env::var_os("PATH").unwrap_or_else(|| FALLBACK_PATH.into());
         let mut dirs: Vec<PathBuf> = python_venv.map(|v| v.join("bin")).into_iter().collect();
@@ -142,16 +154,26 @@ impl Shared {
         Self {
             api_key,
             faults: Faults::default(),
+            sessions: Sessions::default(),
+            declared: Declared::default(),
+            sse_answers,
             preview_host,
             root,
             path: std::env::join_paths(dirs).unwrap_or(host_path),
             sandboxes: Mutex::new(BTreeMap::new()),
+            destroyed: Mutex::new(Vec::new()),
             simulator,
         }
     }
 
-    /// Creates the sandbox; the answer says `creating`, every later look says `running`.
-    pub(crate) async fn create(&self, request: CreateSandbox) -> Result<Sandbox, ApiError> {
+    /// Creates the sandbox, running at once. The answer says `running` when the caller `waited`
+    /// for it (`briq_run`'s `wait`), else `creating`, as a create answered before the sandbox
+    /// runs; every later look says `running`.
+    pub(crate) async fn create(
+        &self,
+        request: CreateSandbox,
+        waited: bool,
+    ) -> Result<Sandbox, ApiError> {
         if request.name.is_empty() || request.image.is_empty() {
             return Err(ApiError::invalid("name and image are required"));
         }
@@ -188,7 +210,11 @@ impl Shared {
             created_at: Timestamp::now(),
         };
         let answer = Sandbox {
-            state: SandboxState::Creating,
+            state: if waited {
+                SandboxState::Running
+            } else {
+                SandboxState::Creating
+            },
             ..sandbox.clone()
         };
         let entry = Entry {
@@ -210,23 +236,33 @@ impl Shared {
             .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))
     }
 
-    pub(crate) fn list(&self, name: Option<&str>) -> Vec<Sandbox> {
+    /// The sandboxes, oldest first; the destroyed ones too when asked.
+    pub(crate) fn list(&self, with_destroyed: bool) -> Vec<Sandbox> {
         let mut sandboxes: Vec<Sandbox> = lock(&self.sandboxes)
             .values()
             .map(|entry| entry.snapshot())
-            .filter(|s| name.is_none_or(|name| s.name == name))
             .collect();
+        if with_destroyed {
+            sandboxes.extend(lock(&self.destroyed).iter().cloned());
+        }
         sandboxes.sort_by_key(|s| s.created_at);
         sandboxes
     }
 
-    /// Kills everything the sandbox runs and removes its directory; then it answers 404.
+    /// Kills everything the sandbox runs and removes its directory; from then on it is listed
+    /// as destroyed only when asked, and every other call on it answers not found.
     pub(crate) async fn destroy(&self, id: &str) -> Result<(), ApiError> {
         let entry = lock(&self.sandboxes)
             .remove(id)
             .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
         // Set before the scan: an exec starting concurrently either sees it or is scanned.
         entry.destroyed.store(true, Ordering::SeqCst);
+        let gone = {
+            let mut sandbox = lock(&entry.sandbox);
+            sandbox.state = SandboxState::Destroyed;
+            sandbox.clone()
+        };
+        lock(&self.destroyed).push(gone);
         self.kill_what_runs(&entry, id).await;
         match tokio::fs::remove_dir_all(&entry.dir).await {
             Ok(()) => Ok(()),
@@ -272,7 +308,7 @@ impl Shared {
         let processes = tokio::task::spawn_blocking(process::marked_processes)
             .await
             .unwrap_or_default();
-        self.list(None)
+        self.list(false)
             .into_iter()
             .map(|sandbox| LiveSandbox {
                 processes: processes.iter().filter(|(_, id)| *id == sandbox.id).count(),

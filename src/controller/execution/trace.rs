@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 pub use crate::traces::Noted;
 use crate::{
+    briq::api::tools,
     crd::reasons::{ExecutionReason, Phase},
     traces::Span,
 };
@@ -72,7 +73,7 @@ pub fn spans(
             timeline.kernel,
             run.children
                 .iter_mut()
-                .rfind(|call| call.name.ends_with("/exec")),
+                .rfind(|call| call.name.strip_prefix("briq ") == Some(tools::EXEC)),
         ) {
             // The envelope says how long the kernel ran, not when: it ran inside the exec, and
             // its answer closed it.
@@ -117,8 +118,8 @@ mod tests {
         }
     }
 
-    const EXEC: &str = "POST /v1/sandboxes/{id}/exec";
-    const GET: &str = "GET /v1/sandboxes/{id}";
+    const EXEC: &str = "briq_exec";
+    const GET: &str = "briq_status";
 
     fn subject() -> Subject<'static> {
         Subject {

@@ -151,12 +151,11 @@ impl<S: SandboxApi> Actor<'_, S> {
         let sandbox = match self.shared.sandboxes.create_sandbox(key, &request).await {
             Ok(sandbox) => sandbox,
             Err(error) if error.class() == ErrorClass::Terminal => {
-                let refused = state(
-                    "False",
-                    false,
-                    ExecutorReason::BriqRefused,
-                    error.to_string(),
-                );
+                let reason = match error {
+                    briq::Error::InterfaceMismatch { .. } => ExecutorReason::BriqInterfaceMismatch,
+                    _ => ExecutorReason::BriqRefused,
+                };
+                let refused = state("False", false, reason, error.to_string());
                 self.report(executor, refused, sandbox_fields(executor))
                     .await?;
                 return Err(error.into());

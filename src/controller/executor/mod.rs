@@ -5,7 +5,7 @@
 //! | `ClassRefused` | admit: its class's limits | `Actor::admit` (admit.rs) |
 //! | `WaitingForCapacity` | admit: its class's `maxExecutors` | `Actor::admit`, `Actor::at_capacity` (admit.rs) |
 //! | `Provisioning` | create, provision | `Actor::create_sandbox` (create.rs), `Actor::provision` (provision.rs), `Actor::report_provisioning`, `Actor::forget_sandbox` (status.rs) |
-//! | `BriqRefused` | create | `Actor::create_sandbox` (create.rs) |
+//! | `BriqRefused`, `BriqInterfaceMismatch` | create | `Actor::create_sandbox` (create.rs) |
 //! | `KernelReady` | provision, probe, claim | `Actor::provision` (provision.rs), `Actor::probe`, `Actor::disown` (probe.rs), `Actor::record_claim` (record_claim.rs) |
 //! | `SetupFailed` | provision, then conclude | `Actor::provision` (provision.rs); the sandbox given back by `Actor::give_back` (cleanup.rs) |
 //! | `SandboxNotOwned` | verify (provision, probe) | `Actor::disown` (probe.rs) |

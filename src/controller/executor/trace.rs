@@ -62,11 +62,10 @@ mod tests {
             sandbox: "sb-1",
             created: at(0),
         };
-        let create =
-            Noted::between(at(10), at(40)).with_calls(vec![call("POST /v1/sandboxes", 11, 39)]);
+        let create = Noted::between(at(10), at(40)).with_calls(vec![call("briq_run", 11, 39)]);
         let setup = Noted::between(at(45), at(900)).with_calls(vec![
-            call("PUT /v1/sandboxes/{id}/files", 46, 60),
-            call("POST /v1/sandboxes/{id}/exec", 61, 899),
+            call("briq_files_put", 46, 60),
+            call("briq_exec", 61, 899),
         ]);
         let root = || {
             Span::new("provision executor", at(0), at(905))
@@ -75,15 +74,15 @@ mod tests {
                 .attribute("briq.sandbox", "sb-1")
         };
         let set_up = Span::new("set up bridge and kernel", at(45), at(900)).children([
-            call("PUT /v1/sandboxes/{id}/files", 46, 60).span(),
-            call("POST /v1/sandboxes/{id}/exec", 61, 899).span(),
+            call("briq_files_put", 46, 60).span(),
+            call("briq_exec", 61, 899).span(),
         ]);
         assert_eq!(
             spans(&subject, Some(&create), &setup, None, at(905)),
             root()
                 .child(
                     Span::new("create sandbox", at(10), at(40))
-                        .child(call("POST /v1/sandboxes", 11, 39).span())
+                        .child(call("briq_run", 11, 39).span())
                 )
                 .child(set_up.clone())
         );
