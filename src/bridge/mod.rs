@@ -5,6 +5,8 @@
 
 #[cfg(test)]
 mod compat;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod session;
 pub mod state;
 

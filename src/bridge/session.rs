@@ -332,3 +332,223 @@ fn unexpected(envelope: &Envelope) -> CallError {
         Envelope::Spilled(_) => "spilled",
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::bridge::RunStatus;
+    use crate::bridge::fake::{Call, FakeBriq, Reply, default_envelope, result};
+
+    const ID: &str = "bq_1";
+
+    fn key() -> ApiKey {
+        ApiKey::new("k").unwrap()
+    }
+
+    fn session<'a>(api: &'a FakeBriq, key: &'a ApiKey) -> Session<'a, FakeBriq> {
+        Session {
+            api,
+            key,
+            sandbox_id: ID,
+        }
+    }
+
+    /// The staged bridge's upload: its path is random, its place in the sequence is not.
+    fn staged_upload(calls: &[Call]) -> Option<&str> {
+        match calls.first()? {
+            Call::WriteFile { id, path } if id == ID && path.starts_with("/work/.briq/bridge-") => {
+                Some(path)
+            }
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn provisioning_uploads_the_bridge_then_sets_up_and_starts_the_kernel() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        let done = session(&api, &key)
+            .provision(Duration::from_secs(30), &[], &BTreeMap::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            done,
+            Provisioned {
+                pip_installed: false
+            }
+        );
+        let calls = api.calls();
+        assert!(staged_upload(&calls).is_some(), "{calls:?}");
+        assert_eq!(
+            calls[1..],
+            [Call::exec(ID, "setup"), Call::exec(ID, "start-kernel")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claimers_environment_goes_to_the_kernel_on_stdin_after_its_start() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.answer(
+            "set-env",
+            Reply::Envelope(json!({"kind": "env", "ok": true, "names": ["TOKEN"], "message": ""})),
+        );
+        let env = BTreeMap::from([("TOKEN".to_owned(), "s3cret".to_owned())]);
+        session(&api, &key)
+            .provision(Duration::from_secs(30), &[], &env)
+            .await
+            .unwrap();
+        assert_eq!(
+            api.calls()[1..],
+            [
+                Call::exec(ID, "setup"),
+                Call::exec(ID, "start-kernel"),
+                Call::exec_with(ID, "set-env", r#"{"TOKEN":"s3cret"}"#),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_setup_starts_no_kernel() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.answer(
+            "setup",
+            Reply::Envelope(json!({"kind": "setup", "ok": false, "installed": true, "message": "pip failed", "pip_tail": "no index"})),
+        );
+        let error = session(&api, &key)
+            .provision(
+                Duration::from_secs(30),
+                &["numpy".to_owned()],
+                &BTreeMap::new(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(error, SetupError::Failed { .. }), "{error:?}");
+        assert_eq!(api.calls()[1..], [Call::exec(ID, "setup")]);
+    }
+
+    #[tokio::test]
+    async fn a_run_is_one_exec_with_the_code_on_stdin() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        let run = session(&api, &key)
+            .run("00000000000000aa", "1 + 1", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(run.output.as_deref(), Some("2"));
+        assert_eq!(api.calls(), [Call::exec_with(ID, "run", "1 + 1")]);
+    }
+
+    #[tokio::test]
+    async fn a_spilled_answer_is_read_from_its_file_after_the_one_exec() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.answer("run", Reply::Spilled(result("ok", "large")));
+        let run = session(&api, &key)
+            .run("00000000000000aa", "big()", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(run.output.as_deref(), Some("large"));
+        let calls = api.calls();
+        assert_eq!(calls[0], Call::exec_with(ID, "run", "big()"));
+        assert!(
+            matches!(&calls[1..], [Call::ReadFile { id, path }] if id == ID && path.starts_with("/work/.briq/results/")),
+            "{calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_answer_was_lost_is_never_sent_again_and_recall_asks_the_journal() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.answer(
+            "run",
+            Reply::Fails(briq::Error::Malformed {
+                detail: "cut".into(),
+                request_id: None,
+            }),
+        );
+        api.answer("recall", Reply::Envelope(result("ok", "2")));
+        let session = session(&api, &key);
+        let lost = session
+            .run("00000000000000aa", "1 + 1", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        let CallError::Briq(error) = &lost else {
+            panic!("{lost:?}")
+        };
+        assert_eq!(error.exec_outcome(), briq::ExecOutcome::Unknown);
+        let learnt = session
+            .recall("00000000000000aa", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(learnt.and_then(|r| r.output).as_deref(), Some("2"));
+        assert_eq!(
+            api.calls(),
+            [
+                Call::exec_with(ID, "run", "1 + 1"),
+                Call::exec(ID, "recall"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_attempt_the_journal_never_accepted_is_recalled_as_not_run() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.answer("recall", Reply::Envelope(result("not_accepted", "")));
+        let learnt = session(&api, &key)
+            .recall("00000000000000aa", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(learnt, None);
+        assert_eq!(api.calls(), [Call::exec(ID, "recall")]);
+    }
+
+    #[tokio::test]
+    async fn cancel_save_and_restore_are_one_exec_each() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        let session = session(&api, &key);
+        let cancelled = session
+            .cancel("00000000000000aa", Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(cancelled.status, RunStatus::Cancelled);
+        session.save_state(Duration::from_secs(10)).await.unwrap();
+        session
+            .restore_state(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            api.calls(),
+            [
+                Call::exec(ID, "cancel"),
+                Call::exec(ID, "save-state"),
+                Call::exec(ID, "restore-state"),
+            ]
+        );
+        assert_eq!(default_envelope("probe")["kind"], "kernel");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_sandbox_runs_nothing_and_says_so() {
+        let api = FakeBriq::default().with_sandbox(ID, "py");
+        let key = key();
+        api.stop_sandbox(&key, ID).await.unwrap();
+        let error = session(&api, &key)
+            .run("00000000000000aa", "1 + 1", Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        let CallError::Briq(error) = &error else {
+            panic!("{error:?}")
+        };
+        assert_eq!(error.exec_outcome(), briq::ExecOutcome::NotRun);
+    }
+}

@@ -423,38 +423,14 @@ impl Endpoint {
         Ok((posted(Some(message)), request_id))
     }
 
-    async fn read_body(
+    /// Reads `response` chunk by chunk within the size bound, handing each chunk to `take` until
+    /// it answers. A body that breaks off leaves the outcome unknown.
+    async fn read_until<T>(
         &self,
         response: reqwest::Response,
         request_id: &Option<String>,
-    ) -> Result<Bytes, Error> {
-        let mut body = BytesMut::new();
-        let mut chunks = response.bytes_stream();
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|source| Error::Uncertain {
-                source,
-                request_id: request_id.clone(),
-            })?;
-            if body.len() + chunk.len() > self.max_response_bytes {
-                return Err(Error::Malformed {
-                    detail: format!("answer larger than {} bytes", self.max_response_bytes),
-                    request_id: request_id.clone(),
-                });
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body.freeze())
-    }
-
-    /// Reads an SSE stream until the event that answers the request (`id`), within the size
-    /// bound. A stream that breaks or ends before it leaves the outcome unknown.
-    async fn read_events(
-        &self,
-        response: reqwest::Response,
-        id: Option<&Value>,
-        request_id: &Option<String>,
-    ) -> Result<Value, Error> {
-        let mut events = EventReader::default();
+        mut take: impl FnMut(&[u8]) -> Option<T>,
+    ) -> Result<Option<T>, Error> {
         let mut read = 0usize;
         let mut chunks = response.bytes_stream();
         while let Some(chunk) = chunks.next().await {
@@ -469,18 +445,49 @@ impl Endpoint {
                     request_id: request_id.clone(),
                 });
             }
-            for data in events.push(&chunk) {
-                let Ok(message) = serde_json::from_str::<Value>(&data) else {
-                    continue;
-                };
-                let answers = message.get("id") == id
-                    && (message.get("result").is_some() || message.get("error").is_some());
-                if answers {
-                    return Ok(message);
-                }
+            if let Some(taken) = take(&chunk) {
+                return Ok(Some(taken));
             }
         }
-        Err(Error::Malformed {
+        Ok(None)
+    }
+
+    async fn read_body(
+        &self,
+        response: reqwest::Response,
+        request_id: &Option<String>,
+    ) -> Result<Bytes, Error> {
+        let mut body = BytesMut::new();
+        self.read_until(response, request_id, |chunk| {
+            body.extend_from_slice(chunk);
+            None::<()>
+        })
+        .await?;
+        Ok(body.freeze())
+    }
+
+    /// Reads an SSE stream until the event that answers the request (`id`), within the size
+    /// bound. A stream that breaks or ends before it leaves the outcome unknown.
+    async fn read_events(
+        &self,
+        response: reqwest::Response,
+        id: Option<&Value>,
+        request_id: &Option<String>,
+    ) -> Result<Value, Error> {
+        let mut events = EventReader::default();
+        let answer = self
+            .read_until(response, request_id, |chunk| {
+                events
+                    .push(chunk)
+                    .into_iter()
+                    .filter_map(|data| serde_json::from_str::<Value>(&data).ok())
+                    .find(|message| {
+                        message.get("id") == id
+                            && (message.get("result").is_some() || message.get("error").is_some())
+                    })
+            })
+            .await?;
+        answer.ok_or_else(|| Error::Malformed {
             detail: "the answer's event stream ended before the answer".to_owned(),
             request_id: request_id.clone(),
         })
