@@ -1443,3 +1443,21 @@ async fn a_forgotten_session_is_initialized_again_and_the_call_sent_once() {
     h.destroy(&sandbox.id).await;
     h.finish().await;
 }
+
+/// Many executors reconciled at once when the operator starts share the key's one check.
+#[tokio::test]
+async fn calls_made_at_once_with_a_new_key_share_one_interface_check() {
+    let h = harness().await;
+    let client = h.fresh_client();
+    let lookups = (0..20).map(|i| {
+        let client = client.clone();
+        let key = h.key.clone();
+        async move { client.get_sandbox(&key, &format!("bq_missing{i}")).await }
+    });
+    for found in futures::future::join_all(lookups).await {
+        expect_class(found, ErrorClass::NotFound);
+    }
+    assert_eq!(h.calls(Operation::ListTools).await, 1);
+    assert_eq!(h.calls(Operation::Get).await, 20);
+    h.finish().await;
+}

@@ -7,12 +7,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use briq_dev::local_server::{Operation, Outage};
+use briq_dev::local_server::{DeclaredChange, Operation, Outage};
 use briq_operator::crd::{BriqExecutor, Execution};
 use serde_json::json;
 use support::{
     Operator, TestEnv, condition, create_execution, create_executor, finished, output, reason, run,
-    wait_for, wait_ready,
+    sandbox_server, wait_for, wait_ready,
 };
 
 const OUTAGE: Duration = Duration::from_secs(40);
@@ -131,4 +131,45 @@ async fn a_40s_gateway_outage_costs_no_executor_no_second_run_and_no_state() {
         })
         .await;
     }
+}
+
+/// briq's server no longer declares an argument the operator sends (its exec without `stdin`):
+/// the executor's status names the tool and the parameter within seconds, and briq gets no call
+/// but the interface check — no create, no loop of refusals.
+#[tokio::test]
+async fn a_server_lacking_an_argument_the_operator_sends_is_named_in_status_and_gets_no_other_call()
+{
+    let env = TestEnv::new("mismatch").await;
+    let server = sandbox_server().await;
+    let admin = server.admin();
+    admin
+        .declare(&DeclaredChange::DropParameter {
+            tool: "briq_exec".into(),
+            parameter: "stdin".into(),
+        })
+        .await
+        .unwrap();
+    let operator = Operator::start_on(&env, env.client.clone(), server, |_| {});
+    create_executor(&env, "py", json!({})).await;
+    let named = wait_for(&env.api::<BriqExecutor>(), "py", 30, |e| {
+        condition(e, "Ready").1 == "BriqInterfaceMismatch"
+    })
+    .await;
+    let (status, _, message) = condition(&named, "Ready");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("briq_exec.stdin: sent, but not declared"),
+        "{message}"
+    );
+    // Reconciled again meanwhile (its error requeues it), it still makes no call.
+    create_execution(&env, "waits", "py", "1 + 1").await;
+    let stats = admin.stats().await.unwrap();
+    let others: Vec<_> = stats
+        .calls
+        .iter()
+        .filter(|(operation, _)| !matches!(operation, Operation::Initialize | Operation::ListTools))
+        .collect();
+    assert!(others.is_empty(), "no other call: {:?}", stats.calls);
+    assert_eq!(stats.calls(Operation::ListTools), 1, "{:?}", stats.calls);
+    drop(operator);
 }

@@ -99,6 +99,8 @@ pub struct BriqClient {
     /// briq's health per key, shared by every clone: calls back off together.
     health: Arc<Health>,
     verdicts: Arc<Mutex<HashMap<u64, Verdict>>>,
+    /// One check at a time per key: the executors reconciled at start share the first one.
+    checking: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl BriqClient {
@@ -136,6 +138,7 @@ impl BriqClient {
             options: Arc::new(options),
             health: Arc::default(),
             verdicts: Arc::default(),
+            checking: Arc::default(),
         })
     }
 
@@ -182,21 +185,40 @@ impl BriqClient {
     }
 
     /// Whether calls with `key` may go out: checked at the key's first use, and again a while
-    /// after a mismatch.
+    /// after a mismatch; calls that find no verdict wait for the one check under way.
     async fn conforms(&self, key: &ApiKey) -> Result<(), Error> {
+        if let Some(verdict) = self.current_verdict(key) {
+            return verdict;
+        }
+        let lock = Arc::clone(
+            self.checking
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.fingerprint())
+                .or_default(),
+        );
+        let _checking = lock.lock().await;
+        if let Some(verdict) = self.current_verdict(key) {
+            return verdict;
+        }
+        match self.check_conformance(key).await? {
+            mismatches if mismatches.is_empty() => Ok(()),
+            mismatches => Err(Error::InterfaceMismatch { mismatches }),
+        }
+    }
+
+    /// The key's verdict while it holds: a match for good, a mismatch for a minute.
+    fn current_verdict(&self, key: &ApiKey) -> Option<Result<(), Error>> {
         let known = self.verdicts().get(&key.fingerprint()).cloned();
         match known {
-            Some(Verdict::Conforms) => Ok(()),
+            Some(Verdict::Conforms) => Some(Ok(())),
             Some(Verdict::Mismatched {
                 mismatches,
                 checked,
             }) if checked.elapsed() < RECHECK_MISMATCH => {
-                Err(Error::InterfaceMismatch { mismatches })
+                Some(Err(Error::InterfaceMismatch { mismatches }))
             }
-            _ => match self.check_conformance(key).await? {
-                mismatches if mismatches.is_empty() => Ok(()),
-                mismatches => Err(Error::InterfaceMismatch { mismatches }),
-            },
+            _ => None,
         }
     }
 

@@ -274,7 +274,16 @@ impl Operator {
         client: Client,
         adjust: impl FnOnce(&mut Settings),
     ) -> Operator {
-        let server = sandbox_server().await;
+        Operator::start_on(env, client, sandbox_server().await, adjust)
+    }
+
+    /// [`Operator::start_as`], on a sandbox server the test prepared.
+    pub fn start_on(
+        env: &TestEnv,
+        client: Client,
+        server: LocalServer,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Operator {
         let mut settings = settings(env, &server);
         adjust(&mut settings);
         let controllers = Controllers::start(client, &server, settings).expect("controllers");
