@@ -41,6 +41,8 @@ mod publish;
 mod recheck;
 mod requeue;
 mod run;
+#[cfg(test)]
+mod scenarios;
 mod status;
 mod wake;
 

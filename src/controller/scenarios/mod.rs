@@ -1,0 +1,21 @@
+//! The controllers' fast tier: scenarios that drive the real `executor::reconcile` and
+//! `execution::reconcile` against an in-memory briq (`bridge::fake`) and an in-memory API server
+//! (`api_server.rs`), and assert the exact sequence of requests each makes to both. Milliseconds,
+//! no control plane: beside the pure decisions' table tests and the end-to-end tests (`tests/`),
+//! never instead of them.
+//!
+//! | file | scenarios |
+//! |---|---|
+//! | `executor_lifecycle.rs` | a new executor: finalizer, sandbox created and provisioned, `KernelReady`; its deletion: sandbox destroyed, finalizer removed |
+//! | `executor_suspension.rs` | `spec.suspend`: `Suspending`, namespace saved, sandbox stopped, `Suspended`; resumed: sandbox started, kernel started, namespace restored |
+//! | `execution_run.rs` | an Execution on a ready executor: `Completed`, the code sent once (at hand, or brought by the `Running` write); an answer lost: learnt from the journal, never sent twice |
+//! | `execution_cancel.rs` | `spec.cancel`: the journal claims an attempt never sent, interrupts a running one, or keeps a result that came first |
+//!
+//! `world.rs` builds the contexts as `controller::run` does and the objects scenarios start from.
+
+mod api_server;
+mod execution_cancel;
+mod execution_run;
+mod executor_lifecycle;
+mod executor_suspension;
+mod world;
