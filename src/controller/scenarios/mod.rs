@@ -7,6 +7,7 @@
 //! | file | scenarios |
 //! |---|---|
 //! | `executor_lifecycle.rs` | a new executor: finalizer, sandbox created and provisioned, `KernelReady`; its deletion: sandbox destroyed, finalizer removed |
+//! | `executor_claim.rs` | a warm claim: a Ready member of its pool taken, the claimer recorded with its `Ready` (two writes, no briq call), then settled (finalizer, annotations) |
 //! | `executor_suspension.rs` | `spec.suspend`: `Suspending`, namespace saved, sandbox stopped, `Suspended`; resumed: sandbox started, kernel started, namespace restored |
 //! | `execution_run.rs` | an Execution on a ready executor: `Completed`, the code sent once (at hand, or brought by the `Running` write); an answer lost: learnt from the journal, never sent twice |
 //! | `execution_cancel.rs` | `spec.cancel`: the journal claims an attempt never sent, interrupts a running one, or keeps a result that came first |
@@ -16,6 +17,7 @@
 mod api_server;
 mod execution_cancel;
 mod execution_run;
+mod executor_claim;
 mod executor_lifecycle;
 mod executor_suspension;
 mod world;

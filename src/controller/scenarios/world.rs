@@ -25,7 +25,8 @@ use crate::{
     },
     crd::{
         BriqExecutor, BriqExecutorClass, BriqExecutorPool, EXECUTOR_MANAGER, Execution, FINALIZER,
-        SANDBOX_ID_ANNOTATION,
+        POOL_LABEL, POOL_MEMBER_ANNOTATION, SANDBOX_ID_ANNOTATION, TEMPLATE_HASH_LABEL,
+        template_hash,
     },
     metrics::Metrics,
 };
@@ -39,6 +40,14 @@ pub(super) const EXECUTOR_STATUS_PATH: &str =
 pub(super) const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/team/events";
 /// The sandbox a ready executor records.
 pub(super) const SANDBOX: &str = "bq_1";
+
+/// The pool a claimer names, and its Ready member (holding [`SANDBOX`]).
+pub(super) const POOL: &str = "fast";
+pub(super) const POOL_UID: &str = "9b1f0c2d-3e4a-4b5c-8d6e-7f8091a2b3c4";
+pub(super) const MEMBER: &str = "fast-x7k2q";
+pub(super) const MEMBER_UID: &str = "5d4c3b2a-1f0e-4d9c-8b7a-695847362514";
+pub(super) const MEMBER_PATH: &str =
+    "/apis/briq.cloud/v1alpha1/namespaces/team/briqexecutors/fast-x7k2q";
 
 /// The Execution the scenarios run, its uid, its attempt id (the uid's hex digits) and its code.
 pub(super) const EXECUTION: &str = "step-1";
@@ -56,6 +65,7 @@ pub(super) struct World {
     execution_ctx: Arc<execution::Context<FakeBriq>>,
     executors: Writer<BriqExecutor>,
     executions: Writer<Execution>,
+    pools: Writer<BriqExecutorPool>,
     /// Which Executions the execution controller woke.
     woken: mpsc::UnboundedReceiver<ObjectRef<Execution>>,
     _classes_listed: tokio::sync::watch::Sender<bool>,
@@ -92,7 +102,7 @@ impl World {
         });
         let (execution_store, executions) = reflector::store::<Execution>();
         let (executor_store, executors) = reflector::store::<BriqExecutor>();
-        let (pool_store, _) = reflector::store::<BriqExecutorPool>();
+        let (pool_store, pools) = reflector::store::<BriqExecutorPool>();
         let (wake, woken) = mpsc::unbounded_channel();
         let execution_ctx = Arc::new(execution::Context::new(
             shared.clone(),
@@ -116,6 +126,7 @@ impl World {
             execution_ctx,
             executors,
             executions,
+            pools,
             woken,
             _classes_listed: classes_listed_tx,
         };
@@ -138,6 +149,12 @@ impl World {
     pub(super) fn cache_executor(&mut self, executor: &BriqExecutor) {
         self.executors
             .apply_watcher_event(&watcher::Event::Apply(executor.clone()));
+    }
+
+    /// The pool cache shows `pool`.
+    pub(super) fn cache_pool(&mut self, pool: &BriqExecutorPool) {
+        self.pools
+            .apply_watcher_event(&watcher::Event::Apply(pool.clone()));
     }
 
     /// The Execution watch delivers `execution`: its code is kept beside the cache (as long as
@@ -239,6 +256,49 @@ pub(super) fn ready_executor() -> BriqExecutor {
         .expect("a status"),
     );
     executor
+}
+
+/// A pool of one member, its template left at every default.
+pub(super) fn pool() -> BriqExecutorPool {
+    serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorPool",
+        "metadata": {
+            "name": POOL, "namespace": NAMESPACE, "uid": POOL_UID,
+            "resourceVersion": "3", "generation": 1,
+            "creationTimestamp": "2026-12-07T06:58:00Z",
+        },
+        "spec": { "replicas": 1, "template": {} },
+    }))
+    .expect("a pool")
+}
+
+/// `pool`'s member as the pool controller makes it (owned, labelled and annotated as the
+/// pool's, of its current template) once Ready on its own sandbox [`SANDBOX`], at `version`.
+pub(super) fn ready_member(pool: &BriqExecutorPool, version: &str) -> BriqExecutor {
+    let mut member: BriqExecutor = serde_json::from_value(json!({
+        "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
+        "metadata": {
+            "name": MEMBER, "namespace": NAMESPACE, "uid": MEMBER_UID,
+            "resourceVersion": version, "generation": 1,
+            "creationTimestamp": "2026-12-07T06:59:00Z",
+            "finalizers": [FINALIZER],
+            "labels": { POOL_LABEL: POOL, TEMPLATE_HASH_LABEL: template_hash(pool) },
+            "annotations": { POOL_MEMBER_ANNOTATION: POOL, SANDBOX_ID_ANNOTATION: SANDBOX },
+            "ownerReferences": [{
+                "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutorPool",
+                "name": POOL, "uid": POOL_UID, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {},
+    }))
+    .expect("a member");
+    member.status = ready_executor().status;
+    member
+}
+
+/// A briq with the member's sandbox.
+pub(super) fn briq_with_member_sandbox() -> FakeBriq {
+    FakeBriq::default().with_sandbox(SANDBOX, &sandbox_name(NAMESPACE, MEMBER, MEMBER_UID))
 }
 
 pub(super) fn executions_path(name: &str) -> String {
