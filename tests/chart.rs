@@ -824,6 +824,7 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
             ("briq.cloud", "briqexecutorclasses", "get", ""),
             ("briq.cloud", "briqexecutorclasses", "list", ""),
             ("briq.cloud", "briqexecutorclasses", "watch", ""),
+            ("briq.cloud", "briqexecutorclasses/status", "patch", ""),
             ("", "namespaces", "get", ""),
         ])
     );
@@ -943,6 +944,12 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("update", "", "namespaces", ns),
         ("create", "briq.cloud", "briqexecutorclasses", ""),
         ("patch", "briq.cloud", "briqexecutorclasses", "standard"),
+        (
+            "update",
+            "briq.cloud",
+            "briqexecutorclasses/status",
+            "standard",
+        ),
         ("create", "", "events", ""),
         ("delete", "events.k8s.io", "events", "x"),
         ("list", "events.k8s.io", "events", ""),
@@ -990,6 +997,13 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("create", "events.k8s.io", "events", ""),
         ("patch", "coordination.k8s.io", "leases", fullname.as_str()),
         ("watch", "briq.cloud", "briqexecutorclasses", ""),
+        // A class says whether briq's interface matches with its key.
+        (
+            "patch",
+            "briq.cloud",
+            "briqexecutorclasses/status",
+            "standard",
+        ),
         ("get", "", "namespaces", ns),
     ] {
         assert!(

@@ -10,7 +10,7 @@
 mod ops;
 mod support;
 
-use briq_dev::local_server::Operation;
+use briq_dev::local_server::{DeclaredChange, Operation};
 use briq_operator::{
     briq::{BriqClient, ClientOptions, SandboxApi},
     crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool, CLASS_ANNOTATION},
@@ -513,4 +513,46 @@ async fn a_namespace_beyond_its_class_queue_is_refused_without_running() {
         (reason(&waited), output(&waited)),
         ("Completed".into(), "'waited'".into())
     );
+}
+
+/// briq's MCP server does not match what the operator sends with a class's key (its exec
+/// without `stdin`): the class says so on its `BriqInterface` condition, naming the tool and the
+/// parameter, as its executor's `Ready` does.
+#[tokio::test]
+async fn a_class_whose_key_meets_a_mismatched_briq_interface_says_so_naming_the_parameter() {
+    let p = Platform::new("iface").await;
+    p.operator
+        .server
+        .admin()
+        .declare(&DeclaredChange::DropParameter {
+            tool: "briq_exec".into(),
+            parameter: "stdin".into(),
+        })
+        .await
+        .unwrap();
+    let class = p.class("iface", json!({})).await;
+    p.tenant
+        .api::<BriqExecutor>()
+        .create(
+            &PostParams::default(),
+            &executor("py", json!({ "className": class })),
+        )
+        .await
+        .unwrap();
+    let said = wait_for(&classes(&p.tenant), &class, 30, |c| {
+        condition(c, "BriqInterface").1 == "BriqInterfaceMismatch"
+    })
+    .await;
+    let (status, _, message) = condition(&said, "BriqInterface");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("briq_exec.stdin: sent, but not declared"),
+        "{message}"
+    );
+    let executor = wait_for(&p.tenant.api::<BriqExecutor>(), "py", 30, |e| {
+        ready_reason(e) == "BriqInterfaceMismatch"
+    })
+    .await;
+    assert_eq!(condition(&executor, "Ready").0, "False");
+    assert_eq!(p.creates().await, 0, "no sandbox is made");
 }

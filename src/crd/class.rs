@@ -2,7 +2,7 @@
 //! briq key (in a namespace tenants cannot read), who may use it, and the limits of their specs.
 //! Cluster-scoped, as StorageClass, IngressClass and GatewayClass are.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -25,9 +25,11 @@ use super::{
     kind = "BriqExecutorClass",
     plural = "briqexecutorclasses",
     shortname = "bqc",
+    status = "BriqExecutorClassStatus",
     doc = "Platform rules for BriqExecutors: the briq key, who may use it, spec defaults and limits.",
     printcolumn = r#"{"name":"Default","type":"string","jsonPath":".metadata.annotations.briq\\.cloud/is-default-class"}"#,
     printcolumn = r#"{"name":"Key","type":"string","jsonPath":".spec.apiKeySecretRef.name"}"#,
+    printcolumn = r#"{"name":"Briq","type":"string","jsonPath":".status.conditions[?(@.type==\"BriqInterface\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -99,6 +101,28 @@ pub struct BriqExecutorClassSpec {
     /// What one namespace may use of this class at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_namespace: Option<NamespaceLimits>,
+}
+
+/// What the operator found of a class's briq key.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BriqExecutorClassStatus {
+    /// `BriqInterface` is False when briq's MCP server, asked with the class's key, does not
+    /// declare a tool or argument the operator sends, or requires one it never sends (the
+    /// message names each), and True once a sandbox is made with the key again. Written only
+    /// when it changes. Its reasons:
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = list_class_reasons)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+fn list_class_reasons(schema: &mut schemars::Schema) {
+    use super::reasons::{self, ClassReason};
+    reasons::append_description(
+        schema,
+        &reasons::describe(ClassReason::ALL, ClassReason::description),
+    );
 }
 
 /// Limits of one namespace's use of a class.

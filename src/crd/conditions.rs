@@ -14,6 +14,9 @@ pub const BRIQ_REACHABLE: &str = "BriqReachable";
 /// An executor's suspension (`spec.suspend`): True while its sandbox is stopped; False once
 /// resumed, or when its namespace could not be saved.
 pub const SUSPENDED: &str = "Suspended";
+/// A BriqExecutorClass's: False while briq's MCP server does not match what the operator sends
+/// with the class's key.
+pub const BRIQ_INTERFACE: &str = "BriqInterface";
 
 /// Condition messages are capped well below the API's 32 KiB: they are read by people.
 const MAX_MESSAGE_CHARS: usize = 4_000;

@@ -259,6 +259,19 @@ reasons! {
 }
 
 reasons! {
+    /// Reasons of a BriqExecutorClass's `BriqInterface` condition.
+    ClassReason {
+        /// briq's MCP server declares every tool and argument the operator sends with the
+        /// class's key.
+        InterfaceMatches,
+        /// briq's MCP server does not declare a tool or argument the operator sends with the
+        /// class's key, or requires one it never sends (the message names each): its executors
+        /// make no sandbox until it matches.
+        BriqInterfaceMismatch,
+    }
+}
+
+reasons! {
     /// Reasons of a BriqExecutorPool's `Ready` condition.
     PoolReason {
         /// `readyReplicas` reached `spec.replicas`.

@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::{
     actor::{Actor, CONFLICT_RECHECK, RECORD_ATTEMPTS},
+    class_status::Interface,
     create_claim::{self, PendingCreate},
     status::{sandbox_fields, state, status_of},
     step::recorded_sandbox,
@@ -151,8 +152,15 @@ impl<S: SandboxApi> Actor<'_, S> {
         let sandbox = match self.shared.sandboxes.create_sandbox(key, &request).await {
             Ok(sandbox) => sandbox,
             Err(error) if error.class() == ErrorClass::Terminal => {
-                let reason = match error {
-                    briq::Error::InterfaceMismatch { .. } => ExecutorReason::BriqInterfaceMismatch,
+                let reason = match &error {
+                    briq::Error::InterfaceMismatch { mismatches } => {
+                        if let Some(class) = &class {
+                            let found =
+                                Interface::Mismatch(briq::conformance::describe(mismatches));
+                            self.report_class_interface(class, found).await;
+                        }
+                        ExecutorReason::BriqInterfaceMismatch
+                    }
                     _ => ExecutorReason::BriqRefused,
                 };
                 let refused = state("False", false, reason, error.to_string());
@@ -162,6 +170,9 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             Err(error) => return Err(error.into()),
         };
+        if let Some(class) = &class {
+            self.report_class_interface(class, Interface::Matches).await;
+        }
         if !self.record_created(executor, key, &sandbox.id).await? {
             return Ok(Created::Not(CONFLICT_RECHECK));
         }

@@ -35,6 +35,7 @@ mod admit;
 mod apply;
 mod claim;
 mod claim_env;
+mod class_status;
 mod cleanup;
 mod create;
 mod create_claim;
