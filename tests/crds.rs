@@ -3,7 +3,7 @@
 
 mod support;
 
-use briq_operator::crd::{BriqExecutor, Execution};
+use briq_operator::crd::{BriqExecutor, BriqExecutorPool, Execution};
 use kube::{
     Api, Resource,
     api::{DynamicObject, Patch, PatchParams, PostParams},
@@ -438,4 +438,38 @@ async fn a_resource_quota_caps_how_many_executors_a_namespace_may_hold() {
         }
         other => panic!("a third executor beyond the quota: {other:?}"),
     }
+}
+
+/// A pool sized by demand needs no `replicas` (the manifest is accepted as written): it
+/// defaults to 0, which `kubectl scale` reads, and scaling writes it to no effect while
+/// `maxReady` sizes the pool.
+#[tokio::test]
+async fn a_pool_sized_by_demand_needs_no_replicas_and_scales_through_a_default_of_zero() {
+    let env = TestEnv::new("crd-demand-pool").await;
+    dynamic::<BriqExecutorPool>(&env)
+        .create(
+            &PostParams::default(),
+            &object::<BriqExecutorPool>(
+                "by-demand",
+                json!({ "maxReady": 4, "minReady": 0, "template": {} }),
+            ),
+        )
+        .await
+        .expect("a demand-sized pool without replicas");
+    let pools = env.api::<BriqExecutorPool>();
+    let pool = pools.get("by-demand").await.unwrap();
+    assert_eq!((pool.spec.replicas, pool.spec.max_ready), (0, Some(4)));
+    // Scale's own JSON leaves a zero out.
+    let scale = pools.get_scale("by-demand").await.unwrap();
+    assert_eq!(scale.spec.map(|s| s.replicas.unwrap_or(0)), Some(0));
+    pools
+        .patch_scale(
+            "by-demand",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 3 } })),
+        )
+        .await
+        .unwrap();
+    let scaled = pools.get("by-demand").await.unwrap();
+    assert_eq!((scaled.spec.replicas, scaled.spec.max_ready), (3, Some(4)));
 }

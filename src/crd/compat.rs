@@ -22,7 +22,7 @@ pub fn narrowings(old: &str, new: &str) -> Result<Vec<String>, serde_yaml_ng::Er
             .find(|(key, _)| key == &(kind.clone(), version.clone()))
         {
             None => found.push(format!("{at}: no longer served")),
-            Some((_, new_schema)) => compare(&at, "", old_schema, new_schema, &mut found),
+            Some((_, new_schema)) => compare(&at, "", old_schema, new_schema, false, &mut found),
         }
     }
     Ok(found)
@@ -52,7 +52,15 @@ fn schemas(stream: &str) -> Result<Schemas, serde_yaml_ng::Error> {
     Ok(out)
 }
 
-fn compare(at: &str, path: &str, old: &Value, new: &Value, found: &mut Vec<String>) {
+/// `always_stored`: the old schema required this field, so every stored object has it.
+fn compare(
+    at: &str,
+    path: &str,
+    old: &Value,
+    new: &Value,
+    always_stored: bool,
+    found: &mut Vec<String>,
+) {
     let mut narrowed = |what: String| found.push(format!("{at} {}: {what}", or_root(path)));
     if old.get("type") != new.get("type") && old.get("type").is_some() {
         narrowed(format!(
@@ -61,7 +69,9 @@ fn compare(at: &str, path: &str, old: &Value, new: &Value, found: &mut Vec<Strin
             show(&new["type"])
         ));
     }
-    if old.get("default") != new.get("default") {
+    // A default given to a field every stored object has applies to none of them.
+    let default_for_new_objects_only = always_stored && old.get("default").is_none();
+    if old.get("default") != new.get("default") && !default_for_new_objects_only {
         narrowed(format!(
             "default {} became {}",
             show(&old["default"]),
@@ -127,7 +137,10 @@ fn compare(at: &str, path: &str, old: &Value, new: &Value, found: &mut Vec<Strin
             match new["properties"].get(name) {
                 None if new["x-kubernetes-preserve-unknown-fields"] == Value::Bool(true) => {}
                 None => found.push(format!("{at} {child}: removed")),
-                Some(new_field) => compare(at, &child, old_field, new_field, found),
+                Some(new_field) => {
+                    let stored = before.contains(name);
+                    compare(at, &child, old_field, new_field, stored, found)
+                }
             }
         }
     }
@@ -138,6 +151,7 @@ fn compare(at: &str, path: &str, old: &Value, new: &Value, found: &mut Vec<Strin
                 &format!("{path}[{nested}]"),
                 &old[nested],
                 &new[nested],
+                false,
                 found,
             );
         }
@@ -226,6 +240,19 @@ mod tests {
                 "a default changed",
                 with(&|s| s["properties"]["timeout"]["default"] = 10.into()),
                 vec!["Thing v1alpha1 .spec.timeout: default 30 became 10"],
+            ),
+            (
+                "a default given to a field that was required (every stored object has it)",
+                with(&|s| {
+                    s["required"] = serde_json::json!([]);
+                    s["properties"]["code"]["default"] = "pass".into();
+                }),
+                vec![],
+            ),
+            (
+                "a default given to a field that was optional",
+                with(&|s| s["properties"]["size"]["default"] = "small".into()),
+                vec!["Thing v1alpha1 .spec.size: default none became \"small\""],
             ),
             (
                 "narrowed bounds and a removed enum value",

@@ -46,9 +46,11 @@ pub const MAX_POOL_REPLICAS: i32 = 1000;
 ))]
 #[serde(rename_all = "camelCase")]
 pub struct BriqExecutorPoolSpec {
-    /// How many unclaimed, Ready executors to keep (0 to 1,000). Driven by `kubectl scale`, an
-    /// HPA or KEDA through the scale subresource. Not used while `maxReady` sizes the pool by
-    /// demand.
+    /// How many unclaimed, Ready executors to keep (0 to 1,000; default 0). Driven by
+    /// `kubectl scale`, an HPA or KEDA through the scale subresource. Not used while `maxReady`
+    /// sizes the pool by demand, which may leave it out: `kubectl scale` then still writes it,
+    /// to no effect until `maxReady` goes.
+    #[serde(default = "no_replicas")]
     #[schemars(range(min = 0, max = MAX_POOL_REPLICAS))]
     pub replicas: i32,
 
@@ -138,6 +140,12 @@ fn list_pool_reasons(schema: &mut schemars::Schema) {
         schema,
         &reasons::describe(PoolReason::ALL, PoolReason::description),
     );
+}
+
+/// What a pool that leaves `replicas` out keeps: none, unless `maxReady` sizes it. Set as the
+/// schema's default, so that the scale subresource always finds `spec.replicas`.
+fn no_replicas() -> i32 {
+    0
 }
 
 impl BriqExecutorPool {
