@@ -253,6 +253,16 @@ def result_envelope(
     }
 
 
+# IPython compiles each cell under a file named by a hash (`/tmp/ipykernel_1/2747763117.py`):
+# a syntax error names that file, which says nothing of the action's code.
+_CELL_FILE = re.compile(r"\((?:[^()]*/)?\d+\.py, line (\d+)\)$")
+
+
+def action_located(message: str) -> str:
+    """A compile error's message with the kernel's cell file named as the action's code."""
+    return _CELL_FILE.sub(r"(<action>, line \1)", message)
+
+
 def error_info(name: str, message: str, traceback: str = "") -> dict:
     return {
         "name": clip(strip_ansi(name), 200),
@@ -1387,7 +1397,7 @@ def summarize(
     if error is not None:
         info = error_info(
             str(error.get("ename", "Error")),
-            str(error.get("evalue", "")),
+            action_located(str(error.get("evalue", ""))),
             "\n".join(str(line) for line in error.get("traceback", [])),
         )
         return result_envelope("error", error=info, **common)

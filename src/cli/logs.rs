@@ -165,8 +165,9 @@ fn readable_final_answer(answer: &str) -> String {
         .unwrap_or_else(|_| json.to_owned())
 }
 
-/// The traceback followed by `Name: message`, as Python prints it; IPython's traceback already
-/// ends with that line, so it is not repeated.
+/// The traceback followed by one `Name: message`, as Python prints it. IPython's traceback
+/// already ends with a line naming the error, sometimes with less than the message (a syntax
+/// error's location): that line gives way to the headline, never printed twice.
 fn error_text(error: &ExecutionError) -> String {
     let headline = if error.message.is_empty() {
         error.name.clone()
@@ -176,10 +177,19 @@ fn error_text(error: &ExecutionError) -> String {
     let Some(traceback) = error.traceback.as_deref().map(str::trim_end) else {
         return headline;
     };
-    if traceback.lines().last().map(str::trim_end) == Some(headline.trim_end()) {
-        traceback.to_owned()
+    let names_the_error = |line: &str| {
+        let line = line.trim_end();
+        line == error.name || line.starts_with(&format!("{}:", error.name))
+    };
+    let kept = match traceback.rsplit_once('\n') {
+        Some((before, last)) if names_the_error(last) => before,
+        None if names_the_error(traceback) => "",
+        _ => traceback,
+    };
+    if kept.is_empty() {
+        headline
     } else {
-        format!("{traceback}\n{headline}")
+        format!("{kept}\n{headline}")
     }
 }
 
@@ -230,6 +240,28 @@ mod tests {
         assert_eq!(
             error_text(&error(None)),
             "ZeroDivisionError: division by zero"
+        );
+        // A syntax error: IPython's last line says less than the message, which names the
+        // action (the bridge's doing); one headline, the full one.
+        let syntax = ExecutionError {
+            name: "SyntaxError".into(),
+            message: "invalid syntax (<action>, line 1)".into(),
+            traceback: Some(
+                "  Cell In[3], line 1\n    def f(:\n          ^\nSyntaxError: invalid syntax\n"
+                    .into(),
+            ),
+        };
+        assert_eq!(
+            error_text(&syntax),
+            "  Cell In[3], line 1\n    def f(:\n          ^\nSyntaxError: invalid syntax (<action>, line 1)"
+        );
+        let bare = ExecutionError {
+            traceback: Some("SyntaxError: invalid syntax".into()),
+            ..syntax
+        };
+        assert_eq!(
+            error_text(&bare),
+            "SyntaxError: invalid syntax (<action>, line 1)"
         );
     }
 

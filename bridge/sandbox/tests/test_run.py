@@ -49,6 +49,8 @@ def test_syntax_error(shared_sandbox):
     result = shared_sandbox.run("def broken(:\n    pass")
     assert result["status"] == "error"
     assert result["error"]["name"] == "SyntaxError"
+    # Located in the action's code, not in the kernel's cell file.
+    assert result["error"]["message"].endswith("(<action>, line 1)"), result["error"]
     assert "\x1b" not in result["error"]["traceback"]
     # The kernel stays usable (stop_on_error is off, so nothing gets aborted).
     assert shared_sandbox.run("1 + 1")["output"] == "2"

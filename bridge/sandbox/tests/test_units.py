@@ -197,3 +197,15 @@ def test_the_run_client_waits_as_long_as_the_bridge_does(sandbox):
     assert constants["MAX_ANSWER_BYTES"] == sandbox.RUNNER_MAX_ANSWER_BYTES
     assert constants["ENV_MAX_BYTES"] == sandbox.ENV_MAX_BYTES
     assert constants["NONCE_ENV"] == sandbox.NONCE_ENV
+
+
+def test_a_syntax_error_names_the_action_not_the_kernels_cell_file(sandbox):
+    located = sandbox.action_located
+    assert located("invalid syntax (2747763117.py, line 1)") == "invalid syntax (<action>, line 1)"
+    assert (
+        located("expected ':' (/tmp/ipykernel_77/3311.py, line 12)")
+        == "expected ':' (<action>, line 12)"
+    )
+    # Messages that name something else keep it.
+    assert located("division by zero") == "division by zero"
+    assert located("bad input (module.py, line 3)") == "bad input (module.py, line 3)"
