@@ -98,6 +98,18 @@ struct View<'a> {
 
 const NONE: &str = "<none>";
 
+/// How many Executions ran: the executor's count, which is written in batches (at most every
+/// 30 s), or, while it lags behind the finished Executions listed here, those, said as such.
+fn executions_run(written: Option<u64>, listed_finished: usize) -> String {
+    let written = written.unwrap_or(0);
+    let listed = listed_finished as u64;
+    if listed > written {
+        format!("{listed} (as listed; the count written so far, {written}, lags by up to 30 s)")
+    } else {
+        written.to_string()
+    }
+}
+
 impl View<'_> {
     fn render(&self) -> String {
         let executor = self.executor;
@@ -168,7 +180,10 @@ impl View<'_> {
                 ("Unusable", unusable),
                 (
                     "Executions Run",
-                    status.executions_total.unwrap_or(0).to_string(),
+                    executions_run(
+                        status.executions_total,
+                        self.executions.iter().filter(|e| e.finished()).count(),
+                    ),
                 ),
                 (
                     "Last Execution",
@@ -604,5 +619,31 @@ Events:
             ]
         );
         assert!(shown.starts_with("Name:       fresh\nNamespace:  team\nAge:        -\n"));
+    }
+
+    #[test]
+    fn the_run_count_never_says_fewer_than_the_finished_executions_listed() {
+        let cases = [
+            (None, 0, "0"),
+            (Some(5), 3, "5"),
+            (Some(3), 3, "3"),
+            (
+                None,
+                3,
+                "3 (as listed; the count written so far, 0, lags by up to 30 s)",
+            ),
+            (
+                Some(1),
+                3,
+                "3 (as listed; the count written so far, 1, lags by up to 30 s)",
+            ),
+        ];
+        for (written, listed, expected) in cases {
+            assert_eq!(
+                executions_run(written, listed),
+                expected,
+                "{written:?} {listed}"
+            );
+        }
     }
 }
