@@ -16,6 +16,7 @@
 
 mod agent;
 mod audit;
+mod burst_floor;
 mod cancel;
 mod cold_start;
 mod counts;

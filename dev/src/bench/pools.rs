@@ -134,6 +134,9 @@ pub struct Claims {
     pub cold_ms: Option<Summary>,
     /// Cold create median / claim median.
     pub cold_over_claim: Option<f64>,
+    /// The burst's floor: the same claims' requests sent directly, no operator
+    /// ([`super::burst_floor`]); when all at once on simulated sandboxes.
+    pub floor_ms: Option<Summary>,
     /// Why the figures are partial, when a wait reached its bound.
     pub partial: Option<String>,
 }
@@ -159,6 +162,7 @@ impl Claims {
             refill_ms: None,
             cold_ms: None,
             cold_over_claim: None,
+            floor_ms: None,
             partial: None,
         }
     }
@@ -233,7 +237,17 @@ pub async fn run(
         env: false,
     };
     let measured = phase(stack, BURST_NAMESPACE, Server::Simulated, sizes, plan).await;
-    let burst = keep("burst", measured);
+    let mut burst = keep("burst", measured);
+    if let Some(figures) = &mut burst {
+        progress.step(format!(
+            "8: the burst's floor: the same {} claims' requests sent directly, no operator",
+            sizes.burst
+        ));
+        match burst_floor(stack, sizes.burst).await {
+            Ok(each) => figures.floor_ms = Summary::of_millis(&each),
+            Err(error) => progress.step(format!("8: the burst's floor failed: {error:#}")),
+        }
+    }
 
     progress.step(format!(
         "8: a warm pool of {0} on real kernels: {0} claims at once, the refill, 1 cold create",
@@ -297,6 +311,16 @@ enum Plan {
 
 /// What a phase measured, and how its clean-up went.
 type Measured = (anyhow::Result<Claims>, anyhow::Result<()>);
+
+/// [`super::burst_floor::measure`] in a namespace of its own, deleted after.
+async fn burst_floor(stack: &Stack, claims: usize) -> anyhow::Result<Vec<f64>> {
+    stack.namespace(super::burst_floor::NAMESPACE).await?;
+    let measured = super::burst_floor::measure(stack.admin(), claims).await;
+    let executors: Api<BriqExecutor> =
+        Api::namespaced(stack.admin().clone(), super::burst_floor::NAMESPACE);
+    objects::delete_executors(&executors).await?;
+    measured
+}
 
 /// Runs `plan` in namespace `namespace` with the controllers scoped to it on `server`, then
 /// cleans up ([`Phase::finish`]) however it went.

@@ -229,6 +229,26 @@ pub(super) fn pool_rows(rows: &mut Vec<Row>, c: &Claims, targets: bool) {
             None => notes.join("; "),
         },
     });
+    if let (Some(floor), Some(claims)) = (&c.floor_ms, &c.claim_ms) {
+        rows.push(Row {
+            scenario: "8",
+            figure: format!(
+                "… its floor: the same {} claims' requests sent at once, directly (create, take, \
+                 record with Ready; no operator)",
+                c.claims
+            ),
+            median: ms(floor.median),
+            p95: ms(floor.p95),
+            notes: format!(
+                "n={}; p99 {}; the burst over its floor: p50 **{:.2}×**, p99 **{:.2}×** \
+                 (target p99 ≤ 2×)",
+                floor.n,
+                ms(floor.p99),
+                claims.median / floor.median,
+                claims.p99 / floor.p99
+            ),
+        });
+    }
     if c.cold_ms.is_none() {
         return;
     }
