@@ -245,13 +245,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         // The default key's check at start: a mismatch is logged now, not at the first create.
         let client = sandboxes.clone();
         tokio::spawn(async move {
-            match client.check_conformance(&key).await {
-                Ok(mismatches) if mismatches.is_empty() => {
+            // The key's first-use check, shared with the reconciles that start meanwhile.
+            match client.conforms(&key).await {
+                Ok(()) => {
                     tracing::info!(
                         "briq's MCP server declares every tool and argument the operator sends"
                     );
                 }
-                Ok(_) => {}
+                // Each mismatch was logged by the check.
+                Err(crate::briq::Error::InterfaceMismatch { .. }) => {}
                 Err(error) => {
                     tracing::warn!(%error, "briq's tools/list could not be read at start; checked again at the key's first use")
                 }

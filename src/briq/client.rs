@@ -186,7 +186,7 @@ impl BriqClient {
 
     /// Whether calls with `key` may go out: checked at the key's first use, and again a while
     /// after a mismatch; calls that find no verdict wait for the one check under way.
-    async fn conforms(&self, key: &ApiKey) -> Result<(), Error> {
+    pub(crate) async fn conforms(&self, key: &ApiKey) -> Result<(), Error> {
         if let Some(verdict) = self.current_verdict(key) {
             return verdict;
         }
