@@ -53,6 +53,15 @@ impl Backoff {
             .remove(key);
     }
 
+    /// Whether `key` has a failure counted.
+    #[cfg(test)]
+    pub fn holds(&self, key: &str) -> bool {
+        self.failures
+            .lock()
+            .expect("failure counts poisoned")
+            .contains_key(key)
+    }
+
     pub fn len(&self) -> usize {
         self.failures.lock().expect("failure counts poisoned").len()
     }

@@ -287,8 +287,7 @@ pub async fn run_observed<S>(
     let suspension = wake::sender(class_wake_tx.clone());
     let execution_events = watcher(executions, watcher::Config::default().any_semantic())
         .modify(move |execution| {
-            keep_code.codes.heard(execution);
-            keep_code.cancels.heard(execution);
+            keep_code.heard(execution);
             cache::compact_execution(execution);
         })
         .reflect(execution_writer)

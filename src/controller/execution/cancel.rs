@@ -5,7 +5,7 @@
 //! result, judged like any run's. Two triggers, neither lost: a reconcile that finds the
 //! Execution cancelled ([`Step::Cancel`](super::step::Step::Cancel), [`Actor::cancel`]), and,
 //! for the run this process is waiting on (a reconcile of the same object cannot start until it
-//! ends), the watch telling [`Cancels`](super::cancels::Cancels) ([`Actor::cancellable`]).
+//! ends), the watch telling the bookkeeping ([`Actor::cancellable`]).
 
 use std::time::Duration;
 
@@ -145,7 +145,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let mut run = std::pin::pin!(run);
         tokio::select! {
             done = &mut run => return done,
-            () = self.ctx.cancels.requested(&uid) => {}
+            () = self.ctx.kept.cancel_requested(&uid) => {}
         }
         info!(%attempt, "cancelled while it runs: interrupting it in its kernel");
         let (ended, run_ended) = watch::channel(false);

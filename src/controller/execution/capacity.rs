@@ -2,9 +2,10 @@
 //! executors wait, and `perNamespace.maxRunningExecutions` run, at once in one namespace. The
 //! queue is counted from the cache for [`admit`](super::admit::namespace_queue_full); a place to
 //! run is taken at the turn ([`Actor::take_turn`](super::actor::Actor::take_turn)), counted
-//! with what this process let start ([`places`]), and freed when an Execution ends or goes.
-
-pub(super) mod places;
+//! with what this process let start ([`Bookkeeping::take_place`]), and freed when an Execution
+//! ends or goes.
+//!
+//! [`Bookkeeping::take_place`]: super::bookkeeping::Bookkeeping::take_place
 
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ impl<S> Context<S> {
     pub(super) fn wake_waiting_for_capacity(&self, execution: &Execution) {
         let namespace = execution.namespace().unwrap_or_default();
         let uid = execution.uid().unwrap_or_default();
-        for waiting in self.capacity.ended(&namespace, &uid) {
+        for waiting in self.kept.place_freed(&namespace, &uid) {
             let _ = self.wake.send(waiting);
         }
     }
@@ -118,7 +119,7 @@ impl<S> Context<S> {
             })
             .filter_map(|e| e.uid())
             .collect();
-        let settled = |uid: &str| {
+        let cache_shows = |uid: &str| {
             executions
                 .iter()
                 .find(|e| e.uid().as_deref() == Some(uid))
@@ -126,13 +127,13 @@ impl<S> Context<S> {
         };
         let uid = execution.uid().unwrap_or_default();
         if self
-            .capacity
-            .admit(&namespace, &uid, max as usize, &running, settled)
+            .kept
+            .take_place(&namespace, &uid, max as usize, &running, cache_shows)
         {
             return Ok(());
         }
-        self.capacity
-            .wait(&namespace, ObjectRef::from_obj(execution));
+        self.kept
+            .wait_for_place(&uid, ObjectRef::from_obj(execution));
         Err(format!(
             "namespace {namespace} runs {} Executions of class {class_name} at once, its \
              perNamespace.maxRunningExecutions; this one runs when one of them ends",

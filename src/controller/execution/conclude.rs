@@ -223,8 +223,6 @@ impl<S> Context<S> {
     pub(super) fn finish(&self, execution: &Execution) {
         if let Some(uid) = execution.uid() {
             self.kept.finished(&uid);
-            self.codes.forget(&uid);
-            self.cancels.forget(&uid);
         }
         self.wake_next(execution);
         self.wake_waiting_for_capacity(execution);

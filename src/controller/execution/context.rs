@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::{bookkeeping::Bookkeeping, cancels::Cancels, capacity::places::Capacity, codes::Codes};
+use super::bookkeeping::Bookkeeping;
 use crate::{
     controller::{
         backoff::Backoff,
@@ -39,15 +39,9 @@ pub struct Context<S> {
     /// The controller's work slots, shared fairly across namespaces; a reconcile holds one
     /// except while it only waits (for briq to run its code, for its executor's turn).
     pub(super) work: Arc<FairShare>,
-    /// Each namespace's places under its classes' `maxRunningExecutions`.
-    pub(super) capacity: Capacity,
     /// Whether the Execution cache is current: the head's turn is then decided from it, without
     /// a LIST ([`super::queue::turn_from_cache`]).
     pub freshness: Freshness,
-    /// The code of Executions not sent yet, within a budget (the cache drops it).
-    pub codes: Codes,
-    /// Cancel requests the watch heard, for the runs this process waits on.
-    pub cancels: Cancels,
 }
 
 impl<S> Context<S> {
@@ -65,24 +59,25 @@ impl<S> Context<S> {
             executors,
             wake,
             kept: Bookkeeping::default(),
-            capacity: Capacity::default(),
             freshness: Freshness::default(),
-            codes: Codes::default(),
-            cancels: Cancels::default(),
         }
     }
 
     /// An Execution is gone: what was kept of it goes, and the next in its queue may run.
     pub fn deleted(&self, execution: &Execution) {
         // Deleting a running Execution cancels it: the run waiting on it here hears it.
-        self.cancels.request(execution);
         if let Some(uid) = execution.uid() {
             self.kept.execution_deleted(&uid);
-            self.codes.forget(&uid);
         }
         self.backoff.forget(&object_key(execution));
         self.wake_next(execution);
         self.wake_waiting_for_capacity(execution);
+    }
+
+    /// The watch delivered `execution`: its code is kept while it is not sent, and its cancel
+    /// request is heard by the run waiting on it.
+    pub fn heard(&self, execution: &Execution) {
+        self.kept.heard(execution);
     }
 
     /// An executor is gone: what was kept of it goes.
@@ -92,8 +87,16 @@ impl<S> Context<S> {
         }
     }
 
+    /// How many things this controller keeps of Execution `uid`, its backoff included.
+    #[cfg(test)]
+    pub(crate) fn kept_of_execution(&self, execution: &Execution) -> usize {
+        self.kept
+            .held_for_execution(&execution.uid().unwrap_or_default())
+            + usize::from(self.backoff.holds(&object_key(execution)))
+    }
+
     pub fn bookkeeping(&self) -> usize {
-        self.kept.len() + self.backoff.len() + self.capacity.len() + self.cancels.len()
+        self.kept.len() + self.backoff.len()
     }
 
     /// Writes the execution counts that changed since the last time, one status write per
@@ -130,8 +133,6 @@ impl<S> Context<S> {
             |uid| executions.contains(uid),
             |uid| executors.contains(uid),
         );
-        self.codes.retain(|uid| executions.contains(uid));
-        self.cancels.retain(|uid| executions.contains(uid));
         prune_backoff(&self.backoff, &self.store);
     }
 

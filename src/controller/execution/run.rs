@@ -205,7 +205,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let timeout = self.timeout_seconds(executor);
         let deadline = Duration::from_secs(timeout.into());
         let session = self.session(&key, &sandbox_id);
-        let code = self.ctx.codes.get(&uid);
+        let code = self.ctx.kept.code(&uid);
         let recording = recording(code.is_some());
         let ((outcome, sent), outlasted) = match recording {
             Recording::Beside { after } => {

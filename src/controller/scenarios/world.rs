@@ -32,6 +32,8 @@ use crate::{
 };
 
 pub(super) const NAMESPACE: &str = "team";
+/// Where classes' key Secrets are ([`World::with_classes`]).
+pub(super) const PLATFORM_NAMESPACE: &str = "briq-system";
 pub(super) const EXECUTOR: &str = "py";
 pub(super) const EXECUTOR_UID: &str = "0c6a4f1e-7d2b-4c3a-9e8f-1a2b3c4d5e6f";
 pub(super) const EXECUTOR_PATH: &str = "/apis/briq.cloud/v1alpha1/namespaces/team/briqexecutors/py";
@@ -66,6 +68,7 @@ pub(super) struct World {
     executors: Writer<BriqExecutor>,
     executions: Writer<Execution>,
     pools: Writer<BriqExecutorPool>,
+    classes: Writer<BriqExecutorClass>,
     /// Which Executions the execution controller woke.
     woken: mpsc::UnboundedReceiver<ObjectRef<Execution>>,
     _classes_listed: tokio::sync::watch::Sender<bool>,
@@ -75,12 +78,25 @@ impl World {
     /// Both controllers over `briq` and a new API server, with no class (listed), the default
     /// API key and default settings.
     pub(super) fn new(briq: FakeBriq) -> (World, ApiServer) {
+        World::with_settings(briq, Settings::default())
+    }
+
+    /// As [`World::new`], with classes' key Secrets in [`PLATFORM_NAMESPACE`].
+    pub(super) fn with_classes(briq: FakeBriq) -> (World, ApiServer) {
+        let settings = Settings {
+            platform_namespace: Some(PLATFORM_NAMESPACE.into()),
+            ..Settings::default()
+        };
+        World::with_settings(briq, settings)
+    }
+
+    fn with_settings(briq: FakeBriq, settings: Settings) -> (World, ApiServer) {
         let (client, server) = api_server::pair();
         let (classes_listed_tx, classes_listed) = tokio::sync::watch::channel(true);
-        let (classes, _) = reflector::store::<BriqExecutorClass>();
+        let (classes, class_writer) = reflector::store::<BriqExecutorClass>();
         let settings = Settings {
             default_api_key: Some(ApiKey::new("k").expect("a key")),
-            ..Settings::default()
+            ..settings
         };
         let recorder = Recorder::new(
             client.clone(),
@@ -127,6 +143,7 @@ impl World {
             executors,
             executions,
             pools,
+            classes: class_writer,
             woken,
             _classes_listed: classes_listed_tx,
         };
@@ -157,12 +174,23 @@ impl World {
             .apply_watcher_event(&watcher::Event::Apply(pool.clone()));
     }
 
+    /// The class cache shows `class`.
+    pub(super) fn cache_class(&mut self, class: &BriqExecutorClass) {
+        self.classes
+            .apply_watcher_event(&watcher::Event::Apply(class.clone()));
+    }
+
+    /// The Execution cache no longer holds `execution`.
+    pub(super) fn uncache_execution(&mut self, execution: &Execution) {
+        self.executions
+            .apply_watcher_event(&watcher::Event::Delete(execution.clone()));
+    }
+
     /// The Execution watch delivers `execution`: its code is kept beside the cache (as long as
     /// it is not sent), the cache holds it compacted, as `controller::run` does.
     pub(super) fn watch_execution(&mut self, execution: &Execution) {
         let ctx = &self.execution_ctx;
-        ctx.codes.heard(execution);
-        ctx.cancels.heard(execution);
+        ctx.heard(execution);
         let mut cached = execution.clone();
         crate::controller::cache::compact_execution(&mut cached);
         self.executions
