@@ -103,8 +103,8 @@ bench: control-plane python-env
 # CRDs, RBAC, Deployment, admission policy; `kubectl apply --server-side -f install.yaml`), the
 # packaged chart briq-operator-VERSION.tgz, the kubectl plugin's archive
 # kubectl-briq_vVERSION_linux_amd64.tar.gz and its krew manifest briq.yaml (dev/release.sh;
-# tests/chart.rs and tests/image.rs check them against the API server, an OCI registry and krew),
-# and the agent client's wheel briq_operator_client-VERSION-py3-none-any.whl and sdist
+# tests/chart_rbac.rs and tests/image.rs check them against the API server, an OCI registry and
+# krew), and the agent client's wheel briq_operator_client-VERSION-py3-none-any.whl and sdist
 # briq_operator_client-VERSION.tar.gz, built offline and checked by `twine check --strict`
 # (dev/release-python.sh; bridge/agent/tests/test_distribution.py checks what they hold and
 # test_wheel.py installs the wheel into a fresh venv).

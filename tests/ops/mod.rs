@@ -50,6 +50,41 @@ pub fn chart_dir() -> PathBuf {
     support::repo_root().join("charts/briq-operator")
 }
 
+/// Every feature of the chart switched on.
+pub const ALL_FEATURES: &[&str] = &[
+    "--set",
+    "serviceMonitor.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    "--set",
+    "briq.apiKeySecret.name=briq-default-key",
+    "--set",
+    "podAnnotations.example\\.com/team=agents",
+    "--set",
+    "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    "--set",
+    "grafanaDashboard.enabled=true",
+    "--set",
+    "grafanaDashboard.annotations.grafana_folder=Operators",
+    "--set",
+    "prometheusRule.enabled=true",
+    "--set",
+    "prometheusRule.labels.release=prometheus",
+    "--set",
+    "tracing.otlpEndpoint=http://otel-collector.observability:4318",
+    "--set",
+    "tracing.sampler=parentbased_traceidratio",
+    "--set",
+    "tracing.samplerArg=0.25",
+    "--set",
+    "tracing.collector.to[0].ipBlock.cidr=10.0.0.9/32",
+];
+
+/// The chart's Grafana dashboard, relative to the chart's directory.
+pub const DASHBOARD: &str = "dashboards/briq-operator.json";
+
 /// Runs helm; returns (success, stdout, stderr).
 pub fn helm(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(tool("helm"))
