@@ -210,12 +210,12 @@ async fn await_ready(
             let why = printable(&why);
             eprintln!("waiting for BriqExecutor {name} to become ready ({why})");
         }
-        let settled = |executor: Option<&BriqExecutor>| {
+        let decided = |executor: Option<&BriqExecutor>| {
             executor.is_none_or(|executor| !matches!(readiness(executor), Readiness::Pending(_)))
         };
-        let wait = await_condition(executors.clone(), name, settled);
+        let wait = await_condition(executors.clone(), name, decided);
         executor = match tokio::time::timeout(timeout, wait).await {
-            Ok(settled) => settled?.ok_or_else(not_found)?,
+            Ok(decided) => decided?.ok_or_else(not_found)?,
             Err(_) => executors.get_opt(name).await?.ok_or_else(not_found)?,
         };
     }

@@ -45,7 +45,7 @@ pub async fn await_finished(
 ) -> Result<Execution, Error> {
     let ended = |execution: Option<&Execution>| execution.is_none_or(ended);
     let execution = await_condition(executions.clone(), name, ended).await?;
-    settled(execution, name, namespace)
+    once_ended(execution, name, namespace)
 }
 
 /// Whether waiting for the Execution is over: it has finished, or waits for an executor that
@@ -56,7 +56,7 @@ pub fn ended(execution: &Execution) -> bool {
 
 /// The Execution once waiting for it has [`ended`]; an error when it is gone or its executor
 /// does not exist.
-pub fn settled(
+pub fn once_ended(
     execution: Option<Execution>,
     name: &str,
     namespace: &str,

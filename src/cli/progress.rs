@@ -127,7 +127,7 @@ pub async fn follow(
         }
         let current = match &mine {
             Some(current) if !logs::ended(current) => current,
-            _ => return logs::settled(mine, name, namespace),
+            _ => return logs::once_ended(mine, name, namespace),
         };
         let line = line(&stage(current, siblings.values()));
         if line.is_some() && line != shown {
@@ -135,7 +135,7 @@ pub async fn follow(
             shown = line;
         }
     }
-    logs::settled(None, name, namespace)
+    logs::once_ended(None, name, namespace)
 }
 
 #[cfg(test)]

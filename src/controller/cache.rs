@@ -45,7 +45,7 @@ pub fn compact_execution(execution: &mut Execution) {
 /// Whether a watch's cache is known to be current: listed, and its watch delivering. It is
 /// not while the first list or a relist is under way (the store keeps its old state until the
 /// list ends), nor after the watch failed until it delivers again. Then a cache may lag behind
-/// the API server by more than the watch's own delay, and what only the API server can settle
+/// the API server by more than the watch's own delay, and what only the API server can decide
 /// is asked of it.
 #[derive(Debug, Clone, Default)]
 pub struct Freshness(Arc<AtomicBool>);

@@ -37,7 +37,7 @@ pub fn object_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
 }
 
 /// Ends a reconcile of `object`: a success starts its backoff over.
-pub fn settle<K: Resource<DynamicType = ()>>(
+pub fn reconciled<K: Resource<DynamicType = ()>>(
     backoff: &backoff::Backoff,
     object: &K,
     result: Result<Action>,

@@ -17,11 +17,11 @@
 //! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET), until `executorWait` runs out |
 //! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET) |
 //! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`](recheck::TURN) |
-//! | Execution, a burst still settling | — | until the burst's second has settled |
+//! | Execution, a burst still arriving | — | until the burst's second has passed |
 //! | Execution, an attempt another process may still report | — | until the attempt's deadline |
 //! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`](recheck::briq_recheck): 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`](recheck::key_recheck): 1 s at first, up to 30 s |
-//! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_settle` old |
+//! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_claim_expiry` old |
 //! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
 //! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
 //! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](recheck::SAFETY_NET) |

@@ -246,7 +246,7 @@ pub fn settings(env: &TestEnv, server: &LocalServer) -> Settings {
         backoff_max: Duration::from_secs(5),
         // The local server answers a create within a second, so a claim to create this old has
         // no create in flight any more: a restarted operator looks behind it soon.
-        create_settle: Duration::from_secs(5),
+        create_claim_expiry: Duration::from_secs(5),
         ..stack::settings(Some(&env.namespace), server)
     }
 }

@@ -356,10 +356,10 @@ impl Run {
                 .await
                 .with_context(|| format!("creating pool {}", plan.name))?;
         }
-        self.settle(&sampler, plans).await?;
+        self.until_idle_size(&sampler, plans).await?;
         let ready = FirstSeen::start(self.executors.clone(), objects::ready).await?;
         progress.step(format!(
-            "13: pools {} settled; the schedules start",
+            "13: pools {} at their idle size; the schedules start",
             plans
                 .iter()
                 .map(|p| p.name.as_str())
@@ -435,10 +435,10 @@ impl Run {
 
     /// Waits until every pool keeps its idle size, all Ready, its status current and (sized by
     /// demand) its target at `minReady`.
-    async fn settle(&self, sampler: &Sampler, plans: &[Plan]) -> anyhow::Result<()> {
+    async fn until_idle_size(&self, sampler: &Sampler, plans: &[Plan]) -> anyhow::Result<()> {
         let deadline = Instant::now() + self.sizes.bound;
         loop {
-            let settled = plans.iter().all(|plan| {
+            let at_idle_size = plans.iter().all(|plan| {
                 let Some(pool) = sampler
                     .pools
                     .get(&reflector::ObjectRef::new(&plan.name).within(NAMESPACE))
@@ -456,12 +456,12 @@ impl Run {
                     && state.deleting == 0
                     && state.ready == plan.idle_size()
             });
-            if settled {
+            if at_idle_size {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 anyhow::bail!(
-                    "the pools did not settle at their idle size within {} s",
+                    "the pools did not reach their idle size within {} s",
                     self.sizes.bound.as_secs()
                 );
             }

@@ -77,7 +77,7 @@ pub async fn run(
 
     stack.namespace(NAMESPACE).await?;
     let first = Operator::start(stack, &binary, &logs.path().join("operator.log"))?;
-    first.settle().await?;
+    first.until_quiet().await?;
     let idle = first.memory()?;
     progress.step(format!(
         "5/9: operator idle at {} KiB peak; {executors} BriqExecutors on simulated sandboxes",
@@ -101,7 +101,7 @@ pub async fn run(
         );
     }
     drop(ready);
-    first.settle().await?;
+    first.until_quiet().await?;
     let with_executors = first.memory()?;
 
     // Queued Executions must not keep their code in memory.
@@ -111,7 +111,7 @@ pub async fn run(
         .map(|i| objects::execution(&format!("q-{i:04}"), "absent", &code))
         .collect::<anyhow::Result<Vec<Execution>>>()?;
     objects::create_all(&waiting, queued, None).await?;
-    first.settle().await?;
+    first.until_quiet().await?;
     let with_queued = first.memory()?;
     waiting
         .delete_collection(&Default::default(), &ListParams::default())
@@ -128,7 +128,7 @@ pub async fn run(
         waiting.create(&PostParams::default(), &object).await?;
         waiting.delete(&name, &Default::default()).await?;
     }
-    first.settle().await?;
+    first.until_quiet().await?;
     let after_cycles = first.memory()?;
     first.stop().await;
 
@@ -139,7 +139,7 @@ pub async fn run(
     ));
     create_finished(stack, executions).await?;
     let second = Operator::start(stack, &binary, &logs.path().join("operator-second.log"))?;
-    second.settle().await?;
+    second.until_quiet().await?;
     let with_executions = second.memory()?;
     second.stop().await;
     let growth = |to: &Usage, from: &Usage, count: usize| {
@@ -304,7 +304,7 @@ impl Operator {
     }
 
     /// Waits until the process has used no CPU for two seconds (at least 3 s, at most 180 s).
-    async fn settle(&self) -> anyhow::Result<()> {
+    async fn until_quiet(&self) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let deadline = Instant::now() + Duration::from_secs(180);
         let mut last = (cpu_ticks(self.pid), Instant::now());

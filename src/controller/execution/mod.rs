@@ -10,7 +10,7 @@
 //! | `ExecutorUnusable` | admit: unusable, a pool member, stalled; again at the turn | `unable` (admit.rs), `Actor::take_turn` (queue.rs) |
 //! | `ExecutorNotReady` | admit: not Ready; its key Secret missing | `admit` (admit.rs), `Actor::sandbox` (sandbox.rs) |
 //! | `QueueFull` | admit: the executor's or the namespace's queue full | `queue_full`, `namespace_queue_full` (admit.rs) |
-//! | `Queued` | queue: behind others, a burst settling | `turn`, `turn_from_cache`, `Actor::queued` (queue.rs) |
+//! | `Queued` | queue: behind others, a burst still arriving | `turn`, `turn_from_cache`, `Actor::queued` (queue.rs) |
 //! | `WaitingForCapacity` | capacity: no place under the class in the namespace | `Context::place` (capacity.rs) |
 //! | `SandboxNotOwned` | sandbox: briq says it is another's | `ownership_verdict` (sandbox.rs) |
 //! | `Running` | run: the attempt recorded, the code sent | `running_status`, `Actor::run` (run.rs) |
@@ -61,7 +61,7 @@ pub use self::{cancel::CANCEL_GRACE, context::Context};
 use super::{
     context::{Error, Result},
     fair::{Held, Priority},
-    requeue::{retry, settle},
+    requeue::{reconciled, retry},
 };
 use crate::{briq::SandboxApi, crd::Execution};
 
@@ -79,7 +79,7 @@ pub async fn reconcile<S: SandboxApi>(
         return expire(&execution, &ctx).await;
     }
     let result = Box::pin(Actor::new(&execution, &ctx, slot).reconcile()).await;
-    settle(&ctx.backoff, execution.as_ref(), result)
+    reconciled(&ctx.backoff, execution.as_ref(), result)
 }
 
 pub fn error_policy<S>(execution: Arc<Execution>, error: &Error, ctx: Arc<Context<S>>) -> Action {

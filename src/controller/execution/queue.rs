@@ -1,5 +1,5 @@
 //! An Execution's place in its executor's queue: the run order, whose turn it is (from the cache
-//! where it can decide, else from a LIST), a burst still settling, and the wake-up of the next
+//! where it can decide, else from a LIST), a burst still arriving, and the wake-up of the next
 //! one when one leaves. Joining the queue adopts the Execution into its executor's history;
 //! the head confirms its turn and runs ([`Actor::run`]).
 
@@ -30,7 +30,7 @@ use crate::{
 
 /// How long after its creationTimestamp (whole seconds) the head of a burst of Executions
 /// created in one second waits before it runs: siblings of that second may still be arriving.
-pub const BURST_SETTLE: SignedDuration = SignedDuration::from_secs(2);
+pub const BURST_WINDOW: SignedDuration = SignedDuration::from_secs(2);
 
 /// Where an Execution stands in its executor's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,14 +38,14 @@ pub enum Turn {
     Mine,
     Behind,
     /// First so far, but of a burst that may still grow: ask again after this long.
-    Settling(Duration),
+    BurstArriving(Duration),
 }
 
 /// The turn of the Execution at the head of the cached queue, from the cache where it can
 /// decide; `None` where only the API server can (a LIST of its executor's Executions).
 ///
 /// The cache never invents a sibling, so when it says to wait (one before it, or a burst still
-/// settling) the API server would say so too. When it says it is this one's turn, a sibling it
+/// arriving) the API server would say so too. When it says it is this one's turn, a sibling it
 /// lacks was stored after this one (the watch delivers in the order the API server stored
 /// them) within the same creationTimestamp second, sorting before it by name: when the cache is
 /// current, that is a sibling stored within the watch's own delay (milliseconds), a window a
@@ -54,7 +54,7 @@ pub enum Turn {
 /// except when it is known to lag by more: listing, relisting, or its watch failed.
 pub fn turn_from_cache(cached: Turn, cache_current: bool) -> Option<Turn> {
     match cached {
-        Turn::Behind | Turn::Settling(_) => Some(cached),
+        Turn::Behind | Turn::BurstArriving(_) => Some(cached),
         Turn::Mine if cache_current => Some(Turn::Mine),
         Turn::Mine => None,
     }
@@ -101,12 +101,12 @@ pub fn turn(uid: Option<&str>, mine: &RunOrder, siblings: &[Sibling], now: Times
         burst |= sibling.order.0 == mine.0;
     }
     // Created in the same second as others still waiting: one that sorts before it by name
-    // may still be on its way. Let the second settle first.
-    let settled = mine
+    // may still be on its way. Let the burst's second pass first.
+    let window_ends = mine
         .0
-        .and_then(|created| created.checked_add(BURST_SETTLE).ok());
-    match settled.map(|at| now.duration_until(at)) {
-        Some(left) if burst && left.is_positive() => Turn::Settling(left.unsigned_abs()),
+        .and_then(|created| created.checked_add(BURST_WINDOW).ok());
+    match window_ends.map(|at| now.duration_until(at)) {
+        Some(left) if burst && left.is_positive() => Turn::BurstArriving(left.unsigned_abs()),
         _ => Turn::Mine,
     }
 }
@@ -176,7 +176,7 @@ impl<S> Context<S> {
 
     /// [`Context::turn`] as far as the cache knows, without asking the API server. The cache
     /// can miss siblings created a moment ago but never invents one, so when it says to wait
-    /// (a burst still settling), the API server would say so too.
+    /// (a burst still arriving), the API server would say so too.
     fn cached_turn(&self, execution: &Execution) -> Turn {
         let namespace = execution.namespace().unwrap_or_default();
         let siblings: Vec<Sibling> =
@@ -235,7 +235,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         match turn {
             Turn::Mine => {}
             Turn::Behind => return self.queued(recheck::recheck(Wait::Turn)).await,
-            Turn::Settling(left) => return self.queued(left).await,
+            Turn::BurstArriving(left) => return self.queued(left).await,
         }
         let lock = self.ctx.kept.lock(&executor.uid().unwrap_or_default());
         let _turn = self.slot.without(lock.lock()).await;

@@ -77,10 +77,10 @@ impl<S: SandboxApi> Actor<'_, S> {
             .map(String::as_str)
             .filter(|_| pending);
         if let Some(claim) = claim {
-            let settle = self.shared.settings.create_settle;
+            let expiry = self.shared.settings.create_claim_expiry;
             let now = Timestamp::now();
             if let PendingCreate::Wait(left) =
-                create_claim::pending_create(claim, &self.shared.holder, now, settle)
+                create_claim::pending_create(claim, &self.shared.holder, now, expiry)
             {
                 info!(
                     claim,

@@ -6,7 +6,7 @@
 //! by which operator process it was made. Another process that finds the claim and no sandbox by
 //! the executor's deterministic name cannot tell a create still in flight from one that never
 //! took effect, so it waits until the claim is older than the longest a create request can take
-//! ([`Settings::create_settle`](crate::controller::Settings)) before it looks again and claims
+//! ([`Settings::create_claim_expiry`](crate::controller::Settings)) before it looks again and claims
 //! anew. The process that made the claim knows its own create has returned (a reconcile of one
 //! object never runs twice at once), so it looks and claims anew at once.
 

@@ -68,7 +68,7 @@ use self::{actor::Actor, handover::AfterClaim, status::status_of, step::Step};
 use super::{
     context::{Error, Result},
     fair::{Held, Priority},
-    requeue::{retry, settle},
+    requeue::{reconciled, retry},
 };
 use crate::{
     briq::SandboxApi,
@@ -125,11 +125,11 @@ pub async fn reconcile<S: SandboxApi>(
         && !executor.holds_finalizer()
     {
         let claimed = actor.claim_step(&executor).await;
-        return settle(&ctx.backoff, &object, claimed);
+        return reconciled(&ctx.backoff, &object, claimed);
     }
     if let Some(member) = settle_first {
         let settled = actor.settle_recorded(&executor, member).await;
-        return settle(&ctx.backoff, &object, settled);
+        return reconciled(&ctx.backoff, &object, settled);
     }
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
@@ -137,7 +137,7 @@ pub async fn reconcile<S: SandboxApi>(
         && executor.holds_finalizer()
         && let Some(wait) = actor.drain(&executor).await.transpose()
     {
-        return settle(&ctx.backoff, &object, wait);
+        return reconciled(&ctx.backoff, &object, wait);
     }
     let result = finalizer(&api, FINALIZER, executor, |event| async {
         match event {
@@ -156,7 +156,7 @@ pub async fn reconcile<S: SandboxApi>(
         }
         other => other.map_err(|error| Error::Finalizer(Box::new(error))),
     };
-    settle(&ctx.backoff, &object, result)
+    reconciled(&ctx.backoff, &object, result)
 }
 
 /// A pool's member, claimed or not, is background work: nobody waits for it until it is

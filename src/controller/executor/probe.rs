@@ -168,7 +168,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             .await?;
         match adoption(found) {
             Some(Adoption { keep, .. }) => {
-                // Duplicates, if any, are the create path's to settle; here only the record is
+                // Duplicates, if any, are the create path's to resolve; here only the record is
                 // put right.
                 self.record_sandbox(executor, &keep).await?;
                 let fields = SandboxFields {

@@ -89,7 +89,7 @@ fn saved(report: &StateReport) -> std::result::Result<Suspension, String> {
     })
 }
 
-/// Why a save that ended in `error` did not happen, when it is settled that it did not: the
+/// Why a save that ended in `error` did not happen, when it is known that it did not: the
 /// bridge answered nothing it could mean (a sandbox adopted from release 0.1.0 runs a bridge
 /// without save-state) or did not finish in time. `None`: briq did not carry the call (an
 /// outage), or the answer was lost; it is tried again.
@@ -383,7 +383,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         Ok(Action::requeue(self.shared.settings.probe_interval))
     }
 
-    /// The state of sandbox `id` if it is this executor's own; `None` once that is settled
+    /// The state of sandbox `id` if it is this executor's own; `None` once that is known
     /// otherwise (someone else's sandbox: disowned; gone: the kernel and its saved namespace
     /// are lost, the executor unusable).
     async fn own_sandbox(

@@ -29,7 +29,7 @@ use super::{
     context::{Error, Result, Shared},
     index::{Member, members, view},
     recheck,
-    requeue::{object_key, prune_backoff, retry, settle},
+    requeue::{object_key, prune_backoff, reconciled, retry},
     status::apply_status,
 };
 use crate::crd::{
@@ -136,7 +136,7 @@ impl<S> Context<S> {
 #[instrument(skip_all, fields(namespace = pool.namespace(), name = pool.name_any()))]
 pub async fn reconcile<S>(pool: Arc<BriqExecutorPool>, ctx: Arc<Context<S>>) -> Result<Action> {
     let result = act(&pool, &ctx).await;
-    settle(&ctx.backoff, pool.as_ref(), result)
+    reconciled(&ctx.backoff, pool.as_ref(), result)
 }
 
 pub fn error_policy<S>(pool: Arc<BriqExecutorPool>, error: &Error, ctx: Arc<Context<S>>) -> Action {

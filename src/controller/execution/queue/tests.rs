@@ -34,13 +34,13 @@ fn turn_table() {
             Turn::Behind,
         ),
         (
-            "same second, sorts after: the second settles first",
+            "same second, sorts after: the second passes first",
             vec![sibling("x", "10", "c", false)],
             at("11"),
-            Turn::Settling(Duration::from_secs(1)),
+            Turn::BurstArriving(Duration::from_secs(1)),
         ),
         (
-            "same second, settled",
+            "same second, passed",
             vec![sibling("x", "10", "c", false)],
             at("12"),
             Turn::Mine,
@@ -69,7 +69,7 @@ fn turn_table() {
 
 #[test]
 fn turn_from_cache_table() {
-    let settling = Turn::Settling(Duration::from_secs(1));
+    let arriving = Turn::BurstArriving(Duration::from_secs(1));
     let cases = [
         (
             "its turn, the cache current: no LIST",
@@ -91,16 +91,16 @@ fn turn_from_cache_table() {
             Some(Turn::Behind),
         ),
         (
-            "a burst settling",
-            settling.clone(),
+            "a burst still arriving",
+            arriving.clone(),
             true,
-            Some(settling.clone()),
+            Some(arriving.clone()),
         ),
         (
-            "a burst settling, in a lagging cache",
-            settling.clone(),
+            "a burst still arriving, in a lagging cache",
+            arriving.clone(),
             false,
-            Some(settling),
+            Some(arriving),
         ),
     ];
     for (name, cached, current, expected) in cases {
