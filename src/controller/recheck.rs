@@ -9,6 +9,9 @@ use k8s_openapi::jiff::SignedDuration;
 /// The recheck of a wait that has a trigger: should the trigger ever be missed, the wait ends
 /// this long after. It reads the caches only.
 pub const SAFETY_NET: Duration = Duration::from_secs(10);
+/// The recheck after a conditional write lost to a conflict, decided again on the object as it
+/// is now should nothing else wake it.
+pub const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 /// The recheck of an Execution queued behind others (woken by the one before it ending).
 pub const TURN: Duration = Duration::from_secs(5);
 /// The recheck of a pool whose members are being made or provisioned.

@@ -107,6 +107,45 @@ pub fn is_conflict(error: &Error) -> bool {
     matches!(error, Error::Kube(kube::Error::Api(status)) if status.code == 409)
 }
 
+/// How many times a write decided on one version of an object is decided again on a fresher
+/// one after losing to a conflict, before the object counts as changing too often.
+pub const WRITE_ATTEMPTS: usize = 3;
+
+/// What became of a write decided again on conflict ([`retry_on_conflict`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Retried<T> {
+    Done(T),
+    /// The object is gone.
+    Gone,
+    /// It lost [`WRITE_ATTEMPTS`] times: the object keeps changing.
+    KeptChanging,
+}
+
+/// Decides and writes on `object` with `attempt` (`Ok(None)`: its write, conditional on the
+/// version it was decided on, lost to a conflict); after a conflict, reads the object afresh and
+/// attempts again, at most [`WRITE_ATTEMPTS`] times.
+pub async fn retry_on_conflict<K, T, F>(
+    api: &Api<K>,
+    mut object: K,
+    mut attempt: impl FnMut(K) -> F,
+) -> Result<Retried<T>>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: Future<Output = Result<Option<T>>>,
+{
+    for _ in 0..WRITE_ATTEMPTS {
+        let name = object.name_any();
+        if let Some(done) = attempt(object).await? {
+            return Ok(Retried::Done(done));
+        }
+        match api.get_opt(&name).await? {
+            Some(fresh) => object = fresh,
+            None => return Ok(Retried::Gone),
+        }
+    }
+    Ok(Retried::KeptChanging)
+}
+
 /// Whether a conditional write landed (`false`: it lost, see [`is_conflict`]); other errors
 /// stay errors.
 pub fn landed<T>(written: Result<T>) -> Result<bool> {

@@ -13,7 +13,7 @@ use super::{
     actor::Actor,
     conclude::{Verdict, judge},
     observed::Attempt,
-    run::{CONFLICT_RECHECK, Judged, ran},
+    run::{Judged, ran},
     sandbox::Access,
     wait::waiting_status,
 };
@@ -23,6 +23,7 @@ use crate::{
     controller::recheck::ATTEMPT_GRACE,
     controller::{
         context::{Error, Result},
+        recheck::CONFLICT_RECHECK,
         recheck::{self, Wait},
     },
     crd::{BriqExecutor, ExecutionStatus, conditions, reasons::ExecutionReason},

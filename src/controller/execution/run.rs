@@ -21,6 +21,7 @@ use crate::{
         class,
         context::Result,
         credentials::made_under,
+        recheck::CONFLICT_RECHECK,
         status::{apply_status_at, is_conflict},
     },
     crd::{
@@ -30,10 +31,6 @@ use crate::{
     },
     traces,
 };
-
-/// After a conditional write lost to another writer: the watch brings the change; look again
-/// soon in any case.
-pub(super) const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
 
 /// How long an action sent with its code at hand runs before `Running` is written beside it:
 /// most agents' steps end sooner, and their result write is then the only one. Whoever watches

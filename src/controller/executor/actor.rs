@@ -1,7 +1,7 @@
 //! What every step of an executor shares: the controller's [`Context`], kept between reconciles,
 //! and the [`Actor`] that performs one reconcile's steps with it.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use kube::{Api, ResourceExt, runtime::reflector::Store};
 
@@ -15,11 +15,6 @@ use crate::{
     },
     crd::{BriqExecutor, BriqExecutorPool, Execution},
 };
-
-/// After a conditional write lost to another writer: look again soon.
-pub(super) const CONFLICT_RECHECK: Duration = Duration::from_secs(1);
-/// Conditional writes of a new sandbox's id before giving up (the next reconcile tries again).
-pub(super) const RECORD_ATTEMPTS: usize = 3;
 
 /// The executor controller's context: what it shares with the other controller, and its own
 /// bookkeeping.

@@ -12,14 +12,14 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    actor::{Actor, CONFLICT_RECHECK},
+    actor::Actor,
     admit::key_recheck,
     status::{state, status_of},
 };
 use crate::{
     bridge::session::ClaimEnv,
     briq::SandboxApi,
-    controller::{context::Result, index, requeue::waited},
+    controller::{context::Result, index, recheck::CONFLICT_RECHECK, requeue::waited},
     crd::{
         BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
         POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, conditions, reasons::ExecutorReason,

@@ -10,7 +10,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{
-    actor::{Actor, CONFLICT_RECHECK, RECORD_ATTEMPTS},
+    actor::Actor,
     class_status::Interface,
     create_claim::{self, PendingCreate},
     status::{sandbox_fields, state, status_of},
@@ -22,6 +22,8 @@ use crate::{
         class,
         context::{Error, Result},
         ownership::Ownership,
+        recheck::CONFLICT_RECHECK,
+        status::{Retried, retry_on_conflict},
     },
     crd::{
         BriqExecutor, BriqExecutorClass, CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION,
@@ -198,11 +200,10 @@ impl<S: SandboxApi> Actor<'_, S> {
         key: &ApiKey,
         id: &str,
     ) -> Result<bool> {
-        for _ in 0..RECORD_ATTEMPTS {
-            let fresh = self.api.get(&executor.name_any()).await?;
-            let recorded = recorded_sandbox(&status_of(&fresh), fresh.annotations());
-            match recorded {
-                Some(recorded) if recorded == id => return Ok(true),
+        let fresh = self.api.get(&executor.name_any()).await?;
+        let recorded = retry_on_conflict(self.api, fresh, |fresh: BriqExecutor| async move {
+            match recorded_sandbox(&status_of(&fresh), fresh.annotations()) {
+                Some(recorded) if recorded == id => return Ok(Some(true)),
                 // Only a sandbox of this executor's own can have won; a foreign id (a copied
                 // manifest) is overwritten.
                 Some(recorded)
@@ -221,14 +222,16 @@ impl<S: SandboxApi> Actor<'_, S> {
                         note,
                     )
                     .await;
-                    return Ok(false);
+                    return Ok(Some(false));
                 }
                 _ => {}
             }
             let annotations = json!({ SANDBOX_ID_ANNOTATION: id, CREATE_PENDING_ANNOTATION: null });
-            if self.annotate_at(&fresh, annotations).await? {
-                return Ok(true);
-            }
+            Ok(self.annotate_at(&fresh, annotations).await?.then_some(true))
+        })
+        .await?;
+        if let Retried::Done(won) = recorded {
+            return Ok(won);
         }
         Err(Error::Invariant(format!(
             "sandbox {id} could not be recorded: the executor kept changing"

@@ -9,7 +9,7 @@ use kube::{
 use tracing::info;
 
 use super::{
-    actor::{Actor, CONFLICT_RECHECK},
+    actor::Actor,
     status::{sandbox_fields, state, status_of},
     step::{Step, decide},
 };
@@ -20,6 +20,7 @@ use crate::{
         context::{Result, Shared},
         credentials::made_under,
         index::{self, Activity},
+        recheck::CONFLICT_RECHECK,
     },
     crd::{BriqExecutor, BriqExecutorStatus, reasons::ExecutorReason},
 };

@@ -17,7 +17,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{
-    actor::{Actor, CONFLICT_RECHECK, RECORD_ATTEMPTS},
+    actor::Actor,
     status::{SandboxFields, handover_text, kernel_ready, state, status_of},
     step::recorded_sandbox,
 };
@@ -27,7 +27,8 @@ use crate::{
     controller::{
         context::{Error, Result},
         ownership::claimed_member,
-        status::is_conflict,
+        recheck::CONFLICT_RECHECK,
+        status::{Retried, is_conflict, landed, retry_on_conflict},
     },
     crd::{
         BriqExecutor, CLAIMED_MEMBER_ANNOTATION, CLASS_ANNOTATION, FINALIZER,
@@ -136,41 +137,38 @@ impl<S: SandboxApi> Actor<'_, S> {
             class: member.annotations().get(CLASS_ANNOTATION).cloned(),
         };
         let origin = handover_text(pool, &record.member);
-        let mut claimer = executor.clone();
-        let mut env_taken = None;
-        let mut recorded = None;
-        for _ in 0..RECORD_ATTEMPTS {
+        let env_taken = tokio::sync::OnceCell::new();
+        // `Some(claimer)`: recorded; `None`: the claim ends here, the member given back or left
+        // to the collector with its deleted claimer.
+        let recorded = retry_on_conflict(self.api, executor.clone(), |claimer| async {
             match record_step(
                 claimer.claimed_member(),
                 &record.member,
                 claimer.metadata.deletion_timestamp.is_some(),
             ) {
                 RecordStep::Write => {}
-                RecordStep::Recorded => {
-                    recorded = Some(claimer);
-                    break;
-                }
+                RecordStep::Recorded => return Ok(Some(Some(claimer))),
                 RecordStep::GiveBack => {
                     self.handovers.settled(&uid);
                     self.give_back_member(&member).await?;
-                    return Ok(Action::await_change());
+                    return Ok(Some(None));
                 }
                 RecordStep::LeaveToCollector => {
                     // Deleted before the record: the member it owns goes with it.
                     self.handovers.settled(&uid);
-                    return Ok(Action::await_change());
+                    return Ok(Some(None));
                 }
             }
-            let taken = match env_taken {
-                Some(taken) => taken,
-                None => {
-                    let taken = env.is_empty()
-                        || self
-                            .deliver_env(&record.applied_to(&claimer), &id, env)
-                            .await?;
-                    *env_taken.insert(taken)
-                }
-            };
+            let taken = *env_taken
+                .get_or_try_init(async || {
+                    Ok::<_, Error>(
+                        env.is_empty()
+                            || self
+                                .deliver_env(&record.applied_to(&claimer), &id, env)
+                                .await?,
+                    )
+                })
+                .await?;
             let (state, ready) = if taken {
                 (kernel_ready(Some(&origin)), Some(conditions::now()))
             } else {
@@ -190,23 +188,21 @@ impl<S: SandboxApi> Actor<'_, S> {
             match self.report_at_version(&claimer, state, fields).await {
                 Ok(written) => {
                     self.shared.metrics.pool_claimed(ClaimOutcome::Warm);
-                    recorded = Some(written);
-                    break;
+                    Ok(Some(Some(written)))
                 }
-                Err(error) if is_conflict(&error) => {
-                    match self.api.get_opt(&claimer.name_any()).await? {
-                        Some(fresh) => claimer = fresh,
-                        None => {
-                            self.handovers.settled(&uid);
-                            return Ok(Action::await_change());
-                        }
-                    }
-                }
-                Err(error) => return Err(error),
+                Err(error) if is_conflict(&error) => Ok(None),
+                Err(error) => Err(error),
             }
-        }
-        let Some(claimer) = recorded else {
-            return Ok(Action::requeue(CONFLICT_RECHECK));
+        })
+        .await?;
+        let claimer = match recorded {
+            Retried::Done(Some(claimer)) => claimer,
+            Retried::Done(None) => return Ok(Action::await_change()),
+            Retried::Gone => {
+                self.handovers.settled(&uid);
+                return Ok(Action::await_change());
+            }
+            Retried::KeptChanging => return Ok(Action::requeue(CONFLICT_RECHECK)),
         };
         if !self.settle_claim(&claimer, &record).await? {
             self.handovers.settled(&uid);
@@ -254,13 +250,12 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// conditional on its version: whether it holds them now (`false`: it is being deleted,
     /// and the member it owns goes with it, or it kept changing).
     async fn settle_claim(&self, claimer: &BriqExecutor, record: &Record) -> Result<bool> {
-        let mut claimer = claimer.clone();
-        for _ in 0..RECORD_ATTEMPTS {
+        let settled = retry_on_conflict(self.api, claimer.clone(), |claimer| async move {
             if claimer.metadata.deletion_timestamp.is_some() {
-                return Ok(false);
+                return Ok(Some(false));
             }
             if settled(&claimer, &record.member) {
-                return Ok(true);
+                return Ok(Some(true));
             }
             let mut finalizers = claimer.finalizers().to_vec();
             if !claimer.holds_finalizer() {
@@ -284,18 +279,10 @@ impl<S: SandboxApi> Actor<'_, S> {
                 )
                 .await
                 .map_err(Error::from);
-            match patched {
-                Ok(_) => return Ok(true),
-                Err(error) if is_conflict(&error) => {
-                    match self.api.get_opt(&claimer.name_any()).await? {
-                        Some(fresh) => claimer = fresh,
-                        None => return Ok(false),
-                    }
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(false)
+            Ok(landed(patched)?.then_some(true))
+        })
+        .await?;
+        Ok(settled == Retried::Done(true))
     }
 
     /// Gives the claimed kernel the claimer's environment: whether it took it. A failure is
