@@ -1,5 +1,8 @@
-//! The two controllers: `BriqExecutor` (sandbox lifecycle) and `Execution` (one action each,
-//! in order, at most once).
+//! The controllers: `BriqExecutor` (sandbox lifecycle, claims of pool members, and its class's
+//! `BriqInterface` condition), `Execution` (one action each, in order, at most once) and
+//! `BriqExecutorPool` (unclaimed members kept ready); beside them the orphan sweeper (sandboxes
+//! and key Secrets left by executors gone without their finalizer). Classes have no controller:
+//! their watch wakes the executors waiting on a class, and every pool.
 //!
 //! Status ownership (server-side apply): the executor controller owns the executor's
 //! conditions, sandbox id and timestamps ([`EXECUTOR_MANAGER`]); `unusable` is written once, by
@@ -13,7 +16,7 @@
 //!
 //! | layer | modules |
 //! | --- | --- |
-//! | wiring | [`run`]: the watches, caches and controllers, started and stopped together |
+//! | wiring | [`run`]: the entry, starting and stopping together `run/watches` (the caches, the watches that fill them, the wake-ups), `run/controllers` (the contexts, the three `Controller`s) and `run/background` (the observer's reporting, the sweeps, the count writes) |
 //! | controllers | `executor/`, `execution/`, `pool/`, `orphans` (the sweeper) |
 //! | triggers | `wake` (what wakes whom), `recheck` (the bounded rechecks, pure) |
 //! | shared effects | `status`, `publish`, `credentials`, `key_guard` (keys in use), `index` (store views), `requeue` |
