@@ -1,10 +1,12 @@
 //! Which briq API key an executor uses: its class's (from the platform namespace), its own
 //! labelled Secret's, or the operator's default; and the class it takes, from the class cache.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, ResourceExt};
+
+use crate::controller::recheck::CLASSES_WAIT;
 
 use super::{
     class,
@@ -75,9 +77,6 @@ pub async fn class_key<S>(shared: &Shared<S>, class: &BriqExecutorClass) -> Resu
             .0,
     )
 }
-
-/// How long a reconcile waits for the first list of classes.
-pub const CLASSES_WAIT: Duration = Duration::from_secs(10);
 
 /// Waits for the first list of classes: before it, no class is known, and an executor (or a
 /// pool) could be taken for one without a class. A list that does not come (CRDs or RBAC older

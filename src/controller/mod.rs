@@ -50,6 +50,6 @@ mod status;
 mod wake;
 
 pub use context::{Error, Result, Settings};
-pub use execution::CANCEL_GRACE;
 pub use orphans::orphans;
+pub use recheck::CANCEL_GRACE;
 pub use run::{Observer, run, run_observed};

@@ -1,10 +1,13 @@
-//! The operator's timing policy, pure: how long each wait may last without a trigger (every wait
-//! has a trigger that cannot be lost or a bounded recheck; `wake` says which), and the grace
-//! periods that decide when an uncertain state is given up on.
+//! The operator's timings, in one place: how long each wait may last without a trigger (every
+//! wait has a trigger that cannot be lost or a bounded recheck; `wake` says which), the grace
+//! periods that decide when an uncertain state is given up on, and the deadlines and pauses of
+//! the steps that wait on briq or on the caches.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::SignedDuration;
+
+use crate::crd::MAX_EXECUTION_TIMEOUT_SECONDS;
 
 /// The recheck of a wait that has a trigger: should the trigger ever be missed, the wait ends
 /// this long after. It reads the caches only.
@@ -92,6 +95,59 @@ pub fn key_recheck(waited: Duration) -> Duration {
 /// How long after an attempt's deadline its result may still arrive: the bridge's own margin
 /// and the status write.
 pub const ATTEMPT_GRACE: SignedDuration = SignedDuration::from_secs(15);
+
+// The Execution's path.
+
+/// How long an action sent with its code at hand runs before `Running` is written beside it:
+/// most agents' steps end sooner, and their result write is then the only one. Whoever watches
+/// sees `Running` this much later on longer actions.
+pub const RUNNING_WRITE_AFTER: Duration = Duration::from_millis(100);
+
+/// How long after its creationTimestamp (whole seconds) the head of a burst of Executions
+/// created in one second waits before it runs: siblings of that second may still be arriving.
+pub const BURST_WINDOW: SignedDuration = SignedDuration::from_secs(2);
+
+/// How long interrupted code gets to stop before its kernel is restarted (its state lost).
+pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// The pauses between cancels of a running attempt that briq did not carry: the first, and the
+/// longest.
+pub const FIRST_CANCEL_PAUSE: Duration = Duration::from_millis(500);
+pub const MAX_CANCEL_PAUSE: Duration = Duration::from_secs(5);
+
+// Executors, claims and pools.
+
+/// How long a waiting claimer waits before it looks at its pool again: a safety net, as a
+/// member that becomes Ready wakes the claimers it can serve at once (wake.rs).
+pub const CLAIM_RECHECK: Duration = Duration::from_secs(1);
+
+/// When a claimer whose environment the claimed kernel did not take looks again (its next
+/// step provisions the sandbox, which gives it).
+pub const ENV_RETRY: Duration = Duration::from_secs(1);
+
+/// How long the cache may take to show a status this process wrote before a reconcile that
+/// does not see it acts on what it sees (a fresh read then decides).
+pub const CACHE_LAG: Duration = Duration::from_secs(5);
+
+/// How long saving or restoring the namespace may take inside the sandbox.
+pub const STATE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a deleted executor waits for its unfinished Executions before it destroys its
+/// sandbox regardless: the longest action, the grace an attempt gets before it counts as
+/// interrupted, and a little slack for the result's write.
+pub const DRAIN_LIMIT: SignedDuration =
+    SignedDuration::from_secs(MAX_EXECUTION_TIMEOUT_SECONDS as i64 + ATTEMPT_GRACE.as_secs() + 5);
+
+/// How long a created member is counted without the cache showing it.
+pub const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+// The runtime.
+
+/// How long a reconcile waits for the first list of classes.
+pub const CLASSES_WAIT: Duration = Duration::from_secs(10);
+
+/// How often the bookkeeping is checked against the caches.
+pub const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

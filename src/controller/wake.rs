@@ -25,7 +25,7 @@
 //! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
 //! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
 //! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](recheck::SAFETY_NET) |
-//! | claimer, a Ready pool member | — | 250 ms (`executor::claim::CLAIM_RECHECK`) until `coldCreateAfterSeconds` |
+//! | claimer, a Ready pool member | — | [`CLAIM_RECHECK`](recheck::CLAIM_RECHECK) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
 //! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`](recheck::DRAIN), within the drain limit |

@@ -7,11 +7,11 @@
 //! for the run this process is waiting on (a reconcile of the same object cannot start until it
 //! ends), the watch telling the bookkeeping ([`Actor::cancellable`]).
 
-use std::time::Duration;
-
 use kube::{ResourceExt, runtime::controller::Action};
 use tokio::sync::watch;
 use tracing::{info, warn};
+
+use crate::controller::recheck::{CANCEL_GRACE, FIRST_CANCEL_PAUSE, MAX_CANCEL_PAUSE};
 
 use super::{
     actor::Actor,
@@ -28,13 +28,6 @@ use crate::{
     controller::context::{Error, Result},
     crd::{BriqExecutor, reasons::ExecutionReason},
 };
-
-/// How long interrupted code gets to stop before its kernel is restarted (its state lost).
-pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
-
-/// The pauses between cancels of a running attempt that briq did not carry.
-const FIRST_CANCEL_PAUSE: Duration = Duration::from_millis(500);
-const MAX_CANCEL_PAUSE: Duration = Duration::from_secs(5);
 
 /// What the sandbox answered to a cancel.
 #[derive(Debug)]

@@ -56,8 +56,8 @@ use std::sync::Arc;
 use kube::{ResourceExt, runtime::controller::Action};
 use tracing::instrument;
 
+pub use self::context::Context;
 use self::{actor::Actor, expire::expire};
-pub use self::{cancel::CANCEL_GRACE, context::Context};
 use super::{
     context::{Error, Result},
     fair::{Held, Priority},

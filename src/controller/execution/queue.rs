@@ -5,16 +5,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::OwnerReference,
-    jiff::{SignedDuration, Timestamp},
-};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, ObjectMeta, Patch, PatchParams},
     runtime::{controller::Action, reflector::ObjectRef},
 };
 use serde_json::json;
+
+use crate::controller::recheck::BURST_WINDOW;
 
 use super::{actor::Actor, admit::unable, context::Context};
 use crate::{
@@ -27,10 +26,6 @@ use crate::{
     crd::{BriqExecutor, Execution, history_owner, reasons::ExecutionReason},
     traces,
 };
-
-/// How long after its creationTimestamp (whole seconds) the head of a burst of Executions
-/// created in one second waits before it runs: siblings of that second may still be arriving.
-pub const BURST_WINDOW: SignedDuration = SignedDuration::from_secs(2);
 
 /// Where an Execution stands in its executor's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,6 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, runtime::controller::Action};
 use tracing::{debug, info, warn};
 
+use crate::controller::recheck::RUNNING_WRITE_AFTER;
+
 use super::{
     actor::Actor,
     conclude::{Verdict, judge},
@@ -31,11 +33,6 @@ use crate::{
     },
     traces,
 };
-
-/// How long an action sent with its code at hand runs before `Running` is written beside it:
-/// most agents' steps end sooner, and their result write is then the only one. Whoever watches
-/// sees `Running` this much later on longer actions.
-const RUNNING_WRITE_AFTER: Duration = Duration::from_millis(100);
 
 /// One call a run makes, to the API server or (`Send`) to the sandbox: the run's effects as data,
 /// in the order [`Actor::run`] makes them ([`calls`]).

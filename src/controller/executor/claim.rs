@@ -11,6 +11,8 @@ use kube::{
 };
 use serde_json::json;
 
+use crate::controller::recheck::CLAIM_RECHECK;
+
 use super::{
     actor::Actor,
     admit::key_recheck,
@@ -93,10 +95,6 @@ enum ClaimPlan {
     /// Its spec cannot take the template's sandbox (final).
     Mismatch(String),
 }
-
-/// How long a waiting claimer waits before it looks at its pool again: a safety net, as a
-/// member that becomes Ready wakes the claimers it can serve at once (wake.rs).
-const CLAIM_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn claim_plan(
     claimer: &BriqExecutorSpec,

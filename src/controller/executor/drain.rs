@@ -1,8 +1,10 @@
 //! The first step of a deleted executor: its Executions conclude before its sandbox is
-//! destroyed, within [`DRAIN_LIMIT`] ([`drain`]).
+//! destroyed, within [`DRAIN_LIMIT`](crate::controller::recheck::DRAIN_LIMIT) ([`drain`]).
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{ResourceExt, runtime::controller::Action};
+
+use crate::controller::recheck::DRAIN_LIMIT;
 
 use super::{
     actor::Actor,
@@ -13,16 +15,10 @@ use crate::{
     controller::{
         context::Result,
         index,
-        recheck::{self, ATTEMPT_GRACE, Wait},
+        recheck::{self, Wait},
     },
-    crd::{BriqExecutor, MAX_EXECUTION_TIMEOUT_SECONDS, reasons::ExecutorReason},
+    crd::{BriqExecutor, reasons::ExecutorReason},
 };
-
-/// How long a deleted executor waits for its unfinished Executions before it destroys its
-/// sandbox regardless: the longest action, the grace an attempt gets before it counts as
-/// interrupted, and a little slack for the result's write.
-const DRAIN_LIMIT: SignedDuration =
-    SignedDuration::from_secs(MAX_EXECUTION_TIMEOUT_SECONDS as i64 + ATTEMPT_GRACE.as_secs() + 5);
 
 /// What a deleted executor does about its Executions that have not concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]

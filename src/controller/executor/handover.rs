@@ -20,6 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::controller::recheck::CACHE_LAG;
+
 use super::step::Step;
 use crate::crd::BriqExecutor;
 
@@ -91,10 +93,6 @@ pub fn after_claim(
         _ => (AfterClaim::Go, true),
     }
 }
-
-/// How long the cache may take to show a status this process wrote before a reconcile that
-/// does not see it acts on what it sees (a fresh read then decides).
-const CACHE_LAG: Duration = Duration::from_secs(5);
 
 /// Claimers (by uid) and the member each is being handed, in this process.
 #[derive(Debug, Default)]

@@ -16,6 +16,8 @@ use kube::{
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::controller::recheck::ENV_RETRY;
+
 use super::{
     actor::Actor,
     status::{SandboxFields, handover_text, kernel_ready, state, status_of},
@@ -49,10 +51,6 @@ enum RecordStep {
     /// It is being deleted: the member it owns is deleted with it.
     LeaveToCollector,
 }
-
-/// When a claimer whose environment the claimed kernel did not take looks again (its next
-/// step provisions the sandbox, which gives it).
-const ENV_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
     match holds {

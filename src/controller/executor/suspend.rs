@@ -9,13 +9,13 @@
 //! stopped is not saved again, a resume restores only into a kernel it had to start, and a
 //! resume once begun is finished before any new suspension (step.rs).
 
-use std::time::Duration;
-
 use kube::{
     ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::Store},
 };
 use tracing::info;
+
+use crate::controller::recheck::STATE_DEADLINE;
 
 use super::{
     actor::{Actor, Context},
@@ -44,9 +44,6 @@ use crate::{
         reasons::ExecutorReason,
     },
 };
-
-/// How long saving or restoring the namespace may take inside the sandbox.
-pub(super) const STATE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Whether `executor`, whose Executions the cache shows as `activity`, should be suspended now:
 /// its spec asks it (`suspend`, or `idleAction: Suspend` once `idle_over`, its idle timeout

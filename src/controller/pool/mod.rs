@@ -10,7 +10,7 @@ mod demand;
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use demand::{Bounds, Claim, ClaimLog, Target, demand_target};
@@ -22,6 +22,8 @@ use kube::{
 };
 use serde_json::json;
 use tracing::{info, instrument};
+
+use crate::controller::recheck::EXPECTATION_TIMEOUT;
 
 use super::{
     backoff::Backoff,
@@ -50,9 +52,6 @@ pub struct Context<S> {
     /// The claims of demand-sized pools, kept for their window.
     claims: Mutex<ClaimLog>,
 }
-
-/// How long a created member is counted without the cache showing it.
-const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl<S> Context<S> {
     pub fn new(

@@ -3,10 +3,12 @@
 //! periodic tasks ([`Tasks`]): the bookkeeping sweep, the execution count writes and the orphan
 //! sweeper.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use kube::{ResourceExt, runtime::reflector::Store};
 use tracing::info;
+
+use crate::controller::recheck::BOOKKEEPING_SWEEP;
 
 use super::{
     controllers::Contexts,
@@ -83,9 +85,6 @@ struct BriqKeys {
     unreachable: usize,
     mismatched: usize,
 }
-
-/// How often the bookkeeping is checked against the caches.
-const BOOKKEEPING_SWEEP: Duration = Duration::from_secs(10);
 
 /// Reports the controllers' state to the observer (its metrics and health); undoes it when the
 /// controllers stop (or are dropped, as when the lease is lost).
