@@ -6,14 +6,13 @@ use std::{collections::BTreeMap, sync::Arc};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, ResourceExt};
 
-use crate::controller::recheck::CLASSES_WAIT;
-
 use super::{
     class,
     context::{Error, Result, Shared},
 };
 use crate::{
     briq::ApiKey,
+    controller::recheck::CLASSES_WAIT,
     crd::{
         API_KEY_LABEL, API_KEY_LABEL_VALUE, BriqExecutor, BriqExecutorClass,
         DEFAULT_API_KEY_SECRET_KEY,

@@ -11,8 +11,6 @@ use kube::{ResourceExt, runtime::controller::Action};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::controller::recheck::{CANCEL_GRACE, FIRST_CANCEL_PAUSE, MAX_CANCEL_PAUSE};
-
 use super::{
     actor::Actor,
     conclude::{Verdict, judge},
@@ -26,6 +24,7 @@ use crate::{
     },
     briq::{ErrorClass, SandboxApi},
     controller::context::{Error, Result},
+    controller::recheck::{CANCEL_GRACE, FIRST_CANCEL_PAUSE, MAX_CANCEL_PAUSE},
     crd::{BriqExecutor, reasons::ExecutionReason},
 };
 

@@ -13,15 +13,13 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::controller::recheck::BURST_WINDOW;
-
 use super::{actor::Actor, admit::unable, context::Context};
 use crate::{
     briq::SandboxApi,
     controller::{
         context::Result,
         index::of_executor,
-        recheck::{self, Wait},
+        recheck::{self, BURST_WINDOW, Wait},
     },
     crd::{BriqExecutor, Execution, history_owner, reasons::ExecutionReason},
     traces,

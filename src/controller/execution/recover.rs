@@ -20,11 +20,9 @@ use super::{
 use crate::{
     bridge::{RunResult, session::CallError},
     briq::{ErrorClass, SandboxApi},
-    controller::recheck::ATTEMPT_GRACE,
     controller::{
         context::{Error, Result},
-        recheck::CONFLICT_RECHECK,
-        recheck::{self, Wait},
+        recheck::{self, ATTEMPT_GRACE, CONFLICT_RECHECK, Wait},
     },
     crd::{BriqExecutor, ExecutionStatus, conditions, reasons::ExecutionReason},
 };

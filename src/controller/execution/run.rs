@@ -8,8 +8,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, runtime::controller::Action};
 use tracing::{debug, info, warn};
 
-use crate::controller::recheck::RUNNING_WRITE_AFTER;
-
 use super::{
     actor::Actor,
     conclude::{Verdict, judge},
@@ -23,7 +21,7 @@ use crate::{
         class,
         context::Result,
         credentials::made_under,
-        recheck::CONFLICT_RECHECK,
+        recheck::{CONFLICT_RECHECK, RUNNING_WRITE_AFTER},
         status::{apply_status_at, is_conflict},
     },
     crd::{

@@ -11,8 +11,6 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::controller::recheck::CLAIM_RECHECK;
-
 use super::{
     actor::Actor,
     admit::key_recheck,
@@ -21,7 +19,9 @@ use super::{
 use crate::{
     bridge::session::ClaimEnv,
     briq::SandboxApi,
-    controller::{context::Result, index, recheck::CONFLICT_RECHECK, requeue::waited},
+    controller::{
+        context::Result, index, recheck::CLAIM_RECHECK, recheck::CONFLICT_RECHECK, requeue::waited,
+    },
     crd::{
         BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
         POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, conditions, reasons::ExecutorReason,

@@ -4,8 +4,6 @@
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{ResourceExt, runtime::controller::Action};
 
-use crate::controller::recheck::DRAIN_LIMIT;
-
 use super::{
     actor::Actor,
     status::{sandbox_fields, state},
@@ -15,7 +13,7 @@ use crate::{
     controller::{
         context::Result,
         index,
-        recheck::{self, Wait},
+        recheck::{self, DRAIN_LIMIT, Wait},
     },
     crd::{BriqExecutor, reasons::ExecutorReason},
 };

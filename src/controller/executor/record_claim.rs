@@ -16,8 +16,6 @@ use kube::{
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::controller::recheck::ENV_RETRY;
-
 use super::{
     actor::Actor,
     status::{SandboxFields, handover_text, kernel_ready, state, status_of},
@@ -29,7 +27,7 @@ use crate::{
     controller::{
         context::{Error, Result},
         ownership::claimed_member,
-        recheck::CONFLICT_RECHECK,
+        recheck::{CONFLICT_RECHECK, ENV_RETRY},
         status::{Retried, is_conflict, landed, retry_on_conflict},
     },
     crd::{

@@ -15,8 +15,6 @@ use kube::{
 };
 use tracing::info;
 
-use crate::controller::recheck::STATE_DEADLINE;
-
 use super::{
     actor::{Actor, Context},
     admit::key_recheck,
@@ -35,6 +33,7 @@ use crate::{
         index::{self, Activity},
         ownership::{Ownership, ownership},
         recheck,
+        recheck::STATE_DEADLINE,
         status::mark_unusable,
     },
     crd::{

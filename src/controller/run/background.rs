@@ -8,15 +8,13 @@ use std::sync::Arc;
 use kube::{ResourceExt, runtime::reflector::Store};
 use tracing::info;
 
-use crate::controller::recheck::BOOKKEEPING_SWEEP;
-
 use super::{
     controllers::Contexts,
     watches::{AbortOnDrop, Caches},
 };
 use crate::{
     briq::SandboxApi,
-    controller::{cache, execution},
+    controller::{cache, execution, recheck::BOOKKEEPING_SWEEP},
     crd::{BriqExecutor, CLAIMED_BY_ANNOTATION, Execution, conditions},
     http::Health,
     metrics::{Live, Metrics},
