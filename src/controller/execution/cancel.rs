@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Verdict, judge},
+    conclude::{Failure, Verdict, failure, judge},
     run::{Judged, attempt_id},
     sandbox::Access,
 };
@@ -22,7 +22,7 @@ use crate::{
         RunResult,
         session::{CallError, Session},
     },
-    briq::{ErrorClass, SandboxApi},
+    briq::SandboxApi,
     controller::context::{Error, Result},
     controller::recheck::{CANCEL_GRACE, FIRST_CANCEL_PAUSE, MAX_CANCEL_PAUSE},
     crd::{BriqExecutor, reasons::ExecutionReason},
@@ -45,19 +45,14 @@ pub fn cancel_answer(
     answer: std::result::Result<RunResult, CallError>,
     timeout: u32,
 ) -> CancelAnswer {
-    match answer {
-        Ok(result) => CancelAnswer::Judge(Box::new(judge(Ok(result), timeout))),
-        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
-            CancelAnswer::Judge(Box::new(judge(Err(CallError::Briq(error)), timeout)))
-        }
-        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_))) => {
-            CancelAnswer::AskAgain(error)
-        }
-        Err(
-            error @ (CallError::Malformed(_)
-            | CallError::UnexpectedKind(_)
-            | CallError::TimedOut(_)),
-        ) => CancelAnswer::NoCancel(error),
+    let error = match answer {
+        Ok(result) => return CancelAnswer::Judge(Box::new(judge(Ok(result), timeout))),
+        Err(error) => error,
+    };
+    match failure(&error) {
+        Failure::SandboxGone => CancelAnswer::Judge(Box::new(judge(Err(error), timeout))),
+        Failure::Refused | Failure::BriqUnanswered => CancelAnswer::AskAgain(error),
+        Failure::BridgeUnreadable => CancelAnswer::NoCancel(error),
     }
 }
 
@@ -82,13 +77,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .conclude(base, &never_ran("its executor has no sandbox"), None)
                 .await;
         };
-        let access = match self.sandbox(executor).await {
-            Err(Error::Briq(error)) if base.attempt_id.is_some() => {
-                return self.await_briq(executor, base, error.into()).await;
-            }
-            access => access?,
-        };
-        let (key, sandbox_id) = match access {
+        let (key, sandbox_id) = match self.sandbox(executor, &base).await? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };

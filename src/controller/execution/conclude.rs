@@ -48,6 +48,38 @@ impl Verdict {
     }
 }
 
+/// What a failed call to an Execution's sandbox proves: one classification for every step that
+/// calls it (the run, the journal's recall, the cancel), each of which decides what to do about
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// briq says the sandbox is gone, and its kernel with it.
+    SandboxGone,
+    /// briq refused the call for good, before acting on it.
+    Refused,
+    /// briq did not answer, or its answer could not be read: what the call did is unknown
+    /// until briq answers again, and asking the journal runs nothing.
+    BriqUnanswered,
+    /// The bridge answered, but not as the bridge does (no envelope, another kind of answer,
+    /// none within the attempt's own time).
+    BridgeUnreadable,
+}
+
+/// Classifies a failed call to the sandbox ([`Failure`]).
+pub fn failure(error: &CallError) -> Failure {
+    match error {
+        CallError::ResultUnreadable(_) => Failure::BriqUnanswered,
+        CallError::Briq(error) => match (error.exec_outcome(), error.class()) {
+            (_, ErrorClass::NotFound) => Failure::SandboxGone,
+            (ExecOutcome::NotRun, ErrorClass::Terminal) => Failure::Refused,
+            _ => Failure::BriqUnanswered,
+        },
+        CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => {
+            Failure::BridgeUnreadable
+        }
+    }
+}
+
 /// Maps what the bridge answered to the Execution's outcome.
 pub fn judge(outcome: Result<RunResult, CallError>, timeout: u32) -> (Verdict, Option<RunResult>) {
     use ExecutionReason::*;

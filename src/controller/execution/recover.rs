@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Verdict, judge},
+    conclude::{Failure, Verdict, failure, judge},
     observed::Attempt,
     run::{Judged, ran},
     sandbox::Access,
@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     bridge::{RunResult, session::CallError},
-    briq::{ErrorClass, SandboxApi},
+    briq::SandboxApi,
     controller::{
         context::{Error, Result},
         recheck::{self, ATTEMPT_GRACE, CONFLICT_RECHECK, Wait},
@@ -42,19 +42,18 @@ pub enum Recovered {
 
 /// Reads the answer to `recall` ([`crate::bridge::session::Session::recall`]).
 pub fn recovered(answer: Result<Option<RunResult>, CallError>, timeout: u32) -> Recovered {
-    match answer {
-        Ok(None) => Recovered::Resend,
-        Ok(Some(result)) => Recovered::Judge(Box::new(judge(Ok(result), timeout))),
+    let error = match answer {
+        Ok(None) => return Recovered::Resend,
+        Ok(Some(result)) => return Recovered::Judge(Box::new(judge(Ok(result), timeout))),
+        Err(error) => error,
+    };
+    match failure(&error) {
         // The sandbox is gone, and its kernel with it: judged as a run that found it gone.
-        Err(CallError::Briq(error)) if error.class() == ErrorClass::NotFound => {
-            Recovered::Judge(Box::new(judge(Err(CallError::Briq(error)), timeout)))
-        }
-        Err(error @ (CallError::Briq(_) | CallError::ResultUnreadable(_))) => {
-            Recovered::AskAgain(error)
-        }
+        Failure::SandboxGone => Recovered::Judge(Box::new(judge(Err(error), timeout))),
+        Failure::Refused | Failure::BriqUnanswered => Recovered::AskAgain(error),
         // No envelope (the attempt was accepted and nobody knows how it ended), or no answer
         // within the attempt's own time: it may have run.
-        Err(CallError::Malformed(_) | CallError::UnexpectedKind(_) | CallError::TimedOut(_)) => {
+        Failure::BridgeUnreadable => {
             Recovered::Judge(Box::new((
             Verdict::new(
                 ExecutionReason::Interrupted,
@@ -116,14 +115,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             .attempt_id
             .clone()
             .ok_or_else(|| Error::Invariant("recovering an Execution without attempt".into()))?;
-        let access = match self.sandbox(executor).await {
-            // Whose the sandbox is could not be asked: nor could the journal be.
-            Err(Error::Briq(error)) => {
-                return self.await_briq(executor, base, error.into()).await;
-            }
-            access => access?,
-        };
-        let (key, sandbox_id) = match access {
+        let (key, sandbox_id) = match self.sandbox(executor, &base).await? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };

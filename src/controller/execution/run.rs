@@ -10,13 +10,13 @@ use tracing::{debug, info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Verdict, judge},
+    conclude::{Failure, Verdict, failure, judge},
     sandbox::Access,
     trace,
 };
 use crate::{
     bridge::{RunResult, session::CallError},
-    briq::{ErrorClass, ExecOutcome, SandboxApi},
+    briq::SandboxApi,
     controller::{
         class,
         context::Result,
@@ -147,24 +147,12 @@ pub type Judged = (Verdict, Option<RunResult>);
 /// journal knows what became of the attempt; it is asked once briq answers again
 /// ([`recovered`](super::recover::recovered)), which beats calling the executor unusable on a
 /// guess.
+/// A missing sandbox (the kernel is lost) and a request briq refused for good (it did not run,
+/// and would be refused again) are judged at once.
 pub fn ran(outcome: Result<RunResult, CallError>, timeout: u32) -> Result<Judged, CallError> {
     match outcome {
-        Err(error) if for_the_journal(&error) => Err(error),
+        Err(error) if failure(&error) == Failure::BriqUnanswered => Err(error),
         outcome => Ok(judge(outcome, timeout)),
-    }
-}
-
-/// Whether a failed run leaves its outcome to the journal: every failure of briq to answer,
-/// but not a missing sandbox (the kernel is lost) nor a request briq refused for good (it did
-/// not run, and would be refused again).
-fn for_the_journal(error: &CallError) -> bool {
-    match error {
-        CallError::ResultUnreadable(_) => true,
-        CallError::Briq(error) => !matches!(
-            (error.exec_outcome(), error.class()),
-            (_, ErrorClass::NotFound) | (ExecOutcome::NotRun, ErrorClass::Terminal)
-        ),
-        CallError::TimedOut(_) | CallError::Malformed(_) | CallError::UnexpectedKind(_) => false,
     }
 }
 
@@ -179,9 +167,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// the Execution's resourceVersion this run was decided on: `Running` is recorded only at
     /// that version.
     pub(super) async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        let (access, checked) = traces::noted(self.sandbox(executor)).await;
-        self.note(|t| t.sandbox_check = checked);
-        let (key, sandbox_id) = match access? {
+        let (key, sandbox_id) = match self.sandbox(executor, &self.status()).await? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };

@@ -16,7 +16,8 @@ use crate::{
         recheck::{self, Wait},
         requeue::waited,
     },
-    crd::{BriqExecutor, reasons::ExecutionReason},
+    crd::{BriqExecutor, ExecutionStatus, reasons::ExecutionReason},
+    traces,
 };
 
 /// What to do when briq says whose the sandbox an executor's status names is: `None`, run.
@@ -57,10 +58,30 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         }
     }
 
-    /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own; or
-    /// what was done instead (waiting for a key; the Execution concluded, the executor poisoned
-    /// when its sandbox is not its own).
-    pub(super) async fn sandbox(&self, executor: &BriqExecutor) -> Result<Access> {
+    /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own,
+    /// for a step that asks it (the run, the journal's recall, the cancel); or what was done
+    /// instead: waiting for a key; the Execution concluded, the executor poisoned when its
+    /// sandbox is not its own; or, with an attempt recorded in `base`, waiting for briq when it
+    /// could not be asked whose the sandbox is (nor could its journal be). Noted in the trace.
+    pub(super) async fn sandbox(
+        &self,
+        executor: &BriqExecutor,
+        base: &ExecutionStatus,
+    ) -> Result<Access> {
+        let (access, checked) = traces::noted(self.access(executor)).await;
+        self.note(|t| t.sandbox_check = checked);
+        match access {
+            Err(Error::Briq(error)) if base.attempt_id.is_some() => {
+                let action = self
+                    .await_briq(executor, base.clone(), error.into())
+                    .await?;
+                Ok(Access::Denied(action))
+            }
+            access => access,
+        }
+    }
+
+    async fn access(&self, executor: &BriqExecutor) -> Result<Access> {
         let key = match api_key(&self.ctx.shared, executor).await {
             Ok(key) => key,
             Err(Error::ApiKey(message)) => {

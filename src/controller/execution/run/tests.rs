@@ -46,43 +46,52 @@ fn timeout_table() {
     }
 }
 
-/// Which failed runs are left to the journal (`true`) rather than judged: every failure of briq
-/// to answer; not a missing sandbox, a refusal for good, or the bridge's own failures.
+/// How each failed call is classified, and which failed runs are left to the journal rather
+/// than judged: every failure of briq to answer; not a missing sandbox, a refusal for good, or
+/// the bridge's own failures.
 #[test]
 fn a_run_briq_did_not_answer_is_left_to_the_journal() {
-    let cases: Vec<(CallError, bool)> = vec![
-        (CallError::Briq(unavailable(500)), true),
-        (CallError::Briq(unavailable(502)), true),
-        (CallError::Briq(unavailable(503)), true),
-        (CallError::Briq(unavailable(504)), true),
-        (CallError::Briq(unavailable(429)), true),
+    use Failure::*;
+    let cases: Vec<(CallError, Failure)> = vec![
+        (CallError::Briq(unavailable(500)), BriqUnanswered),
+        (CallError::Briq(unavailable(502)), BriqUnanswered),
+        (CallError::Briq(unavailable(503)), BriqUnanswered),
+        (CallError::Briq(unavailable(504)), BriqUnanswered),
+        (CallError::Briq(unavailable(429)), BriqUnanswered),
         (
             CallError::Briq(briq::Error::Malformed {
                 detail: "not JSON".into(),
                 request_id: None,
             }),
-            true,
+            BriqUnanswered,
         ),
         (
             CallError::Briq(briq_error(402, ErrorCode::PaymentRequired)),
-            true,
+            BriqUnanswered,
         ),
-        (CallError::ResultUnreadable(unavailable(503)), true),
-        (CallError::ResultUnreadable(not_found()), true),
-        (CallError::Briq(not_found()), false),
+        (
+            CallError::ResultUnreadable(unavailable(503)),
+            BriqUnanswered,
+        ),
+        (CallError::ResultUnreadable(not_found()), BriqUnanswered),
+        (CallError::Briq(not_found()), SandboxGone),
         (
             CallError::Briq(briq_error(400, ErrorCode::InvalidRequest)),
-            false,
+            Refused,
         ),
-        (CallError::Briq(briq_error(409, ErrorCode::Other)), false),
-        (CallError::TimedOut(Duration::from_secs(35)), false),
-        (CallError::Malformed(Malformed::Repeated), false),
-        (CallError::UnexpectedKind("setup"), false),
+        (CallError::Briq(briq_error(409, ErrorCode::Other)), Refused),
+        (
+            CallError::TimedOut(Duration::from_secs(35)),
+            BridgeUnreadable,
+        ),
+        (CallError::Malformed(Malformed::Repeated), BridgeUnreadable),
+        (CallError::UnexpectedKind("setup"), BridgeUnreadable),
     ];
-    for (error, to_journal) in cases {
+    for (error, class) in cases {
         let shown = format!("{error:?}");
+        assert_eq!(failure(&error), class, "{shown}");
         let judged = ran(Err(error), 30);
-        assert_eq!(judged.is_err(), to_journal, "{shown}");
+        assert_eq!(judged.is_err(), class == BriqUnanswered, "{shown}");
     }
     let (verdict, kept) = ran(Ok(result(RunStatus::Ok, None)), 30).unwrap();
     assert_eq!(verdict.reason, ExecutionReason::Completed);
