@@ -205,7 +205,7 @@ pub fn namespace_queue_full(observed: &Observed) -> Option<Verdict> {
 impl<'a, S: SandboxApi> Actor<'a, S> {
     pub(super) async fn refuse(&self, refusal: Refusal) -> Result<Action> {
         match refusal {
-            Refusal::Fail(verdict) => self.conclude(self.status(), &verdict, None).await,
+            Refusal::Fail(verdict) => self.conclude(None, self.status(), &verdict).await,
             Refusal::Wait {
                 reason,
                 message,

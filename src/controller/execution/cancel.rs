@@ -74,7 +74,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             executor.filter(|e| e.status.as_ref().is_some_and(|s| s.sandbox_id.is_some()))
         else {
             return self
-                .conclude(base, &never_ran("its executor has no sandbox"), None)
+                .conclude(None, base, &never_ran("its executor has no sandbox"))
                 .await;
         };
         let (key, sandbox_id) = match self.sandbox(executor, &base).await? {
@@ -101,7 +101,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 warn!(%error, "the sandbox's bridge cannot cancel; the attempt was never sent");
                 let verdict =
                     never_ran("the sandbox's bridge predates cancel, and it was never sent");
-                return self.conclude(base, &verdict, None).await;
+                return self.conclude(None, base, &verdict).await;
             }
         };
         info!(reason = %verdict.reason, "cancelled");

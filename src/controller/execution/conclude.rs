@@ -261,21 +261,118 @@ impl<S> Context<S> {
     }
 }
 
+/// How an Execution ends, as data: what [`Actor::end`] does, in this order and nothing else.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    /// The executor marked unusable first (this process's memory, then its status), before
+    /// anyone else can take the next turn.
+    pub mark_unusable: Option<String>,
+    /// One more Execution counted on the executor (its status written in batches): the code
+    /// went to its sandbox, or was meant to.
+    pub count: bool,
+    /// The final status: one server-side apply, kept for the next reconcile when it fails.
+    /// Once written, the next Execution of the executor and those waiting for a place in the
+    /// namespace are woken.
+    pub status: ExecutionStatus,
+    /// Then the oldest finished Executions beyond the executor's `executionHistoryLimit` are
+    /// deleted.
+    pub prune_history: bool,
+}
+
+/// How an Execution with status `base` ends with `verdict` (and the bridge's `result`) at
+/// `now`; `ran`: after its code went to the sandbox (or was meant to), on an executor keeping
+/// `history_limit` finished Executions.
+pub fn ending(
+    base: &ExecutionStatus,
+    generation: Option<i64>,
+    verdict: &Verdict,
+    result: Option<RunResult>,
+    now: Time,
+    ran: bool,
+    history_limit: Option<u32>,
+) -> Ending {
+    Ending {
+        mark_unusable: verdict.unusable.clone(),
+        count: ran,
+        status: final_status(base, generation, verdict, result, now),
+        prune_history: ran && history_limit.is_some(),
+    }
+}
+
 impl<'a, S: SandboxApi> Actor<'a, S> {
-    /// Writes the final status and lets the next Execution of the executor go.
+    /// Ends the Execution with `verdict` before its code went anywhere (refused, cancelled, its
+    /// sandbox not its executor's, interrupted): [`ending`], applied by [`Actor::end`].
     pub(super) async fn conclude(
         &self,
+        executor: Option<&BriqExecutor>,
+        base: ExecutionStatus,
+        verdict: &Verdict,
+    ) -> Result<Action> {
+        let generation = self.execution.metadata.generation;
+        let mut ending = ending(
+            &base,
+            generation,
+            verdict,
+            None,
+            conditions::now(),
+            false,
+            None,
+        );
+        if executor.is_none() {
+            // Nothing to mark: the verdict is about the executor as it is (gone, unusable).
+            ending.mark_unusable = None;
+        }
+        self.end(executor, verdict, ending).await
+    }
+
+    /// Ends the Execution after a run (or its recovery, or its cancel) in `executor`.
+    pub(super) async fn finish_run(
+        &self,
+        executor: &BriqExecutor,
         base: ExecutionStatus,
         verdict: &Verdict,
         result: Option<crate::bridge::RunResult>,
     ) -> Result<Action> {
-        let status = final_status(
+        info!(reason = %verdict.reason, "execution finished");
+        let ending = ending(
             &base,
             self.execution.metadata.generation,
             verdict,
             result,
             conditions::now(),
+            true,
+            executor.spec.execution_history_limit,
         );
+        self.end(Some(executor), verdict, ending).await
+    }
+
+    /// Applies `ending` (see [`Ending`]); `verdict` only labels the metric.
+    pub(super) async fn end(
+        &self,
+        executor: Option<&BriqExecutor>,
+        verdict: &Verdict,
+        ending: Ending,
+    ) -> Result<Action> {
+        if let (Some(why), Some(executor)) = (&ending.mark_unusable, executor) {
+            if let Some(uid) = executor.uid() {
+                self.ctx.kept.made_unusable(&uid);
+            }
+            mark_unusable(&self.ctx.shared, executor, why).await?;
+        }
+        if let (true, Some(executor)) = (ending.count, executor) {
+            let recorded = executor
+                .status
+                .as_ref()
+                .and_then(|s| s.executions_total)
+                .unwrap_or(0);
+            self.ctx.kept.count_execution(
+                &executor.uid().unwrap_or_default(),
+                &self.namespace,
+                &executor.name_any(),
+                recorded,
+            );
+        }
+        let status = ending.status;
         let (written, writing) = traces::noted(self.write(&status)).await;
         self.note(|t| t.result_written = writing);
         if let Err(error) = written {
@@ -291,46 +388,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             status.completion_time.as_ref(),
         );
         self.ctx.finish(self.execution);
+        if let (true, Some(executor)) = (ending.prune_history, executor) {
+            self.prune(executor).await;
+        }
         Ok(Action::await_change())
-    }
-
-    /// After a run (or a recovery): poisons the executor when the verdict says so, counts the
-    /// execution on the executor, and writes the result.
-    pub(super) async fn finish_run(
-        &self,
-        executor: &BriqExecutor,
-        base: ExecutionStatus,
-        verdict: &Verdict,
-        result: Option<crate::bridge::RunResult>,
-    ) -> Result<Action> {
-        info!(reason = %verdict.reason, "execution finished");
-
-        // Poison the executor before anyone else can take the next turn.
-        if let Some(why) = &verdict.unusable {
-            self.poison(executor, why).await?;
-        }
-        let recorded = executor
-            .status
-            .as_ref()
-            .and_then(|s| s.executions_total)
-            .unwrap_or(0);
-        // Written with the counts of other Executions later (Context::write_counts).
-        self.ctx.kept.count_execution(
-            &executor.uid().unwrap_or_default(),
-            &self.namespace,
-            &executor.name_any(),
-            recorded,
-        );
-        let action = self.conclude(base, verdict, result).await?;
-        self.prune(executor).await;
-        Ok(action)
-    }
-
-    pub(super) async fn poison(&self, executor: &BriqExecutor, why: &str) -> Result<()> {
-        if let Some(uid) = executor.uid() {
-            self.ctx.kept.made_unusable(&uid);
-        }
-        mark_unusable(&self.ctx.shared, executor, why).await
     }
 
     /// Deletes the oldest finished Executions beyond the executor's `executionHistoryLimit`.

@@ -238,7 +238,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         }
         // Another Execution may have made the executor unusable while this one waited.
         if let Some(verdict) = unable(executor, self.ctx.is_unusable(executor)) {
-            return self.conclude(self.status(), &verdict, None).await;
+            return self.conclude(None, self.status(), &verdict).await;
         }
         if let Err(message) = self.ctx.place(self.execution, executor) {
             self.wait(ExecutionReason::WaitingForCapacity, message)

@@ -222,18 +222,17 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     /// Recorded as running, but no result: the code may have run. Never send it again.
     pub(super) async fn interrupt(&self) -> Result<Action> {
-        if let Some(executor) = self.executors.get_opt(self.executor_name()).await? {
-            let why = format!(
-                "Execution {} was interrupted mid-run; the kernel state is uncertain",
-                self.execution.name_any()
-            );
-            self.poison(&executor, &why).await?;
-        }
+        let executor = self.executors.get_opt(self.executor_name()).await?;
         let verdict = Verdict::new(
             ExecutionReason::Interrupted,
             "the operator stopped while this Execution was running; it is not run again because it may have run",
-        );
-        self.conclude(self.status(), &verdict, None).await
+        )
+        .poisons(format!(
+            "Execution {} was interrupted mid-run; the kernel state is uncertain",
+            self.execution.name_any()
+        ));
+        self.conclude(executor.as_ref(), self.status(), &verdict)
+            .await
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, runtime::controller::Action};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{
     actor::Actor,
@@ -32,20 +32,6 @@ use crate::{
     traces,
 };
 
-/// One call a run makes, to the API server or (`Send`) to the sandbox: the run's effects as data,
-/// in the order [`Actor::run`] makes them ([`calls`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Call {
-    /// `Running` with the attempt id, conditional on the version the run was decided on.
-    RecordRunning,
-    /// The code, to the sandbox, under the attempt id: its journal runs it once.
-    Send,
-    /// The executor marked unusable, before anyone else can take the next turn.
-    MarkUnusable,
-    /// The final status: one server-side apply.
-    WriteResult,
-}
-
 /// How a run records its attempt around the send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recording {
@@ -65,23 +51,6 @@ pub fn recording(code_at_hand: bool) -> Recording {
     } else {
         Recording::First
     }
-}
-
-/// The calls of a run recorded as `recording` (whose action `outlasted` the wait of
-/// [`Recording::Beside`], or not) that concluded with `verdict`, in order. A happy path with
-/// the code at hand is two calls: the send, and the result write. (Deleting history beyond the
-/// executor's limit comes after, when it has one.)
-pub fn calls(recording: Recording, outlasted: bool, verdict: &Verdict) -> Vec<Call> {
-    let mut calls = match recording {
-        Recording::First => vec![Call::RecordRunning, Call::Send],
-        Recording::Beside { .. } if outlasted => vec![Call::Send, Call::RecordRunning],
-        Recording::Beside { .. } => vec![Call::Send],
-    };
-    if verdict.unusable.is_some() {
-        calls.push(Call::MarkUnusable);
-    }
-    calls.push(Call::WriteResult);
-    calls
 }
 
 /// The deadline of one run: the Execution's own, else the executor's, within 1 to 40 s and
@@ -158,14 +127,13 @@ pub fn ran(outcome: Result<RunResult, CallError>, timeout: u32) -> Result<Judged
 
 impl<'a, S: SandboxApi> Actor<'a, S> {
     /// Sends the code, at most once: its attempt id derives from the Execution
-    /// ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever
-    /// delivers it and however often. The calls it makes are [`calls`]: with its code at hand
-    /// ([`codes`](super::codes)) it goes at once, and `Running` is written beside the exec once
-    /// the action outlasts [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded
+    /// ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever delivers it
+    /// and however often. How `Running` is recorded is [`recording`]'s: with its code at hand
+    /// (kept in the bookkeeping) the code goes at once, and `Running` is written beside the exec
+    /// once the action outlasts [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded
     /// into its result: one write); otherwise the `Running` write comes first and brings the
-    /// code back. `version` is
-    /// the Execution's resourceVersion this run was decided on: `Running` is recorded only at
-    /// that version.
+    /// code back. `version` is the Execution's resourceVersion this run was decided on:
+    /// `Running` is recorded only at that version. The end is [`Actor::finish_run`]'s.
     pub(super) async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
         let (key, sandbox_id) = match self.sandbox(executor, &self.status()).await? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
@@ -185,7 +153,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         let session = self.session(&key, &sandbox_id);
         let code = self.ctx.kept.code(&uid);
         let recording = recording(code.is_some());
-        let ((outcome, sent), outlasted) = match recording {
+        let (outcome, sent) = match recording {
             Recording::Beside { after } => {
                 let code = code.expect("a run records beside its send only with the code at hand");
                 self.ctx.kept.forget_waiting(&uid);
@@ -207,7 +175,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     &session,
                     &attempt,
                 );
-                (self.slot.without(exec).await, false)
+                self.slot.without(exec).await
             }
         };
         self.note(|t| {
@@ -221,7 +189,6 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Ok(judged) => judged,
             Err(unknown) => return self.await_briq(executor, running, unknown).await,
         };
-        debug!(calls = ?calls(recording, outlasted, &verdict), "the run's calls");
         let action = self.finish_run(executor, running, &verdict, result).await;
         if action.is_ok() {
             self.emit_trace(&attempt, &verdict);
@@ -256,7 +223,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
 
     /// Awaits `exec`, the code already sent, and records `running` beside it (conditionally,
     /// at `version`) once the action outlasts `after` ([`Recording::Beside`]); an action that
-    /// ends first has it folded into its result write. Also says whether it outlasted `after`. The record informs, it does not guard: the
+    /// ends first has it folded into its result write. The record informs, it does not guard: the
     /// journal runs the attempt once, so a write that fails or finds the Execution changed (a
     /// second operator recorded the same attempt) is only logged, and the result is written in
     /// any case.
@@ -266,13 +233,13 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         running: &ExecutionStatus,
         version: &str,
         after: Duration,
-    ) -> (T, bool)
+    ) -> T
     where
         F: Future<Output = T>,
     {
         let mut exec = std::pin::pin!(exec);
         tokio::select! {
-            done = &mut exec => return (done, false),
+            done = &mut exec => return done,
             () = tokio::time::sleep(after) => {}
         }
         let (done, recorded) = tokio::join!(exec, self.record_running(running, version));
@@ -287,7 +254,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 warn!(%error, "recording the attempt beside its run failed; its result is written next")
             }
         }
-        (done, true)
+        done
     }
 
     /// Writes `running`, only if the Execution is still at `version`; noted in its trace.

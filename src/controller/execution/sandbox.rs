@@ -104,10 +104,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 ))
             })?;
         if let Some(verdict) = self.verify_ownership(executor, &key, &sandbox_id).await? {
-            if let Some(why) = &verdict.unusable {
-                self.poison(executor, why).await?;
-            }
-            let action = self.conclude(self.status(), &verdict, None).await?;
+            let action = self
+                .conclude(Some(executor), self.status(), &verdict)
+                .await?;
             return Ok(Access::Denied(action));
         }
         Ok(Access::Granted(key, sandbox_id))

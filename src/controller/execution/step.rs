@@ -178,7 +178,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Step::Cancel => self.cancel(executor).await,
             Step::CancelUnsent => {
                 let verdict = never_ran("no usable sandbox could have taken it");
-                self.conclude(self.status(), &verdict, None).await
+                self.conclude(None, self.status(), &verdict).await
             }
             Step::ConfirmTurn => {
                 let executor = executor.expect("a turn is confirmed on an admitted executor");

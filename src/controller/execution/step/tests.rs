@@ -466,8 +466,9 @@ fn decide_table() {
 #[test]
 fn one_executions_happy_path_is_one_send_and_one_status_write() {
     use crate::controller::execution::{
+        conclude::ending,
         queue::{Turn, owners_with, turn_from_cache},
-        run::{Call, Recording, calls, recording},
+        run::{Recording, recording, running_status},
     };
     let ready = ready();
     // Judged from the caches: no read.
@@ -489,26 +490,36 @@ fn one_executions_happy_path_is_one_send_and_one_status_write() {
             after: Duration::from_millis(100)
         }
     );
-    // An action shorter than 100 ms: the send, then the result with Running folded into it.
-    assert_eq!(
-        calls(with_code, false, &completed),
-        [Call::Send, Call::WriteResult]
+    // After the send: one status write, the result, with the attempt Running recorded folded
+    // into it (an action shorter than 100 ms has no Running write of its own); the execution
+    // counted on the executor, nothing marked, no history to prune.
+    let now = crate::crd::conditions::now();
+    let running = running_status(
+        &crate::crd::ExecutionStatus::default(),
+        Some(1),
+        "py",
+        "a1".into(),
+        now.clone(),
     );
-    // A longer one: Running written beside it, past 100 ms.
+    let ended =
+        |verdict: &Verdict| ending(&running, Some(1), verdict, None, now.clone(), true, None);
+    let done = ended(&completed);
     assert_eq!(
-        calls(with_code, true, &completed),
-        [Call::Send, Call::RecordRunning, Call::WriteResult]
+        (&done.mark_unusable, done.count, done.prune_history),
+        (&None, true, false)
+    );
+    assert_eq!(
+        (done.status.attempt_id.as_deref(), &done.status.start_time),
+        (Some("a1"), &Some(now.clone()))
     );
     // The code not at hand (the cache drops it past its budget): Running first brings it back.
-    assert_eq!(
-        calls(recording(false), false, &completed),
-        [Call::RecordRunning, Call::Send, Call::WriteResult]
-    );
+    assert_eq!(recording(false), Recording::First);
     // Off the happy path: a lost kernel marks the executor unusable before the result.
     let lost = Verdict::new(ExecutionReason::KernelLost, "the kernel died").poisons("lost");
+    let lost = ended(&lost);
     assert_eq!(
-        calls(with_code, false, &lost),
-        [Call::Send, Call::MarkUnusable, Call::WriteResult]
+        (lost.mark_unusable.as_deref(), lost.count),
+        (Some("lost"), true)
     );
     // Not created by a client that names the owner: one owner write before the turn.
     assert_eq!(owners_with(&[], &ready, "u-py").map(|o| o.len()), Some(1));
