@@ -6,8 +6,10 @@
 //!   expires. A failed renewal (a slow or briefly unavailable API server) is retried while the
 //!   lease is surely still held ([`keep_retrying`]); if renewals keep failing until close to
 //!   expiry, or the lease is found held by another replica, the controllers are dropped at once
-//!   (not drained: another replica may be taking over) and this replica goes back to standby. An Execution cut off that way is found `Running` without a result by the
-//!   next leader and failed as `Interrupted`, never sent again.
+//!   (not drained: another replica may be taking over) and this replica goes back to standby.
+//!   An Execution cut off that way never runs twice: the sandbox's journal runs its attempt id
+//!   once, and the next leader asks the journal what became of it, concluding it `Interrupted`
+//!   only when nobody can tell.
 //! - Shutdown (SIGTERM): the controllers stop taking new work and finish what runs, the lease is
 //!   renewed meanwhile, then released so that a standby takes over at once.
 

@@ -1,8 +1,8 @@
 //! Cleanup when the process exits normally, for what a static holds: a static is never dropped,
-//! so the control plane the tests share per test binary (in a `OnceLock`) left its directory,
-//! etcd's data included (over 100 MB), in the temp directory on every run of every test binary,
-//! until the disk was full. A control plane registers its directory and processes here; a
-//! dropped one forgets them (its own `Drop` cleans up, and a pid may be reused afterwards).
+//! so without this the control plane the tests share per test binary (in a `OnceLock`) would
+//! leave its directory, etcd's data included (over 100 MB), in the temp directory on every run
+//! of every test binary. A control plane registers its directory and processes here; a dropped
+//! one forgets them (its own `Drop` cleans up, and a pid may be reused afterwards).
 
 use std::{
     path::{Path, PathBuf},

@@ -46,9 +46,9 @@ const CONTROLLERS: &str = "namespace,garbagecollector,resourcequota";
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Make kube-apiserver write an audit log ([`ControlPlane::audit_log`]; JSON lines, see
-    /// [`AUDIT_POLICY`]), for counting the API requests of a client.
+    /// `AUDIT_POLICY`), for counting the API requests of a client.
     pub audit_log: bool,
-    /// Run kube-controller-manager ([`CONTROLLERS`]): without it namespaces never finish
+    /// Run kube-controller-manager (`CONTROLLERS`): without it namespaces never finish
     /// deleting, owner references are never collected and ResourceQuotas never count usage (so
     /// their admission refuses every create they cover).
     pub controller_manager: bool,

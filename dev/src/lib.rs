@@ -4,7 +4,7 @@
 //! - [`control_plane`]: a real etcd + kube-apiserver on loopback.
 //! - [`local_server`]: a local briq-compatible sandbox server (NOT an isolation boundary).
 //! - [`stack`]: the one harness putting control plane, sandbox server and operator together,
-//!   used by [`demo`], [`bench`] and the integration tests of the root package.
+//!   used by [`demo`], [`bench`](mod@bench) and the integration tests of the root package.
 //! - [`operators`]: the operator under test, run inside this process.
 //! - [`repo`], [`progress`], [`wait`]: the repository's build scripts, progress lines, waiting.
 

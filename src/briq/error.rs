@@ -185,7 +185,7 @@ impl Error {
 
     /// What the sandbox may have done when this error is the answer to an exec. Only a request
     /// that never left ([`Error::Unreachable`], [`Error::Build`], a held-back or refused-here
-    /// call), a refusal with one of [`REFUSED_BEFORE_ACTING`]'s statuses, or a JSON-RPC or tool
+    /// call), a refusal with one of `REFUSED_BEFORE_ACTING`'s statuses, or a JSON-RPC or tool
     /// error whose code says it was refused before acting ([`ErrorCode::refused_before_acting`])
     /// proves the command did not run; everything else (any 5xx, any other status, a timeout or
     /// reset after sending, a malformed or cut answer) leaves it unknown.
@@ -400,7 +400,7 @@ impl Error {
     }
 
     /// The same error with every piece of text that came from the network scrubbed of `key`,
-    /// then cut to [`MAX_REMOTE_CHARS`].
+    /// then cut to `MAX_REMOTE_CHARS`.
     pub fn redacted(self, key: &ApiKey) -> Self {
         self.with_remote_text(|text| remote_text(&text, key))
     }

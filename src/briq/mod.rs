@@ -1,10 +1,11 @@
 //! Client for briq, over its published MCP tools.
 //!
-//! [`BriqClient`] is the one implementation of [`SandboxApi`], in production and in the tests,
-//! which run it against the local sandbox server of the `briq-dev` crate (the same MCP
-//! surface). The transport is [`mcp`] (JSON-RPC over Streamable HTTP); what is sent to and read
-//! from each tool lives in [`api`], marked published or assumed; [`conformance`] checks it
-//! against the server's `tools/list` at each key's first use.
+//! [`BriqClient`] is the implementation of [`SandboxApi`] in production and in the integration
+//! tests, which run it against the local sandbox server of the `briq-dev` crate (the same MCP
+//! surface); the controllers' fast tier uses an in-memory one instead (`bridge::fake`). The
+//! transport is [`mcp`] (JSON-RPC over Streamable HTTP); what is sent to and read from each tool
+//! lives in [`api`], marked published or assumed; [`conformance`] checks it against the
+//! server's `tools/list` at each key's first use, and again a while after a mismatch.
 //!
 //! Retries: `get`, `list`, `destroy`, `stop`, `start`, `write_file` and `read_file` are repeated on
 //! [`ErrorClass::Retryable`] errors (3 attempts, exponential backoff with jitter, Retry-After

@@ -1,6 +1,7 @@
 //! The kubectl-style command line: `exec` runs code in a `BriqExecutor` and prints the result,
-//! `logs` prints an existing `Execution`'s result, `get` lists both kinds, `describe` shows one
-//! executor with its queue, recent Executions and Events.
+//! `logs` prints an existing `Execution`'s result, `cancel` cancels one, `get` lists executors,
+//! Executions and pools, `describe` shows one executor with its queue, recent Executions and
+//! Events, and `usage` shows what a namespace uses of each class against the class's limits.
 //!
 //! The same binary is a kubectl plugin when installed (or symlinked) as `kubectl-briq`: the
 //! commands are then at the top level (`kubectl briq exec py -c '1 + 1'`).

@@ -2,9 +2,10 @@
 //! for the operator's lifetime, so what no reconcile reads is dropped on the way in:
 //! server-side apply's bookkeeping, kubectl's copy of the last applied manifest, the code of
 //! every Execution (up to 64 Ki characters each, and up to `maxQueuedExecutions` of them wait
-//! per executor: those not sent yet keep theirs beside the cache within a budget,
-//! `execution::codes`, and beyond it the run takes it from the write that records its
-//! attempt), and the results of finished Executions (which are never written again).
+//! per executor: those not sent yet keep theirs beside the cache within a byte budget, in the
+//! execution controller's bookkeeping (`execution::bookkeeping`), and beyond it the run takes
+//! it from the write that records its attempt), and the results of finished Executions (which
+//! are never written again).
 
 use std::{
     sync::{

@@ -54,7 +54,7 @@ pub fn unowned<'a>(
     })
 }
 
-/// The ids of the orphans among `sandboxes`: [`unowned`] and created at least `grace` before
+/// The ids of the orphans among `sandboxes`: `unowned` and created at least `grace` before
 /// `now`.
 pub fn orphans(
     sandboxes: &[Sandbox],

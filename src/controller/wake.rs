@@ -5,35 +5,34 @@
 //! woken reconcile reads: a reconcile that reads the old state waits again, and nothing comes
 //! after. So every trigger derived from a change of executors is sent only once the executor
 //! cache shows that change ([`ExecutorTriggers`]): one watch of executors feeds the cache, and
-//! each of its events is turned into wake-ups after it was applied. (The controllers used to
-//! hear of executor changes through watches of their own, which could deliver a change before
-//! the shared cache had it: an Execution woken by its executor's Ready read "not ready" and
-//! waited for a change that had already come.)
+//! each of its events is turned into wake-ups after it was applied. (A watch of its own per
+//! controller could deliver a change before the shared cache had it: an Execution woken by its
+//! executor's Ready would read "not ready" and wait for a change that had already come.)
 //!
 //! The waits, and what wakes them:
 //!
-//! | wait | trigger | recheck ([`recheck::recheck`]) |
+//! | wait | trigger | recheck ([`recheck`](super::recheck::recheck)) |
 //! |---|---|---|
-//! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET), until `executorWait` runs out |
-//! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`](recheck::SAFETY_NET) |
-//! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`](recheck::TURN) |
-//! | Execution, a burst still arriving | — | until the burst's second has passed |
-//! | Execution, an attempt another process may still report | — | until the attempt's deadline |
-//! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`](recheck::briq_recheck): 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
-//! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`](recheck::key_recheck): 1 s at first, up to 30 s |
+//! | Execution, executor missing | the executor's creation ([`ExecutorTriggers`]) | [`SAFETY_NET`](super::recheck::SAFETY_NET), until `executorWait` runs out |
+//! | Execution, executor not Ready | the executor's Ready write ([`ExecutorTriggers`]) | [`SAFETY_NET`](super::recheck::SAFETY_NET) |
+//! | Execution, its turn in the queue | the one before it finishing or deleted (`wake_next`) | [`TURN`](super::recheck::TURN) |
+//! | Execution, a burst still arriving | — | until [`BURST_WINDOW`](super::recheck::BURST_WINDOW) after its creation second |
+//! | Execution, an attempt another process may still report | — | until the attempt's deadline and [`ATTEMPT_GRACE`](super::recheck::ATTEMPT_GRACE) |
+//! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`](super::recheck::briq_recheck): 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
+//! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`](super::recheck::key_recheck): 1 s at first, up to 30 s |
 //! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_claim_expiry` old |
-//! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
-//! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](recheck::CLASS_RECHECK) |
-//! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](recheck::SAFETY_NET) |
-//! | claimer, a Ready pool member | — | [`CLAIM_RECHECK`](recheck::CLAIM_RECHECK) until `coldCreateAfterSeconds` |
-//! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
-//! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`](recheck::POOL_FILLING) |
-//! | deleted executor, its Executions concluding | — | [`DRAIN`](recheck::DRAIN), within the drain limit |
+//! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](super::recheck::CLASS_RECHECK) |
+//! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](super::recheck::CLASS_RECHECK) |
+//! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](super::recheck::SAFETY_NET) |
+//! | claimer, a Ready pool member | a member of its pool Ready and unclaimed ([`claimers_to_serve`], [`ExecutorTriggers`]) | [`CLAIM_RECHECK`](super::recheck::CLAIM_RECHECK) until `coldCreateAfterSeconds` |
+//! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`](super::recheck::POOL_FILLING) |
+//! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`](super::recheck::POOL_FILLING) |
+//! | deleted executor, its Executions concluding | — | [`DRAIN`](super::recheck::DRAIN), within the drain limit |
 //! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
 //! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
 //! | suspended executor, an Execution to run | the Execution's creation or change, once the Execution cache shows it ([`suspension_wake`]); its own `Suspending`/`Suspended` write | — |
 //! | executor asked to suspend (`spec.suspend`), its last Execution finishing | that Execution's end or deletion, once the Execution cache shows it ([`suspension_wake`]) | the probe interval |
-//! | suspending executor, an Execution that took its turn before finishing | — | [`DRAIN`](recheck::DRAIN) |
+//! | suspending executor, an Execution that took its turn before finishing | — | [`DRAIN`](super::recheck::DRAIN) |
 //! | a failed reconcile | — | its backoff (`Settings::backoff_max`) |
 
 use futures::{Stream, StreamExt, TryStreamExt};

@@ -1,18 +1,20 @@
 //! `briq-dev bench` (`make bench`): starts a local control plane (audit log on), the local sandbox
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
-//! scaling, API cost per Execution, the operator's memory and cold start, cancels of running
-//! actions, scale on simulated sandboxes, and claims from warm pools against cold creates,
-//! prints the figures as a Markdown table and writes them as JSON (`--out`), so two runs can be
-//! compared.
+//! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
+//! sandboxes, claims from warm pools against cold creates, what exporting traces costs,
+//! fairness between namespaces, cancels of running actions, suspend and resume, and pools sized
+//! by demand (scenarios 1 to 13), prints the figures as a Markdown table and writes them as JSON
+//! (`--out`), so two runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
 //! its own with the controllers (in this process, as user `briq-operator`) scoped to it, except
-//! the memory scenario, which measures a separate `briq-operator run` process. The memory and
-//! simulated-scale scenarios use the local sandbox server's simulated sandboxes (no kernels), so
-//! that a thousand executors are really Ready; the warm-pool scenario uses them for its pools of
-//! 10 and of a burst's size, and real kernels for a small pool; the demand-sized pool scenario
-//! uses a simulated server of its own whose provisioning takes a real kernel's time; the others
-//! use real kernels.
+//! fairness, whose controllers serve every namespace, and memory and traces, which measure a
+//! separate `briq-operator run` process. The memory, simulated-scale, traces and fairness
+//! scenarios use the local sandbox server's simulated sandboxes (no kernels), so that a thousand
+//! executors are really Ready; the warm-pool scenario uses them for its pools of 10 and of a
+//! burst's size, and real kernels for a small pool; the demand-sized pool scenario uses a
+//! simulated server of its own whose provisioning takes a real kernel's time; the others use
+//! real kernels.
 
 mod agent;
 mod audit;

@@ -3,12 +3,13 @@
 //! create costs a sandbox, a setup and a kernel start: the ratio of the two, measured in the same
 //! run, is the point. On simulated sandboxes (what is measured is the operator and the API
 //! server): claims one at a time from a pool of 10, each finding the pool full, with as many cold
-//! creates beside; then a burst of claims all at once against a pool as large as the burst, and
-//! how long the pool takes to be full again. On real kernels, at a size this machine runs at
-//! once: a pool of 3, 3 claims at once, one cold create. Then a drained pool: claims arriving
-//! faster than it refills (one every quarter second against a pool of 3 real kernels, each
-//! claimer waiting 5 s for a member before it creates its own sandbox), where what counts is the
-//! wait and how many fell back to a cold create.
+//! creates beside; then a burst of claims all at once against a pool as large as the burst, how
+//! long the pool takes to be full again, and the burst's floor (burst_floor.rs). On real kernels,
+//! at a size this machine runs at once: a pool of 3, 3 claims at once, one cold create; then 3
+//! claims at once again, each bringing a variable (`poolRef.env`, delivered before Ready). Then
+//! a drained pool: claims arriving faster than it refills (one every quarter second against a
+//! pool of 3 real kernels, each claimer waiting 5 s for a member before it creates its own
+//! sandbox), where what counts is the wait and how many fell back to a cold create.
 //!
 //! In the bursts the operator's API writes are counted from kube-apiserver's audit log, from the
 //! first create until every claimer is Ready, and divided by the claims: the claim's own (the

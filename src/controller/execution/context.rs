@@ -1,6 +1,7 @@
 //! The execution controller's context: what it shares with the other controllers, its caches and
-//! its own bookkeeping, and what the runner (`controller::run`) asks of it beside reconciles: an
-//! object gone, the execution counts to write, the sweep.
+//! its own bookkeeping, and what the runner (`controller::run`: its watches and background
+//! tasks) tells it and asks of it beside reconciles: an Execution heard or gone, an executor
+//! gone, the size of the bookkeeping, the execution counts to write, the sweep.
 
 use std::{collections::HashSet, sync::Arc};
 

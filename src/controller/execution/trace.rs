@@ -1,9 +1,11 @@
 //! An Execution's trace: what its run noted, as the spans [`crate::traces::emit`] exports.
 //!
 //! The root span lasts from the Execution's creation to its result's write; below it, the
-//! wait in the queue, the fresh read of the queue that confirmed its turn, the check of the
-//! sandbox with briq, the recorded attempt, the run (each briq call a span, the exec's with the
-//! kernel's own duration from the envelope below it) and the write of the result.
+//! wait in the queue, the fresh read of the queue that confirmed its turn (when the cache could
+//! not decide it), the check of the sandbox (its key, and briq's word on it until briq has
+//! confirmed it as the executor's own), the recorded attempt, the run (each briq call a span,
+//! the exec's with the kernel's own duration from the envelope below it) and the write of the
+//! result.
 
 use std::time::{Duration, SystemTime};
 

@@ -1,5 +1,5 @@
 //! The first step of a deleted executor: its Executions conclude before its sandbox is
-//! destroyed, within [`DRAIN_LIMIT`](crate::controller::recheck::DRAIN_LIMIT) ([`drain`]).
+//! destroyed, within [`DRAIN_LIMIT`] ([`drain`]).
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{ResourceExt, runtime::controller::Action};

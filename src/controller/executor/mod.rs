@@ -1,3 +1,16 @@
+//! The `BriqExecutor` reconciler: creates the sandbox exactly once (or claims a pool member's),
+//! provisions the bridge and kernel, watches that the sandbox keeps running, suspends and
+//! resumes it, gives it back after the idle timeout, and destroys it when the executor goes.
+//!
+//! Each reconcile observes the executor (from the cache, and afresh before any step that cannot
+//! be taken back), asks `step::decide` (step.rs) for the next step, and performs it
+//! (`Actor::apply`, apply.rs). Each step has a file of its own: its pure decisions first, tested
+//! with exact expected outputs, then the `Actor` methods that perform it. What they share is in
+//! actor.rs (the `Context` kept between reconciles, the `Actor` of one reconcile) and status.rs
+//! (the status, annotation and Event writes).
+//!
+//! Where each reason of its `Ready` and `Stalled` conditions is written:
+//!
 //! | reason (`Ready`, `Stalled`) | step | written by (file) |
 //! |---|---|---|
 //! | `ApiKeyMissing` | admit: its API key | `Actor::credentials` (admit.rs) |
@@ -11,6 +24,7 @@
 //! | `SandboxNotOwned` | verify (provision, probe) | `Actor::disown` (probe.rs) |
 //! | `Unusable` | probe, then report unusable | `Actor::probe`, `Actor::disown` (probe.rs); `Step::ReportUnusable` in `Actor::apply` (apply.rs) |
 //! | `BriqUnreachable` (on `BriqReachable`) | probe | `briq_unreachable` in `Actor::probe` (probe.rs) |
+//! | `EnvUnavailable` | claim: its `poolRef.env` | `Actor::claim_env` (claim_env.rs) |
 //! | `WaitingForPool` | claim | `Actor::claim` (claim.rs) |
 //! | `PoolMismatch` | claim, then conclude | `Actor::claim` (claim.rs) |
 //! | `Claimed` | handed over (a pool member) | `Step::HandedOver` in `Actor::apply` (apply.rs) |
@@ -19,16 +33,6 @@
 //! | `Resuming` (and `Resumed` on `Suspended`) | resume | `Actor::resume` (suspend.rs) |
 //! | `Terminating` | drain, clean up | `Actor::drain` (drain.rs), `Actor::cleanup` (cleanup.rs) |
 //! | `DestroyFailed` | clean up | `Actor::cleanup` (cleanup.rs) |
-//!
-//! The `BriqExecutor` reconciler: creates the sandbox exactly once, provisions the bridge and
-//! kernel, watches that the sandbox keeps running, and destroys it when the executor goes.
-//!
-//! Each reconcile observes the executor (from the cache, and afresh before any step that cannot
-//! be taken back), asks `step::decide` (step.rs) for the next step, and performs it
-//! (`Actor::apply`, apply.rs). Each step has a file of its own: its pure decisions first, tested
-//! with exact expected outputs, then the `Actor` methods that perform it. What they share is in
-//! actor.rs (the `Context` kept between reconciles, the `Actor` of one reconcile) and status.rs
-//! (the status, annotation and Event writes).
 
 mod actor;
 mod admit;

@@ -13,7 +13,8 @@
 //! | `execution_bookkeeping.rs` | what the execution controller keeps in memory: nothing of a finished Execution once the cache shows it, nothing, after the sweep, of one deleted while a reconcile told it to wait for a place |
 //! | `execution_cancel.rs` | `spec.cancel`: the journal claims an attempt never sent, interrupts a running one, or keeps a result that came first |
 //!
-//! `world.rs` builds the contexts as `controller::run` does and the objects scenarios start from.
+//! `world.rs` builds the contexts as `run/controllers.rs` does and the objects scenarios start
+//! from.
 
 mod api_server;
 mod execution_bookkeeping;

@@ -1,4 +1,4 @@
-//! What a scenario runs in: both controllers' contexts as `controller::run` builds them, over a
+//! What a scenario runs in: both controllers' contexts as `run/controllers.rs` builds them, over a
 //! [`FakeBriq`] and the in-memory API server ([`api_server`](super::api_server)), with caches
 //! the test fills itself (as the watches would); and the objects the scenarios start from.
 

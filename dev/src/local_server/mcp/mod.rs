@@ -4,7 +4,7 @@
 //! the server knows (none: 400; unknown: 404, which tells a client its session expired). A
 //! notification is accepted with 202. `tools/list` lists [`declared`]'s tools, `tools/call`
 //! calls one ([`tools`]); `DELETE /mcp` ends a session. Each counted call (`initialize`,
-//! `tools/list`, each tool) goes through the fault rules like a REST call did
+//! `tools/list`, each tool) goes through the fault rules like a REST call does
 //! ([`crate::local_server::perform`]).
 
 mod answer;

@@ -1,5 +1,6 @@
-//! The previous release's REST wire types, exactly as its client sends and reads them (moved
-//! here from its `briq::api` when the operator moved to briq's MCP tools).
+//! The previous release's REST wire types, exactly as its client sends and reads them. This
+//! tree's operator speaks briq's MCP tools ([`briq_operator::briq::api`]); only this surface
+//! uses these.
 
 use std::collections::BTreeMap;
 

@@ -15,7 +15,7 @@
 //!   or answers `not_accepted`.
 //! - Anything else exits 127. A script that is not there exits 2, as Python would.
 //!
-//! Files are still kept on disk (an operator uploads the ~80 KB bridge per provisioning, and the
+//! Files are still kept on disk (an operator uploads the ~130 KB bridge per provisioning, and the
 //! self-install rename keeps one copy per sandbox), so file puts and gets work unchanged.
 
 mod command;
