@@ -119,8 +119,10 @@ pub struct ExecutionStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
-    /// Identifies the one attempt to run this Execution, recorded before the code is sent. An
-    /// attempt found without a result is never re-sent (the Execution becomes `Interrupted`).
+    /// Identifies the one attempt to run this Execution: derived from its uid, sent with the
+    /// code, and recorded with `Running` before or beside the send. The sandbox's journal runs
+    /// an attempt once; an attempt found without a result is asked of the journal, never sent
+    /// again (`Interrupted` when nobody can tell how it ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
 

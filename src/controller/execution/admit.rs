@@ -28,7 +28,7 @@ pub enum Refusal {
     /// Never: the Execution fails.
     Fail(Verdict),
     /// Not yet: the Execution waits, with this reason and message, until something it waits on
-    /// changes (see [`wake`]), or at the latest `recheck` from now.
+    /// changes (see [`wake`](crate::controller::wake)), or at the latest `recheck` from now.
     Wait {
         reason: ExecutionReason,
         message: String,

@@ -21,15 +21,19 @@
 //! | `TransportError` | conclude: briq refused for good; recover: the outcome stayed unknown | `judge` (conclude.rs), `outcome_stayed_unknown` (recover.rs) |
 //! | `Cancelled` | cancel: never sent, claimed by the journal, or interrupted in its kernel | `never_ran`, `Actor::cancel`, `Actor::cancellable` (cancel.rs), `judge` (conclude.rs) |
 //!
-//! Waiting reasons are written by `Actor::wait` (wait.rs), final ones by `Actor::conclude`
-//! (conclude.rs). Each reconcile observes (the caches first; only the head of a queue reads
-//! afresh; `Actor::observed`, step.rs), asks `decide` (step.rs) what comes next, and performs it.
-//! A finished Execution is deleted once its time to live is over (expire.rs).
+//! Waiting reasons are written by `Actor::wait` (wait.rs), final ones by `Actor::end`
+//! (conclude.rs), which applies an [`Ending`](conclude::Ending) decided by `ending`. Each
+//! reconcile observes (the caches first; the head of a queue reads afresh only while the cache
+//! cannot decide its turn, `turn_from_cache` in queue.rs; `Actor::observed`, step.rs), asks
+//! `decide` (step.rs) what comes next, and performs it. A finished Execution is deleted once its
+//! time to live is over (expire.rs).
 //!
 //! kube-runtime never reconciles one object twice at once, but reconciles different
 //! Executions concurrently; the per-executor lock and the turn check serialize them.
-//! "Running" is recorded with an attempt id *before* the code is sent, so an Execution found
-//! running without a result (the operator stopped mid-run) is never sent again.
+//! Every send carries an attempt id derived from the Execution, which the sandbox's journal runs
+//! once; `Running` is written before the exec or, with the code at hand, beside it. An Execution
+//! found running without a result (the operator stopped mid-run) is asked of the journal
+//! (recover.rs), never sent again.
 
 mod actor;
 mod admit;
