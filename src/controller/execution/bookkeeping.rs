@@ -350,6 +350,7 @@ impl Bookkeeping {
     /// Whether Execution `uid` of `namespace` may start, `max` at once allowed and `running`
     /// the uids the cache shows running there; `cache_shows(uid)`: the cache shows it running
     /// or finished (no longer only this process's to count). Allowed, it takes a place.
+    /// `cache_shows` may read this bookkeeping: it is asked with no lock held.
     pub fn take_place(
         &self,
         namespace: &str,
@@ -358,27 +359,31 @@ impl Bookkeeping {
         running: &HashSet<String>,
         cache_shows: impl Fn(&str) -> bool,
     ) -> bool {
+        let in_namespace = |entry: &OfExecution| entry.starting_in.as_deref() == Some(namespace);
+        let starting: Vec<String> = self
+            .kept()
+            .executions
+            .iter()
+            .filter(|(_, entry)| in_namespace(entry))
+            .map(|(started, _)| started.clone())
+            .collect();
+        let shown: Vec<&String> = starting
+            .iter()
+            .filter(|started| running.contains(*started) || cache_shows(started))
+            .collect();
         let mut kept = self.kept();
-        let mut starting = 0;
-        for (started, entry) in &mut kept.executions {
-            if entry.starting_in.as_deref() != Some(namespace) {
-                continue;
-            }
-            if cache_shows(started) || running.contains(started) {
+        for started in shown {
+            if let Some(entry) = kept.executions.get_mut(started) {
                 entry.starting_in = None;
-            } else if started != uid {
-                starting += 1;
             }
         }
         kept.executions.retain(|_, e| e.held() > 0);
-        let holds = kept
-            .executions
-            .get(uid)
-            .is_some_and(|e| e.starting_in.as_deref() == Some(namespace));
+        let holds = kept.executions.get(uid).is_some_and(in_namespace);
         if running.contains(uid) || holds {
             return true;
         }
-        if running.len() + starting >= max {
+        let others = kept.executions.values().filter(|e| in_namespace(e)).count();
+        if running.len() + others >= max {
             return false;
         }
         kept.execution(uid).starting_in = Some(namespace.to_owned());

@@ -258,6 +258,29 @@ fn a_start_the_cache_shows_counts_once_and_an_end_frees_its_place() {
     assert!(kept.take_place("team", "b", 1, &none, |uid| uid == "a"));
 }
 
+/// The execution controller asks whether the cache shows a start through the bookkeeping
+/// itself (`Context::is_finished`): the place is decided without a lock held while it asks.
+#[test]
+fn a_place_is_decided_while_the_cache_check_reads_the_bookkeeping() {
+    let kept = Arc::new(Bookkeeping::default());
+    let (decided, decision) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let kept = kept.clone();
+        move || {
+            let none = uids(&[]);
+            let finished = |uid: &str| kept.is_finished(uid, false);
+            assert!(kept.take_place("team", "a", 2, &none, finished));
+            // `a` is starting: deciding `b` asks whether `a` finished.
+            let allowed = kept.take_place("team", "b", 2, &none, finished);
+            decided.send(allowed).expect("the test waits");
+        }
+    });
+    let allowed = decision
+        .recv_timeout(Duration::from_secs(10))
+        .expect("decided, not deadlocked on the bookkeeping's lock");
+    assert!(allowed, "two places, two starts");
+}
+
 #[test]
 fn those_waiting_in_a_namespace_look_again_when_one_there_ends() {
     let kept = Bookkeeping::default();
