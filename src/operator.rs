@@ -131,7 +131,7 @@ impl Args {
             orphan_grace: Duration::from_secs(self.orphan_grace_seconds),
             executor_wait: Duration::from_secs(self.executor_wait_seconds),
             outage_patience: Duration::from_secs(self.outage_patience_seconds),
-            create_claim_expiry: Duration::from_secs(self.briq_timeout_seconds.saturating_mul(2)),
+            pending_create_expiry: Duration::from_secs(self.briq_timeout_seconds.saturating_mul(2)),
             executor_concurrency: self.max_concurrent_executors,
             execution_concurrency: self.max_concurrent_executions,
             ..Settings::default()

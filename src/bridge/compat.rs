@@ -290,7 +290,7 @@ fn every_envelope_the_previous_bridge_prints_parses_to_what_it_meant() {
 /// `set-env` is new: a member made by the previous release cannot take a claimer's environment
 /// at the handover. Its bridge must refuse the command outright (no envelope, which this
 /// operator reads as malformed) so that the claimer is provisioned instead, which installs this
-/// release's bridge first (record_claim.rs), and never be read as some other command.
+/// release's bridge first (claim/record.rs), and never be read as some other command.
 #[test]
 fn a_claimers_environment_sent_to_the_previous_bridge_is_refused_not_misread() {
     // What the run client hands the sandbox's own bridge when no runner takes the request: the

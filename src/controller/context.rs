@@ -92,9 +92,9 @@ pub struct Settings {
     /// outcome is called unknown and the executor unusable.
     pub outage_patience: Duration,
     /// The longest a request to create a sandbox can take (twice the briq client's request
-    /// timeout): another operator's claim to create younger than this may still have its create
+    /// timeout): another operator's pending-create mark younger than this may still have its create
     /// in flight, so nobody creates in its place before.
-    pub create_claim_expiry: Duration,
+    pub pending_create_expiry: Duration,
     /// Work slots of the executor and execution controllers: how many reconciles do work at
     /// once, shared fairly across namespaces (`fair.rs`). Each reconcile at work may hold a
     /// connection to the API server: unbounded, 1,000 executors left 340 of them open. A
@@ -120,7 +120,7 @@ impl Default for Settings {
             orphan_grace: Duration::from_secs(600),
             executor_wait: Duration::from_secs(600),
             outage_patience: Duration::from_secs(600),
-            create_claim_expiry: Duration::from_secs(60),
+            pending_create_expiry: Duration::from_secs(60),
             executor_concurrency: 32,
             execution_concurrency: 256,
             count_write_interval: Duration::from_secs(30),

@@ -20,7 +20,7 @@
 //! | Execution, an attempt another process may still report | — | until the attempt's deadline and [`ATTEMPT_GRACE`](super::recheck::ATTEMPT_GRACE) |
 //! | Execution whose outcome briq left unknown (`WaitingForBriq`) | — | [`briq_recheck`](super::recheck::briq_recheck): 1 s at first, up to 15 s, never before `Retry-After`, until the outage patience runs out |
 //! | Execution or executor, its key Secret | — (Secrets are not watched: the operator reads them one by one) | [`key_recheck`](super::recheck::key_recheck): 1 s at first, up to 30 s |
-//! | executor, another operator's claim to create its sandbox | the sandbox id recorded (its own watch) | until the claim is `create_claim_expiry` old |
+//! | executor, another operator's pending create of its sandbox | the sandbox id recorded (its own watch) | until the mark is `pending_create_expiry` old |
 //! | executor, its class created or changed to allow it (`ClassNotFound`, `ClassRefused`) | any change of a class ([`class_events`]) | [`CLASS_RECHECK`](super::recheck::CLASS_RECHECK) |
 //! | executor, a place under its class's `maxExecutors` (`WaitingForCapacity`) | any change of an executor of its namespace ([`ExecutorTriggers`]), of a class | [`CLASS_RECHECK`](super::recheck::CLASS_RECHECK) |
 //! | Execution, a place under its class's `maxRunningExecutions` (`WaitingForCapacity`) | an Execution of its namespace ending or deleted (`Context::finish`, `deleted`) | [`SAFETY_NET`](super::recheck::SAFETY_NET) |

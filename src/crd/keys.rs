@@ -15,7 +15,7 @@ pub const KEY_IN_USE_FINALIZER: &str = "briq.cloud/api-key-in-use";
 pub const CREATE_PENDING_ANNOTATION: &str = "briq.cloud/sandbox-create-pending";
 /// The sandbox id, kept in metadata too so that it survives a lost or rewritten status.
 pub const SANDBOX_ID_ANNOTATION: &str = "briq.cloud/sandbox-id";
-/// On an executor, written by the operator with its claim to create a sandbox: the class it
+/// On an executor, written by the operator with its pending-create mark: the class it
 /// was made under. An executor naming no class keeps the default class it got, even when
 /// another class becomes the default later (its sandbox was made with that class's key).
 pub const CLASS_ANNOTATION: &str = "briq.cloud/class";

@@ -244,9 +244,9 @@ pub fn settings(env: &TestEnv, server: &LocalServer) -> Settings {
     Settings {
         backoff_base: Duration::from_millis(200),
         backoff_max: Duration::from_secs(5),
-        // The local server answers a create within a second, so a claim to create this old has
+        // The local server answers a create within a second, so a pending-create mark this old has
         // no create in flight any more: a restarted operator looks behind it soon.
-        create_claim_expiry: Duration::from_secs(5),
+        pending_create_expiry: Duration::from_secs(5),
         ..stack::settings(Some(&env.namespace), server)
     }
 }

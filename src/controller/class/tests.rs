@@ -350,7 +350,7 @@ fn what_the_annotations_record_of_the_class() {
     let cases = [
         ("nothing made", of(&[]), Recorded::NotYet),
         (
-            "a create claimed under a class",
+            "a create marked pending under a class",
             of(&[
                 (CREATE_PENDING_ANNOTATION, "t op"),
                 (CLASS_ANNOTATION, "std"),
@@ -363,7 +363,7 @@ fn what_the_annotations_record_of_the_class() {
             Recorded::Unclassed,
         ),
         (
-            "a create claimed before classes",
+            "a create marked pending before classes",
             of(&[(CREATE_PENDING_ANNOTATION, "t")]),
             Recorded::Unclassed,
         ),

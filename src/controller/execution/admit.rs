@@ -106,7 +106,7 @@ pub fn admit(observed: &Observed) -> Result<(), Refusal> {
         });
     }
     // A claimer is Ready with the record of its claim, and gets its finalizer in the write
-    // after (executor/record_claim.rs): code runs only where deleting the executor waits for it.
+    // after (executor/claim/record.rs): code runs only where deleting the executor waits for it.
     if !executor.holds_finalizer() {
         let message = format!(
             "BriqExecutor {name} is not ready: it does not hold its finalizer yet, which makes \

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kube::{Api, ResourceExt, runtime::reflector::Store};
 
-use super::handover::Handovers;
+use super::claim::handover::Handovers;
 use crate::{
     controller::{
         backoff::Backoff,

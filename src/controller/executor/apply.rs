@@ -19,8 +19,10 @@ use crate::{
 };
 
 impl<S: SandboxApi> Actor<'_, S> {
-    pub(super) async fn apply(&self, cached: &BriqExecutor) -> Result<Action> {
-        let mut step = decide(&status_of(cached), cached.annotations(), self.asked(cached));
+    /// Performs `step`, decided on `cached`; a step that cannot be taken back is decided again on
+    /// a fresh read. The steps that reach briq are boxed: inline, each would sit in this future,
+    /// and a debug build's poll frames copy them (test threads have 2 MiB of stack).
+    pub(super) async fn apply(&self, cached: &BriqExecutor, mut step: Step) -> Result<Action> {
         let fresh;
         let executor = if step.needs_fresh_read() {
             fresh = self.api.get(&cached.name_any()).await?;
@@ -62,8 +64,10 @@ impl<S: SandboxApi> Actor<'_, S> {
                 let Some(key) = self.credentials(executor).await? else {
                     return Ok(key_recheck(executor));
                 };
-                let (created, create) =
-                    traces::noted(self.create_sandbox(executor, &key, pending, class)).await;
+                let (created, create) = traces::noted(Box::pin(
+                    self.create_sandbox(executor, &key, pending, class),
+                ))
+                .await;
                 let id = match created? {
                     Created::Sandbox(id) => id,
                     Created::Not(recheck) => return Ok(Action::requeue(recheck)),
@@ -75,7 +79,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     suspension: None,
                     claimed_member: None,
                 };
-                self.provision(executor, &key, sandbox, Some(create)).await
+                Box::pin(self.provision(executor, &key, sandbox, Some(create))).await
             }
             Step::Provision { sandbox } => {
                 let Some(key) = self.credentials(executor).await? else {
@@ -100,9 +104,9 @@ impl<S: SandboxApi> Actor<'_, S> {
                     suspension: current.suspension,
                     claimed_member: current.claimed_member,
                 };
-                self.provision(executor, &key, fields, None).await
+                Box::pin(self.provision(executor, &key, fields, None)).await
             }
-            Step::Claim => self.claim_step(executor).await,
+            Step::Claim => Box::pin(self.claim_step(executor)).await,
             Step::HandedOver { claimer } => {
                 let to = executor
                     .owner_references()
@@ -117,8 +121,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     .await?;
                 Ok(Action::await_change())
             }
-            Step::Suspend { sandbox } => self.suspend(executor, &sandbox).await,
-            Step::Resume { sandbox } => self.resume(executor, &sandbox).await,
+            Step::Suspend { sandbox } => Box::pin(self.suspend(executor, &sandbox)).await,
+            Step::Resume { sandbox } => Box::pin(self.resume(executor, &sandbox)).await,
             // Its own changes and its Executions' creation (wake.rs) wake it.
             Step::StaySuspended => Ok(Action::await_change()),
             Step::Probe { sandbox } => {
@@ -136,7 +140,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     id: Some(sandbox.clone()),
                     ..sandbox_fields(executor)
                 };
-                self.probe(executor, &key, &sandbox, fields, recheck).await
+                Box::pin(self.probe(executor, &key, &sandbox, fields, recheck)).await
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Creating the executor's one sandbox: under a claim to create it (create_claim.rs), so that of
+//! Creating the executor's one sandbox: under a pending create (pending_create.rs), so that of
 //! several operators only one creates; adopting the sandbox an uncertain create left
 //! ([`adoption`]); recording it, so that a second one is destroyed at once.
 
@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::{
     actor::Actor,
     class_status::Interface,
-    create_claim::{self, PendingCreate},
+    pending_create::{self, PendingCreate},
     status::{sandbox_fields, state, status_of},
     step::recorded_sandbox,
 };
@@ -59,7 +59,7 @@ pub(super) enum Created {
 
 impl<S: SandboxApi> Actor<'_, S> {
     /// Creates the executor's one sandbox, or adopts the one an uncertain create left; or says
-    /// when to look again (another operator claimed the create, or briq refused for good, which
+    /// when to look again (another operator marked the create pending, or briq refused for good, which
     /// is reported in the status).
     pub(super) async fn create_sandbox(
         &self,
@@ -73,21 +73,21 @@ impl<S: SandboxApi> Actor<'_, S> {
             &executor.name_any(),
             &executor.uid().unwrap_or_default(),
         );
-        let claim = executor
+        let mark = executor
             .annotations()
             .get(CREATE_PENDING_ANNOTATION)
             .map(String::as_str)
             .filter(|_| pending);
-        if let Some(claim) = claim {
-            let expiry = self.shared.settings.create_claim_expiry;
+        if let Some(mark) = mark {
+            let expiry = self.shared.settings.pending_create_expiry;
             let now = Timestamp::now();
             if let PendingCreate::Wait(left) =
-                create_claim::pending_create(claim, &self.shared.holder, now, expiry)
+                pending_create::pending_create(mark, &self.shared.holder, now, expiry)
             {
                 info!(
-                    claim,
+                    mark,
                     ?left,
-                    "another operator claimed the sandbox's create"
+                    "another operator marked the sandbox's create pending"
                 );
                 return Ok(Created::Not(left));
             }
@@ -119,16 +119,16 @@ impl<S: SandboxApi> Actor<'_, S> {
                 .await;
                 return Ok(Created::Sandbox(keep));
             }
-            // Nothing by that name, and no create of that claim is in flight: it never took
+            // Nothing by that name, and no create under that mark is in flight: it never took
             // effect. Claimed anew below, so that only one operator creates now.
         }
-        // The claim to create is conditional on the version the decision was made on: of two
-        // operators that decided at once, one claims and the other decides again.
-        let claim = create_claim::claim_value(Timestamp::now(), &self.shared.holder);
-        // With the claim, the class: the sandbox is made with its key, whatever becomes the
+        // The pending-create mark is conditional on the version the decision was made on: of two
+        // operators that decided at once, one marks and the other decides again.
+        let mark = pending_create::mark_value(Timestamp::now(), &self.shared.holder);
+        // With the mark, the class: the sandbox is made with its key, whatever becomes the
         // default later (none: a class a copied manifest brought goes).
         let annotations = json!({
-            CREATE_PENDING_ANNOTATION: claim,
+            CREATE_PENDING_ANNOTATION: mark,
             CLASS_ANNOTATION: class.as_ref().map(|c| c.name_any()),
         });
         if !self.annotate_at(executor, annotations).await? {

@@ -19,14 +19,14 @@
 //! | `WaitingForCapacity` | admit: its class's `maxExecutors` | `Actor::admit`, `Actor::at_capacity` (admit.rs) |
 //! | `Provisioning` | create, provision | `Actor::create_sandbox` (create.rs), `Actor::provision` (provision.rs), `Actor::report_provisioning`, `Actor::forget_sandbox` (status.rs) |
 //! | `BriqRefused`, `BriqInterfaceMismatch` | create | `Actor::create_sandbox` (create.rs) |
-//! | `KernelReady` | provision, probe, claim | `Actor::provision` (provision.rs), `Actor::probe`, `Actor::disown` (probe.rs), `Actor::record_claim` (record_claim.rs) |
+//! | `KernelReady` | provision, probe, claim | `Actor::provision` (provision.rs), `Actor::probe`, `Actor::disown` (probe.rs), `Actor::record_claim` (claim/record.rs) |
 //! | `SetupFailed` | provision, then conclude | `Actor::provision` (provision.rs); the sandbox given back by `Actor::give_back` (cleanup.rs) |
 //! | `SandboxNotOwned` | verify (provision, probe) | `Actor::disown` (probe.rs) |
 //! | `Unusable` | probe, then report unusable | `Actor::probe`, `Actor::disown` (probe.rs); `Step::ReportUnusable` in `Actor::apply` (apply.rs) |
 //! | `BriqUnreachable` (on `BriqReachable`) | probe | `briq_unreachable` in `Actor::probe` (probe.rs) |
-//! | `EnvUnavailable` | claim: its `poolRef.env` | `Actor::claim_env` (claim_env.rs) |
-//! | `WaitingForPool` | claim | `Actor::claim` (claim.rs) |
-//! | `PoolMismatch` | claim, then conclude | `Actor::claim` (claim.rs) |
+//! | `EnvUnavailable` | claim: its `poolRef.env` | `Actor::claim_env` (claim/env.rs) |
+//! | `WaitingForPool` | claim | `Actor::claim` (claim/take.rs) |
+//! | `PoolMismatch` | claim, then conclude | `Actor::claim` (claim/take.rs) |
 //! | `Claimed` | handed over (a pool member) | `Step::HandedOver` in `Actor::apply` (apply.rs) |
 //! | `IdleTimeout` | idle, then conclude | `Actor::expire` (idle.rs); the sandbox given back by `Actor::give_back` (cleanup.rs) |
 //! | `Suspending`, `Suspended` (also on the `Suspended` condition, with `SuspendFailed`) | suspend | `Actor::suspend`, `Actor::save_failed` (suspend.rs) |
@@ -38,19 +38,16 @@ mod actor;
 mod admit;
 mod apply;
 mod claim;
-mod claim_env;
 mod class_status;
 mod cleanup;
 mod create;
-mod create_claim;
 mod drain;
 #[cfg(test)]
 mod fixtures;
-mod handover;
 mod idle;
+mod pending_create;
 mod probe;
 mod provision;
-mod record_claim;
 mod status;
 mod step;
 mod suspend;
@@ -68,7 +65,11 @@ use kube::{
 use tracing::instrument;
 
 pub use self::actor::Context;
-use self::{actor::Actor, handover::AfterClaim, status::status_of, step::Step};
+use self::{
+    actor::Actor,
+    claim::marks::{First, first},
+    status::status_of,
+};
 use super::{
     context::{Error, Result},
     fair::{Held, Priority},
@@ -90,27 +91,19 @@ pub async fn reconcile<S: SandboxApi>(
         &executor.namespace().unwrap_or_default(),
     );
     let namespace = executor.namespace().unwrap_or_default();
-    let claims = executor.spec.pool_ref.is_some();
-    let asked = ctx.asked(&executor);
-    let step = step::decide(&status_of(&executor), executor.annotations(), asked);
-    let unsettled = record_claim::unsettled_member(&executor).map(str::to_owned);
-    let mut settle_first = None;
-    if claims {
-        let uid = executor.uid().unwrap_or_default();
-        let since = ctx.handovers.reported_since(&uid);
-        let probe_interval = ctx.shared.settings.probe_interval;
-        let (after, settled) =
-            handover::after_claim(since, &step, unsettled.is_some(), probe_interval);
-        if settled {
-            ctx.handovers.settled(&uid);
-        }
-        match after {
-            AfterClaim::Recheck(recheck) if executor.metadata.deletion_timestamp.is_none() => {
-                return Ok(Action::requeue(recheck));
-            }
-            AfterClaim::Settle => settle_first = unsettled,
-            AfterClaim::Recheck(_) | AfterClaim::Go => {}
-        }
+    let step = step::decide(
+        &status_of(&executor),
+        executor.annotations(),
+        ctx.asked(&executor),
+    );
+    let uid = executor.uid().unwrap_or_default();
+    let since = ctx.handovers.reported_since(&uid);
+    let (first, handover_over) = first(&executor, &step, since, ctx.shared.settings.probe_interval);
+    if handover_over {
+        ctx.handovers.settled(&uid);
+    }
+    if let First::Recheck(recheck) = first {
+        return Ok(Action::requeue(recheck));
     }
     let actor = Actor {
         shared: &ctx.shared,
@@ -121,19 +114,16 @@ pub async fn reconcile<S: SandboxApi>(
         handovers: &ctx.handovers,
         slot: Held::take(&ctx.work, &namespace, priority(&executor)).await,
     };
-    // A claimer holds nothing of its own until it takes a member (whose own finalizer guards
-    // the member's sandbox), so its finalizer comes after the record of the claim and its Ready:
-    // two writes to a claim's Ready (see `record_claim`).
-    if matches!(step, Step::Claim)
-        && executor.metadata.deletion_timestamp.is_none()
-        && !executor.holds_finalizer()
-    {
-        let claimed = actor.claim_step(&executor).await;
-        return reconciled(&ctx.backoff, &object, claimed);
-    }
-    if let Some(member) = settle_first {
-        let settled = actor.settle_recorded(&executor, member).await;
-        return reconciled(&ctx.backoff, &object, settled);
+    match first {
+        First::Claim => {
+            let claimed = actor.claim_step(&executor).await;
+            return reconciled(&ctx.backoff, &object, claimed);
+        }
+        First::Settle(member) => {
+            let settled = actor.settle_recorded(&executor, member).await;
+            return reconciled(&ctx.backoff, &object, settled);
+        }
+        First::Recheck(_) | First::Step => {}
     }
     // The finalizer helper removes the finalizer once a cleanup returns, so the wait for the
     // executor's Executions comes before it.
@@ -145,8 +135,10 @@ pub async fn reconcile<S: SandboxApi>(
     }
     let result = finalizer(&api, FINALIZER, executor, |event| async {
         match event {
-            FinalizerEvent::Apply(executor) => actor.apply(&executor).await,
-            FinalizerEvent::Cleanup(executor) => actor.cleanup(&executor).await,
+            // Boxed: inline, the step would sit in every reconcile's future, and a debug
+            // build's poll frames copy it.
+            FinalizerEvent::Apply(executor) => Box::pin(actor.apply(&executor, step)).await,
+            FinalizerEvent::Cleanup(executor) => Box::pin(actor.cleanup(&executor)).await,
         }
     })
     .await;

@@ -70,7 +70,7 @@ fn ready_note(sandbox: &str, provisioned: Provisioned) -> String {
 
 impl<S: SandboxApi> Actor<'_, S> {
     /// Installs the bridge and its dependencies, starts the kernel and gives it a claimer's
-    /// environment (claim_env.rs); a failed setup destroys the sandbox.
+    /// environment (claim/env.rs); a failed setup destroys the sandbox.
     pub(super) async fn provision(
         &self,
         executor: &BriqExecutor,

@@ -51,12 +51,12 @@ async fn a_new_executor_gets_its_finalizer_then_one_sandbox_provisioned_and_repo
                 .expect(Method::GET, EXECUTOR_PATH)
                 .await
                 .reply(to_json(&finalized));
-            // The claim to create, conditional on the version read.
+            // The pending-create mark, conditional on the version read.
             let mut claimed = with_finalizer(finalized.clone(), "3");
             let claim = server.expect(Method::PATCH, EXECUTOR_PATH).await;
             let pending = claim.seen.body["metadata"]["annotations"][CREATE_PENDING_ANNOTATION]
                 .as_str()
-                .expect("a claim to create")
+                .expect("a pending-create mark")
                 .to_owned();
             claimed.metadata.annotations =
                 Some([(CREATE_PENDING_ANNOTATION.to_owned(), pending.clone())].into());

@@ -22,7 +22,7 @@ use std::{
 
 use crate::controller::recheck::CACHE_LAG;
 
-use super::step::Step;
+use crate::controller::executor::step::Step;
 use crate::crd::BriqExecutor;
 
 /// Where a claimer's handover stands in this process.
@@ -58,7 +58,7 @@ pub enum AfterClaim {
     /// answered when the claim was reported, is not due for a probe yet.
     Recheck(Duration),
     /// Its status records its claim, and the finalizer and annotations that settle it are
-    /// missing: write them before anything else (record_claim.rs).
+    /// missing: write them before anything else (record.rs).
     Settle,
 }
 

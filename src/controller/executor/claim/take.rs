@@ -1,17 +1,18 @@
 //! Claiming: a claimer (an executor with a `poolRef`) takes a Ready member of its pool and the
 //! member's sandbox and kernel with it, else waits, else falls back to a sandbox of its own
 //! ([`claim_plan`]). Taking a member is the first half of a handover; the claimer's record of
-//! it is the second (record_claim.rs), and this process's handovers in between are remembered
+//! it is the second (record.rs), and this process's handovers in between are remembered
 //! in handover.rs.
 
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 use serde_json::json;
 
-use super::{
+use super::marks::{taken_by, taking};
+use crate::controller::executor::{
     actor::Actor,
     admit::key_recheck,
     status::{state, status_of},
@@ -23,8 +24,8 @@ use crate::{
         context::Result, index, recheck::CLAIM_RECHECK, recheck::CONFLICT_RECHECK, requeue::waited,
     },
     crd::{
-        BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_ANNOTATION, CLAIMED_BY_LABEL,
-        POOL_FALLBACK_ANNOTATION, POOL_LABEL, PoolRef, conditions, reasons::ExecutorReason,
+        BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_LABEL,
+        POOL_FALLBACK_ANNOTATION, PoolRef, conditions, reasons::ExecutorReason,
     },
     metrics::ClaimOutcome,
 };
@@ -194,14 +195,14 @@ fn take_order<T: Clone>(members: &[T], claimer_uid: &str) -> Vec<T> {
 
 impl<S: SandboxApi> Actor<'_, S> {
     /// A claimer without a sandbox, once its class admits it: [`Actor::claim`].
-    pub(super) async fn claim_step(&self, executor: &BriqExecutor) -> Result<Action> {
+    pub(crate) async fn claim_step(&self, executor: &BriqExecutor) -> Result<Action> {
         if let Err(wait) = self.admit(executor, false).await? {
             return Ok(wait);
         }
         self.claim(executor).await
     }
 
-    /// The claimer's environment (claim_env.rs), or, while it cannot have all of it (reported
+    /// The claimer's environment (env.rs), or, while it cannot have all of it (reported
     /// as `EnvUnavailable`), when to look again: it takes no member and makes no sandbox.
     async fn env_or_recheck(&self, executor: &BriqExecutor) -> Result<Result<ClaimEnv, Action>> {
         Ok(self
@@ -227,10 +228,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             .clone()
             .expect("a claimer has a poolRef");
         let uid = executor.uid().unwrap_or_default();
-        let handed_to_it = |member: &BriqExecutor| {
-            member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
-                && member.metadata.deletion_timestamp.is_none()
-        };
+        let handed_to_it = |member: &BriqExecutor| taken_by(member, &uid);
         // A handover this process began, or one a crash interrupted: a restarted operator's
         // cache shows it (the executors' first list is a consistent read).
         let resumed = self.handovers.taken(&uid).or_else(|| {
@@ -371,19 +369,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         executor: &BriqExecutor,
         member: &BriqExecutor,
     ) -> Result<Option<BriqExecutor>> {
-        let uid = executor.uid().unwrap_or_default();
-        let owner = executor.controller_owner_ref(&()).map(|mut owner| {
-            owner.block_owner_deletion = Some(true);
-            owner
-        });
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": member.resource_version(),
-                "annotations": { CLAIMED_BY_ANNOTATION: uid },
-                "labels": { POOL_LABEL: null, CLAIMED_BY_LABEL: uid },
-                "ownerReferences": [owner],
-            }
-        });
+        let patch = taking(executor, member);
         match self
             .api
             .patch(

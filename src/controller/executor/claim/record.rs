@@ -13,10 +13,10 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams},
     runtime::controller::Action,
 };
-use serde_json::json;
 use tracing::{info, warn};
 
-use super::{
+use super::marks::{Claim, settled};
+use crate::controller::executor::{
     actor::Actor,
     status::{SandboxFields, handover_text, kernel_ready, state, status_of},
     step::recorded_sandbox,
@@ -30,10 +30,7 @@ use crate::{
         recheck::{CONFLICT_RECHECK, ENV_RETRY},
         status::{Retried, is_conflict, landed, retry_on_conflict},
     },
-    crd::{
-        BriqExecutor, CLAIMED_MEMBER_ANNOTATION, CLASS_ANNOTATION, FINALIZER,
-        SANDBOX_ID_ANNOTATION, conditions, reasons::ExecutorReason,
-    },
+    crd::{BriqExecutor, CLASS_ANNOTATION, conditions, reasons::ExecutorReason},
     metrics::ClaimOutcome,
 };
 
@@ -59,48 +56,6 @@ fn record_step(holds: Option<&str>, taken: &str, deleting: bool) -> RecordStep {
     }
 }
 
-/// Whether `claimer` holds its finalizer and the record of `member` in its annotations.
-fn settled(claimer: &BriqExecutor, member: &str) -> bool {
-    claimer.holds_finalizer()
-        && claimer
-            .annotations()
-            .get(CLAIMED_MEMBER_ANNOTATION)
-            .is_some_and(|annotated| annotated == member)
-}
-
-/// The member a live claimer records in its status without its finalizer and the record's
-/// annotations yet: the write after its Ready did not land (a crash, an error) or is not in the
-/// cache yet.
-pub(super) fn unsettled_member(claimer: &BriqExecutor) -> Option<&str> {
-    if claimer.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let member = claimer.status.as_ref()?.claimed_member.as_deref()?;
-    (!settled(claimer, member)).then_some(member)
-}
-
-/// A claim as the claimer records it: the member, its sandbox, and the class the sandbox was
-/// made under (whose key is the claimer's from now on).
-struct Record {
-    member: String,
-    sandbox: String,
-    class: Option<String>,
-}
-
-impl Record {
-    /// `claimer` as it reads once settled, for what depends on the record before that (its key).
-    fn applied_to(&self, claimer: &BriqExecutor) -> BriqExecutor {
-        let mut claimer = claimer.clone();
-        let annotations = claimer.annotations_mut();
-        annotations.insert(CLAIMED_MEMBER_ANNOTATION.into(), self.member.clone());
-        annotations.insert(SANDBOX_ID_ANNOTATION.into(), self.sandbox.clone());
-        if let Some(class) = &self.class {
-            annotations.insert(CLASS_ANNOTATION.into(), class.clone());
-        }
-        claimer
-    }
-}
-
 impl<S: SandboxApi> Actor<'_, S> {
     /// The second half of a handover: the claimer records the member and its sandbox in its
     /// status, with its Ready, in one write conditional on the version it was decided on (the
@@ -112,7 +67,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// A claimer that changed meanwhile is read afresh: recorded already (an earlier attempt),
     /// it only settles; holding another member (a second operator's claim), the member taken
     /// here is one too many and is deleted, sandbox and all, by its own finalizer.
-    pub(super) async fn record_claim(
+    pub(crate) async fn record_claim(
         &self,
         executor: &BriqExecutor,
         pool: &str,
@@ -127,7 +82,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             )));
         };
         let uid = executor.uid().unwrap_or_default();
-        let record = Record {
+        let record = Claim {
             member: member.name_any(),
             sandbox: id.clone(),
             class: member.annotations().get(CLASS_ANNOTATION).cloned(),
@@ -220,7 +175,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// A claimer whose status records its claim but which does not hold its finalizer and the
     /// record's annotations ([`unsettled_member`]): settles it, with the class of the member it
     /// records (a member gone took its sandbox with it: the claimer's probe finds that).
-    pub(super) async fn settle_recorded(
+    pub(crate) async fn settle_recorded(
         &self,
         claimer: &BriqExecutor,
         member: String,
@@ -231,7 +186,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let class = claimed_member(claimer, self.executors, &self.shared.client)
             .await?
             .and_then(|m| m.annotations().get(CLASS_ANNOTATION).cloned());
-        let record = Record {
+        let record = Claim {
             member,
             sandbox,
             class,
@@ -245,7 +200,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// Gives a recorded claimer its finalizer and the record's annotations, in one write
     /// conditional on its version: whether it holds them now (`false`: it is being deleted,
     /// and the member it owns goes with it, or it kept changing).
-    async fn settle_claim(&self, claimer: &BriqExecutor, record: &Record) -> Result<bool> {
+    async fn settle_claim(&self, claimer: &BriqExecutor, record: &Claim) -> Result<bool> {
         let settled = retry_on_conflict(self.api, claimer.clone(), |claimer| async move {
             if claimer.metadata.deletion_timestamp.is_some() {
                 return Ok(Some(false));
@@ -253,19 +208,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             if settled(&claimer, &record.member) {
                 return Ok(Some(true));
             }
-            let mut finalizers = claimer.finalizers().to_vec();
-            if !claimer.holds_finalizer() {
-                finalizers.push(FINALIZER.to_owned());
-            }
-            let patch = json!({ "metadata": {
-                "resourceVersion": claimer.resource_version(),
-                "finalizers": finalizers,
-                "annotations": {
-                    CLAIMED_MEMBER_ANNOTATION: record.member,
-                    SANDBOX_ID_ANNOTATION: record.sandbox,
-                    CLASS_ANNOTATION: record.class,
-                },
-            } });
+            let patch = record.settling(&claimer);
             let patched = self
                 .api
                 .patch(
@@ -370,74 +313,6 @@ mod tests {
         ];
         for (name, holds, taken, deleting, expected) in cases {
             assert_eq!(record_step(holds, taken, deleting), expected, "{name}");
-        }
-    }
-
-    fn claimer(metadata: serde_json::Value, status: serde_json::Value) -> BriqExecutor {
-        let mut metadata = metadata;
-        metadata["name"] = json!("agent");
-        serde_json::from_value(json!({
-            "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
-            "metadata": metadata, "spec": { "poolRef": { "name": "fast" } }, "status": status,
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_claimer_recorded_in_its_status_is_settled_until_it_holds_its_finalizer_and_the_record() {
-        let recorded = json!({ "sandboxId": "bq_1", "claimedMember": "m1" });
-        let annotated = |member: &str| json!({ CLAIMED_MEMBER_ANNOTATION: member });
-        let cases = [
-            (
-                "the Ready's write landed, the one after it did not",
-                json!({}),
-                recorded.clone(),
-                Some("m1"),
-            ),
-            (
-                "its finalizer without the record's annotations",
-                json!({ "finalizers": [FINALIZER] }),
-                recorded.clone(),
-                Some("m1"),
-            ),
-            (
-                "the record's annotations without its finalizer",
-                json!({ "annotations": annotated("m1") }),
-                recorded.clone(),
-                Some("m1"),
-            ),
-            (
-                "annotations naming another member: the status's record wins",
-                json!({ "finalizers": [FINALIZER], "annotations": annotated("m0") }),
-                recorded.clone(),
-                Some("m1"),
-            ),
-            (
-                "settled",
-                json!({ "finalizers": [FINALIZER], "annotations": annotated("m1") }),
-                recorded.clone(),
-                None,
-            ),
-            (
-                "being deleted: no finalizer can be added, its member goes with it",
-                json!({ "deletionTimestamp": "2026-12-07T00:00:00Z" }),
-                recorded.clone(),
-                None,
-            ),
-            (
-                "recorded by the previous release, in its annotations only",
-                json!({ "finalizers": [FINALIZER], "annotations": annotated("m1") }),
-                json!({ "sandboxId": "bq_1" }),
-                None,
-            ),
-            ("no claim recorded", json!({}), json!({}), None),
-        ];
-        for (name, metadata, status, expected) in cases {
-            assert_eq!(
-                unsettled_member(&claimer(metadata, status)),
-                expected,
-                "{name}"
-            );
         }
     }
 }

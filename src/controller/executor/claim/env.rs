@@ -1,7 +1,7 @@
 //! A claimer's environment (`poolRef.env`): its values, some from labelled Secrets of its
 //! namespace, resolved before it takes or makes a sandbox ([`resolve`] decides what they are,
 //! [`Actor::claim_env`] reads the Secrets and says in the status why it waits). The handover
-//! delivers them (record_claim.rs), and so does provisioning for a sandbox of its own
+//! delivers them (record.rs), and so does provisioning for a sandbox of its own
 //! (provision.rs). No value is ever written to an object, an Event or a log: messages name
 //! Secrets, keys and variables only.
 
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 
-use super::{
+use crate::controller::executor::{
     actor::Actor,
     status::{sandbox_fields, state},
 };
@@ -110,7 +110,7 @@ pub fn resolve(
 impl<S: SandboxApi> Actor<'_, S> {
     /// The executor's claim environment (empty without `poolRef.env`, read from nothing); `None`
     /// (reported in the status, reason `EnvUnavailable`) while it cannot have all of it.
-    pub(super) async fn claim_env(&self, executor: &BriqExecutor) -> Result<Option<ClaimEnv>> {
+    pub(crate) async fn claim_env(&self, executor: &BriqExecutor) -> Result<Option<ClaimEnv>> {
         let entries = executor
             .spec
             .pool_ref
