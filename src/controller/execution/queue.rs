@@ -245,7 +245,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .await?;
             return Ok(Action::requeue(recheck::recheck(Wait::Capacity)));
         }
-        self.run(executor, version).await
+        Box::pin(self.run(executor, version)).await
     }
 
     pub(super) async fn queued(&self, recheck: Duration) -> Result<Action> {

@@ -135,7 +135,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     /// code back. `version` is the Execution's resourceVersion this run was decided on:
     /// `Running` is recorded only at that version. The end is [`Actor::finish_run`]'s.
     pub(super) async fn run(&self, executor: &BriqExecutor, version: &str) -> Result<Action> {
-        let (key, sandbox_id) = match self.sandbox(executor, &self.status()).await? {
+        // The awaits that reach briq are boxed: a debug build's poll frame holds every inline
+        // one at once (test threads have 2 MiB of stack).
+        let (key, sandbox_id) = match Box::pin(self.sandbox(executor, &self.status())).await? {
             Access::Granted(key, sandbox_id) => (key, sandbox_id),
             Access::Denied(action) => return Ok(action),
         };
@@ -162,12 +164,11 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     &session,
                     &attempt,
                 );
-                self.slot
-                    .without(self.record_beside(exec, &running, version, after))
-                    .await
+                let exec = Box::pin(self.record_beside(exec, &running, version, after));
+                self.slot.without(exec).await
             }
             Recording::First => {
-                let Some(recorded) = self.record_first(&running, version).await? else {
+                let Some(recorded) = Box::pin(self.record_first(&running, version)).await? else {
                     return Ok(Action::requeue(CONFLICT_RECHECK));
                 };
                 let exec = self.cancellable(
@@ -175,7 +176,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                     &session,
                     &attempt,
                 );
-                self.slot.without(exec).await
+                self.slot.without(Box::pin(exec)).await
             }
         };
         self.note(|t| {
@@ -187,9 +188,9 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         });
         let (verdict, result) = match ran(outcome, timeout) {
             Ok(judged) => judged,
-            Err(unknown) => return self.await_briq(executor, running, unknown).await,
+            Err(unknown) => return Box::pin(self.await_briq(executor, running, unknown)).await,
         };
-        let action = self.finish_run(executor, running, &verdict, result).await;
+        let action = Box::pin(self.finish_run(executor, running, &verdict, result)).await;
         if action.is_ok() {
             self.emit_trace(&attempt, &verdict);
         }

@@ -72,10 +72,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         self.note(|t| t.sandbox_check = checked);
         match access {
             Err(Error::Briq(error)) if base.attempt_id.is_some() => {
-                let action = self
-                    .await_briq(executor, base.clone(), error.into())
-                    .await?;
-                Ok(Access::Denied(action))
+                // Boxed: the wait (and the end it may reach) would otherwise sit inside every
+                // step's future that reaches the sandbox, and a debug build's poll frames copy it.
+                let waited = Box::pin(self.await_briq(executor, base.clone(), error.into()));
+                Ok(Access::Denied(waited.await?))
             }
             access => access,
         }

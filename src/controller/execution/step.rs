@@ -156,6 +156,8 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 .map(Arc::new),
         };
         let executor = executor.as_deref();
+        // The steps that reach briq are boxed: inline, each would sit in this future, and a
+        // debug build's poll frames copy them (test threads have 2 MiB of stack).
         match decide(&self.observed(executor, &uid)) {
             Step::WriteResult => {
                 let result = self.ctx.kept.unwritten(&uid).unwrap_or_default();
@@ -164,10 +166,10 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 self.ctx.finish(self.execution);
                 Ok(Action::await_change())
             }
-            Step::Interrupt => self.interrupt().await,
+            Step::Interrupt => Box::pin(self.interrupt()).await,
             Step::Recover => {
                 let executor = executor.expect("recovery is decided on an executor");
-                self.recover(executor).await
+                Box::pin(self.recover(executor)).await
             }
             Step::AwaitAttempt(left) => Ok(Action::requeue(left)),
             Step::Refuse(refusal) => self.refuse(refusal).await,
@@ -175,7 +177,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
                 self.adopt(executor).await?;
                 self.queued(recheck::recheck(Wait::Turn)).await
             }
-            Step::Cancel => self.cancel(executor).await,
+            Step::Cancel => Box::pin(self.cancel(executor)).await,
             Step::CancelUnsent => {
                 let verdict = never_ran("no usable sandbox could have taken it");
                 self.conclude(None, self.status(), &verdict).await
@@ -183,7 +185,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Step::ConfirmTurn => {
                 let executor = executor.expect("a turn is confirmed on an admitted executor");
                 let version = self.adopt(Some(executor)).await?;
-                self.take_turn(executor, &version).await
+                Box::pin(self.take_turn(executor, &version)).await
             }
         }
     }
