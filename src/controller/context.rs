@@ -11,7 +11,10 @@ use std::{
 
 use kube::{
     Client,
-    runtime::{events::Recorder, reflector::Store},
+    runtime::{
+        events::{Recorder, Reporter},
+        reflector::Store,
+    },
 };
 
 use super::backoff;
@@ -142,8 +145,19 @@ pub struct Shared<S> {
     pub metrics: Arc<Metrics>,
     /// Set once shutdown begins: Executions not started yet are left to the next operator.
     pub stopping: Arc<AtomicBool>,
-    /// This process, as its claims to create sandboxes name it (random per start).
+    /// This process, as its pending-create marks name it (random per start).
     pub holder: String,
+}
+
+/// The Events recorder of the operator's controllers, on `client`.
+pub fn event_recorder(client: Client) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "briq-operator".into(),
+            instance: None,
+        },
+    )
 }
 
 impl<S> Shared<S> {

@@ -15,7 +15,7 @@ use super::actor::Actor;
 use crate::{
     briq::SandboxApi,
     controller::{
-        context::{Error, Result},
+        context::Result,
         publish::publish,
         status::{apply_status, apply_status_at, landed},
     },
@@ -235,16 +235,20 @@ impl<S: SandboxApi> Actor<'_, S> {
             "annotations": annotations,
             "resourceVersion": executor.resource_version(),
         } });
+        landed(self.merge(&executor.name_any(), &patch).await)
+    }
+
+    /// A JSON merge patch of the executor (or member) `name`.
+    pub(super) async fn merge(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<BriqExecutor> {
         let patched = self
             .api
-            .patch(
-                &executor.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(Error::from);
-        landed(patched)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await;
+        Ok(patched?)
     }
 
     pub(super) async fn record_sandbox(&self, executor: &BriqExecutor, id: &str) -> Result<()> {

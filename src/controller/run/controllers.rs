@@ -13,7 +13,6 @@ use kube::{
     runtime::{
         Controller,
         controller::{self},
-        events::{Recorder, Reporter},
         watcher,
     },
 };
@@ -24,7 +23,7 @@ use super::watches::{Caches, Feeds};
 use crate::{
     briq::SandboxApi,
     controller::{
-        context::{Result, Settings, Shared},
+        context::{Result, Settings, Shared, event_recorder},
         execution, executor, orphans, pool,
     },
     crd::{BriqExecutor, BriqExecutorPool, Execution},
@@ -51,13 +50,7 @@ impl<S: SandboxApi> Contexts<S> {
         stopping: Arc<AtomicBool>,
         caches: &Caches,
     ) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "briq-operator".into(),
-                instance: None,
-            },
-        );
+        let recorder = event_recorder(client.clone());
         let shared = Arc::new(Shared {
             classes: caches.classes.clone(),
             classes_listed: caches.classes_listed.clone(),

@@ -8,7 +8,6 @@ use std::{
 };
 
 use kube::runtime::{
-    events::{Recorder, Reporter},
     reflector::{self, ObjectRef, store::Writer},
     watcher,
 };
@@ -20,7 +19,7 @@ use crate::{
     bridge::fake::{Call, FakeBriq},
     briq::{ApiKey, sandbox_name},
     controller::{
-        context::{Settings, Shared},
+        context::{Settings, Shared, event_recorder},
         execution, executor,
     },
     crd::{
@@ -98,13 +97,7 @@ impl World {
             default_api_key: Some(ApiKey::new("k").expect("a key")),
             ..settings
         };
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "briq-operator".into(),
-                instance: None,
-            },
-        );
+        let recorder = event_recorder(client.clone());
         let shared = Arc::new(Shared {
             client,
             sandboxes: briq,

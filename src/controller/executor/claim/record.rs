@@ -8,11 +8,7 @@
 //! sandbox from leaking (the garbage collector deletes it with the claimer, and its finalizer
 //! destroys the sandbox).
 
-use kube::{
-    ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
-    runtime::controller::Action,
-};
+use kube::{ResourceExt, api::DeleteParams, runtime::controller::Action};
 use tracing::{info, warn};
 
 use super::marks::{Claim, settled};
@@ -209,15 +205,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 return Ok(Some(true));
             }
             let patch = record.settling(&claimer);
-            let patched = self
-                .api
-                .patch(
-                    &claimer.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map_err(Error::from);
+            let patched = self.merge(&claimer.name_any(), &patch).await;
             Ok(landed(patched)?.then_some(true))
         })
         .await?;

@@ -6,7 +6,7 @@
 
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::ListParams,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 use serde_json::json;
@@ -21,7 +21,11 @@ use crate::{
     bridge::session::ClaimEnv,
     briq::SandboxApi,
     controller::{
-        context::Result, index, recheck::CLAIM_RECHECK, recheck::CONFLICT_RECHECK, requeue::waited,
+        context::{Error, Result},
+        index,
+        recheck::CLAIM_RECHECK,
+        recheck::CONFLICT_RECHECK,
+        requeue::waited,
     },
     crd::{
         BriqExecutor, BriqExecutorPool, BriqExecutorSpec, CLAIMED_BY_LABEL,
@@ -370,19 +374,15 @@ impl<S: SandboxApi> Actor<'_, S> {
         member: &BriqExecutor,
     ) -> Result<Option<BriqExecutor>> {
         let patch = taking(executor, member);
-        match self
-            .api
-            .patch(
-                &member.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
+        match self.merge(&member.name_any(), &patch).await {
             Ok(won) => Ok(Some(won)),
             // Changed since the cache saw it, or gone: another claimer's, or no longer offered.
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),
-            Err(error) => Err(error.into()),
+            Err(Error::Kube(kube::Error::Api(status)))
+                if status.code == 409 || status.code == 404 =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(error),
         }
     }
 }
