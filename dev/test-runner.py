@@ -11,7 +11,9 @@ step, each binary or suite (wall time), and the slowest tests.
 recorded steps. `run` builds the test binaries (`cargo test --workspace --all-targets --no-run`),
 runs each of them and each suite (COMMAND run in DIR; a `--junitxml=PATH` in it gives its tests'
 times) with its output in a log file, prints a line as each ends and, for a failure, its log;
-then the report. It fails when any binary or suite failed. Everything it writes goes to
+then the report. It fails when any binary or suite failed, or ran longer than its limit
+(`BRIQ_TEST_JOB_LIMIT_SECONDS`, default 1200: a hang ends the run with the tests still running
+named, well inside CI's budget). Everything it writes goes to
 `$CARGO_TARGET_DIR/test-report/` (default `target/`), including each binary's and suite's time,
 so that the next run starts the longest first.
 
@@ -35,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOWEST = 20
+# The longest one binary or suite may run: the slowest takes a few minutes on a loaded 2-CPU
+# machine; a hang is stopped here rather than by CI's limit.
+JOB_LIMIT_SECONDS = float(os.environ.get("BRIQ_TEST_JOB_LIMIT_SECONDS", "1200"))
 
 
 def target_dir() -> Path:
@@ -128,6 +133,36 @@ def suite(directory: str, command: str) -> Job:
     return Job(directory, argv, cwd, {}, junit=junit)
 
 
+def run_limited(argv: list[str], **kwargs) -> tuple[int, str | None]:
+    """Runs `argv` (its process group killed past JOB_LIMIT_SECONDS); its exit status (-9 when
+    killed) and its stdout when piped."""
+    with subprocess.Popen(argv, start_new_session=True, **kwargs) as process:
+        try:
+            stdout, _ = process.communicate(timeout=JOB_LIMIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            stdout, _ = process.communicate()
+            return -9, stdout
+        return process.returncode, stdout
+
+
+def still_running(stdout: str) -> list[str]:
+    """The tests libtest's JSON events show started and not ended."""
+    running: dict[str, None] = {}
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("type") != "test":
+            continue
+        if event.get("event") == "started":
+            running[event.get("name", "?")] = None
+        elif event.get("event") in ("ok", "failed", "ignored"):
+            running.pop(event.get("name", "?"), None)
+    return list(running)
+
+
 def parse_libtest(job: Job, stdout: str) -> list[str]:
     """Reads libtest's JSON events; returns the output of the failed tests, to show."""
     shown = []
@@ -179,7 +214,7 @@ def run_job(job: Job, logs: Path, print_lock: threading.Lock) -> Job:
     with job.log.open("w") as log:
         if job.junit is None and job.argv[-1] == "--report-time":
             # libtest: JSON events on stdout, what the tests print past the harness on stderr.
-            done = subprocess.run(
+            returncode, stdout = run_limited(
                 job.argv,
                 cwd=job.cwd,
                 env=env,
@@ -188,10 +223,18 @@ def run_job(job: Job, logs: Path, print_lock: threading.Lock) -> Job:
                 stdin=subprocess.DEVNULL,
                 text=True,
             )
-            shown = parse_libtest(job, done.stdout)
-            log.write("\n".join(["", "== libtest events", done.stdout]))
+            stdout = stdout or ""
+            shown = parse_libtest(job, stdout)
+            if returncode == -9:
+                running = still_running(stdout)
+                job.failed.extend(running)
+                shown.append(
+                    f"---- {job.label}: stopped after {JOB_LIMIT_SECONDS:.0f} s, "
+                    f"still running: {', '.join(running) or '(none named)'} ----"
+                )
+            log.write("\n".join(["", "== libtest events", stdout]))
         else:
-            done = subprocess.run(
+            returncode, _ = run_limited(
                 job.argv,
                 cwd=job.cwd,
                 env=env,
@@ -201,13 +244,15 @@ def run_job(job: Job, logs: Path, print_lock: threading.Lock) -> Job:
             )
             parse_junit(job)
             shown = []
+            if returncode == -9:
+                log.write(f"\n---- stopped after {JOB_LIMIT_SECONDS:.0f} s ----\n")
     job.seconds = time.monotonic() - started
-    job.returncode = done.returncode
+    job.returncode = returncode
     with print_lock:
-        status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
+        status = "ok" if returncode == 0 else f"FAILED (exit {returncode})"
         counts = f"{job.passed} passed, {len(job.failed)} failed, {job.ignored} ignored"
         print(f"{status:>6}  {job.seconds:7.1f} s  {job.label}  ({counts})", flush=True)
-        if done.returncode != 0:
+        if returncode != 0:
             text = job.log.read_text(errors="replace")
             if job.junit is None and job.argv[-1] == "--report-time":
                 # Its stderr, then the failed tests' captured output.
