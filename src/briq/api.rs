@@ -61,6 +61,8 @@ pub mod tools {
     pub const STOP: &str = "briq_stop";
     pub const START: &str = "briq_start";
     pub const DESTROY: &str = "briq_destroy";
+    pub const EXEC_RESULT: &str = "briq_exec_result";
+    pub const EXEC_STOP: &str = "briq_exec_stop";
 }
 
 /// Every tool the operator calls with every argument it may send: what the conformance check
@@ -260,6 +262,99 @@ pub struct ExecAnswer {
     pub exit_code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+}
+
+/// How long `briq_exec_result` waits by default, and at most (published: 30 s, 45 s).
+pub const DEFAULT_WAIT_MS: u64 = 30_000;
+pub const MAX_WAIT_MS: u64 = 45_000;
+/// How much a read by offset gives by default, and at most (published: 32768, 262144).
+pub const DEFAULT_READ_BYTES: u64 = 32_768;
+pub const MAX_READ_BYTES: u64 = 262_144;
+/// The largest byte offset a JSON number carries exactly.
+pub const MAX_OFFSET: u64 = (1 << 53) - 1;
+
+/// Arguments of `briq_exec` started with `async` (published).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AsyncExecArgs {
+    #[serde(flatten)]
+    pub exec: ExecArgs,
+    #[serde(rename = "async")]
+    pub started_async: bool,
+}
+
+/// Answer of `briq_exec` with `async` (assumed shape; published: "an exec id").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecStarted {
+    pub exec: String,
+}
+
+/// Which stream of an async exec a read by offset follows (published: `stream`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    #[default]
+    Stdout,
+    Stderr,
+}
+
+/// Arguments of `briq_exec_result` (published).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResultArgs {
+    pub briq: String,
+    pub exec: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default)]
+    pub stream: Stream,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
+/// Arguments of `briq_exec_stop` (published).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecStopArgs {
+    pub briq: String,
+    pub exec: String,
+}
+
+/// Where an async exec stands (published: these five).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecState {
+    Running,
+    Exited,
+    TimedOut,
+    Stopped,
+    Lost,
+}
+
+/// Answer of `briq_exec_result` and `briq_exec_stop` (assumed shape; published: the state,
+/// the exit code, the last 64 KB of each stream, the path of the whole output, and with
+/// `offset` the output from that byte and the offset to pass next).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResult {
+    pub exec: String,
+    pub state: ExecState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The last [`MAX_OUTPUT_BYTES`] of each stream (without `offset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// With `offset`: the stream's bytes from it (whole characters), and the offset to pass
+    /// next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// Where the whole output is kept in the briq.
+    pub stdout_path: String,
+    pub stderr_path: String,
 }
 
 /// Outcome of a synchronous exec, as the client gives it.

@@ -6,8 +6,9 @@
 //!
 //! What it serves, every route behind the same bearer key:
 //! - **The MCP surface** ([`LocalServer::url`], `POST /mcp`): briq's published MCP tools
-//!   (`briq_run`, `briq_list`, `briq_status`, `briq_exec`, `briq_files_put`, `briq_files_get`,
-//!   `briq_stop`, `briq_start`, `briq_destroy`) over JSON-RPC and Streamable HTTP, with the
+//!   (`briq_run`, `briq_list`, `briq_status`, `briq_exec` with `async`, `briq_exec_result`,
+//!   `briq_exec_stop`, `briq_files_put`, `briq_files_get`, `briq_stop`, `briq_start`,
+//!   `briq_destroy`) over JSON-RPC and Streamable HTTP, with the
 //!   argument and answer types of [`briq_operator::briq::api`]: sessions, `tools/list` as briq
 //!   publishes it, tool errors, image reads, answers as JSON or, with
 //!   [`Config::sse_answers`], as event streams (see `mcp`).
@@ -27,7 +28,10 @@
 //! that `/` in `BRIQ_LOCAL_SANDBOX_ROOT`, so the client's exec prelude `cd`s inside it (commands
 //! themselves see the host's `/`). A command runs in its own process group, killed at 60 s;
 //! processes that detach keep running and are found through a marker variable (see `process`).
-//! Sleep and restart are simulated by killing the sandbox's processes, keeping its files.
+//! An async exec (`async_exec`) has no time limit; its output is kept in the sandbox and read by
+//! offset as it comes, and stopping it kills every process it started. Sleep and restart are
+//! simulated by killing the sandbox's processes, keeping its files (an async exec killed so is
+//! `lost`).
 //!
 //! **Simulated mode** (`--simulate`, [`Config::simulation`]), for benchmarks at scale only,
 //! never a default and never used by behaviour tests: like KWOK's nodes, sandboxes run no
@@ -38,6 +42,7 @@
 //! restart and destroy kill the simulated kernel.
 
 mod admin;
+mod async_exec;
 mod auth;
 mod faults;
 mod http;

@@ -177,18 +177,23 @@ impl<P: AsyncRead + Unpin> Tail<P> {
 /// Live processes carrying the marker, as (pid, sandbox id). Blocking: reads `/proc`.
 /// Zombies are not listed: their environment reads empty.
 pub(crate) fn marked_processes() -> Vec<(i32, String)> {
+    processes_marked(MARKER)
+}
+
+/// Live processes whose environment sets `var`, as (pid, its value). Blocking: reads `/proc`.
+pub(crate) fn processes_marked(var: &str) -> Vec<(i32, String)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let prefix = format!("{MARKER}=");
+    let prefix = format!("{var}=");
     entries
         .filter_map(|entry| {
             let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
             let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let id = environ
+            let value = environ
                 .split(|b| *b == 0)
-                .find_map(|var| var.strip_prefix(prefix.as_bytes()))?;
-            Some((pid, String::from_utf8_lossy(id).into_owned()))
+                .find_map(|setting| setting.strip_prefix(prefix.as_bytes()))?;
+            Some((pid, String::from_utf8_lossy(value).into_owned()))
         })
         .collect()
 }
@@ -198,22 +203,31 @@ pub(crate) fn kill_sandboxes(ids: &HashSet<String>) {
     if ids.is_empty() {
         return;
     }
+    kill_where(MARKER, |id| ids.contains(id));
+}
+
+/// SIGKILLs every process whose environment sets `var` to `value` until none is left. Blocking.
+pub(crate) fn kill_marked(var: &str, value: &str) {
+    kill_where(var, |found| found == value);
+}
+
+fn kill_where(var: &str, wanted: impl Fn(&str) -> bool) {
     for _ in 0..KILL_ROUNDS {
-        let victims: Vec<i32> = marked_processes()
+        let victims: Vec<i32> = processes_marked(var)
             .into_iter()
-            .filter(|(_, id)| ids.contains(id))
+            .filter(|(_, value)| wanted(value))
             .map(|(pid, _)| pid)
             .collect();
         if victims.is_empty() {
             return;
         }
         for pid in victims {
-            // SAFETY: kill only sends a signal; the pid carries one of our sandbox markers.
+            // SAFETY: kill only sends a signal; the pid carries one of our markers.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
             }
         }
         std::thread::sleep(KILL_PAUSE);
     }
-    tracing::warn!(?ids, "sandbox processes survived {KILL_ROUNDS} kill rounds");
+    tracing::warn!(var, "marked processes survived {KILL_ROUNDS} kill rounds");
 }

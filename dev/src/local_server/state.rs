@@ -13,6 +13,7 @@ use briq_operator::briq::api::{CreateSandbox, ErrorCode, Sandbox, SandboxState};
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::async_exec::AsyncExecs;
 use super::faults::Faults;
 use super::http::{ApiError, random_token};
 use super::mcp::declared::Declared;
@@ -43,6 +44,8 @@ pub(crate) struct Shared {
     destroyed: Mutex<Vec<Sandbox>>,
     /// `Some` in simulated mode: no sandbox runs a process, the server answers for them.
     pub(crate) simulator: Option<Simulator>,
+    /// Commands started with `briq_exec` async.
+    pub(crate) execs: AsyncExecs,
 }
 
 pub(crate) struct Entry {
@@ -163,6 +166,7 @@ impl Shared {
             sandboxes: Mutex::new(BTreeMap::new()),
             destroyed: Mutex::new(Vec::new()),
             simulator,
+            execs: AsyncExecs::default(),
         }
     }
 
@@ -264,6 +268,7 @@ impl Shared {
         };
         lock(&self.destroyed).push(gone);
         self.kill_what_runs(&entry, id).await;
+        self.execs.forget_sandbox(id);
         match tokio::fs::remove_dir_all(&entry.dir).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

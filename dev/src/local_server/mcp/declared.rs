@@ -13,7 +13,9 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use briq_operator::briq::api::tools;
+use briq_operator::briq::api::{
+    DEFAULT_READ_BYTES, DEFAULT_WAIT_MS, MAX_OFFSET, MAX_READ_BYTES, MAX_WAIT_MS, tools,
+};
 
 /// A parameter's JSON type: declared in the schema, and checked before a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,11 @@ pub(crate) enum Kind {
     Strings,
     /// An object of string values (an environment).
     StringMap,
+    /// A whole number within bounds.
+    Integer {
+        minimum: u64,
+        maximum: u64,
+    },
 }
 
 impl Kind {
@@ -34,6 +41,9 @@ impl Kind {
             Self::Strings => json!({"type": "array", "items": {"type": "string"}}),
             Self::StringMap => {
                 json!({"type": "object", "additionalProperties": {"type": "string"}})
+            }
+            Self::Integer { minimum, maximum } => {
+                json!({"type": "integer", "minimum": minimum, "maximum": maximum})
             }
         }
     }
@@ -48,6 +58,9 @@ impl Kind {
             Self::StringMap => value
                 .as_object()
                 .is_some_and(|map| map.values().all(Value::is_string)),
+            Self::Integer { minimum, maximum } => value
+                .as_u64()
+                .is_some_and(|n| (minimum..=maximum).contains(&n)),
         }
     }
 
@@ -57,6 +70,7 @@ impl Kind {
             Self::Boolean => "a boolean",
             Self::Strings => "an array of strings",
             Self::StringMap => "an object of strings",
+            Self::Integer { .. } => "a whole number within its bounds",
         }
     }
 }
@@ -67,11 +81,29 @@ pub(crate) struct Parameter {
     pub(crate) kind: Kind,
     pub(crate) required: bool,
     pub(crate) description: Cow<'static, str>,
-    /// Every default briq publishes for these tools is a boolean's (`briq_run`'s `wait`).
-    pub(crate) default: Option<bool>,
+    /// The default briq publishes, if any.
+    pub(crate) default: Option<DefaultValue>,
     /// Declared as published, but not implemented here: a call that uses it (anything but
     /// `null` or `false`) is refused with a tool error.
     pub(crate) supported: bool,
+}
+
+/// A parameter's published default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DefaultValue {
+    Boolean(bool),
+    Integer(u64),
+    String(&'static str),
+}
+
+impl DefaultValue {
+    fn value(self) -> Value {
+        match self {
+            Self::Boolean(b) => json!(b),
+            Self::Integer(n) => json!(n),
+            Self::String(s) => json!(s),
+        }
+    }
 }
 
 /// The hints of a tool's `annotations`; `None` where briq publishes none.
@@ -121,7 +153,7 @@ impl Parameter {
         self
     }
 
-    const fn default(mut self, value: bool) -> Self {
+    const fn default(mut self, value: DefaultValue) -> Self {
         self.default = Some(value);
         self
     }
@@ -179,7 +211,7 @@ pub(crate) const DECLARED: &[Tool] = &[
                 "Block until the service is ready (up to two minutes); pass false to return at \
                  once",
             )
-            .default(true),
+            .default(DefaultValue::Boolean(true)),
         ]),
     },
     Tool {
@@ -235,10 +267,9 @@ pub(crate) const DECLARED: &[Tool] = &[
             Parameter::new(
                 "async",
                 Kind::Boolean,
-                "Start and answer at once with an exec id, read with briq_exec_result (not \
-                 supported by the local server)",
-            )
-            .unsupported(),
+                "Start and answer at once with an exec id, for a command that can take over a \
+                 minute; read it with briq_exec_result",
+            ),
             Parameter::new(
                 "stdin",
                 Kind::String,
@@ -251,6 +282,77 @@ pub(crate) const DECLARED: &[Tool] = &[
                  supported by the local server)",
             )
             .unsupported(),
+        ]),
+    },
+    Tool {
+        name: tools::EXEC_RESULT,
+        title: "Read a command started with async",
+        description: "Reports where a command started with briq_exec async stands (running, \
+                      exited with its exit code, timed_out, stopped or lost) with the last 64 KB \
+                      of its stdout and stderr, waiting up to waitMs for it to finish. The whole \
+                      output is kept in the briq, at the paths the answer names. With offset, \
+                      reads the stream from that byte and answers the offset to pass next; the \
+                      wait then ends as soon as there is new output.",
+        annotations: hints(Some(true), None, Some(true), None),
+        parameters: Cow::Borrowed(&[
+            Parameter::new("briq", Kind::String, BRIQ_ID).required(),
+            Parameter::new(
+                "exec",
+                Kind::String,
+                "exec id (ex_...) returned by briq_exec",
+            )
+            .required(),
+            Parameter::new(
+                "offset",
+                Kind::Integer {
+                    minimum: 0,
+                    maximum: MAX_OFFSET,
+                },
+                "Read from this byte of the stream instead of its tail: 0 first, then the next \
+                 offset each answer gives",
+            ),
+            Parameter::new(
+                "stream",
+                Kind::String,
+                "Which stream offset reads: stdout or stderr",
+            )
+            .default(DefaultValue::String("stdout")),
+            Parameter::new(
+                "waitMs",
+                Kind::Integer {
+                    minimum: 0,
+                    maximum: MAX_WAIT_MS,
+                },
+                "How long to wait for the command to finish, or with offset for new output; 45 s \
+                 at most",
+            )
+            .default(DefaultValue::Integer(DEFAULT_WAIT_MS)),
+            Parameter::new(
+                "maxBytes",
+                Kind::Integer {
+                    minimum: 1,
+                    maximum: MAX_READ_BYTES,
+                },
+                "With offset: the most bytes to read in one call",
+            )
+            .default(DefaultValue::Integer(DEFAULT_READ_BYTES)),
+        ]),
+    },
+    Tool {
+        name: tools::EXEC_STOP,
+        title: "Stop a command started with async",
+        description: "Stops a command started with briq_exec async, and every process it \
+                      started. A command that has already finished is answered as it is. Its \
+                      output stays in the briq.",
+        annotations: hints(None, Some(true), Some(true), None),
+        parameters: Cow::Borrowed(&[
+            Parameter::new("briq", Kind::String, BRIQ_ID).required(),
+            Parameter::new(
+                "exec",
+                Kind::String,
+                "exec id (ex_...) of the command to stop",
+            )
+            .required(),
         ]),
     },
     Tool {
@@ -400,7 +502,7 @@ impl Tool {
                 let mut schema = p.kind.schema();
                 schema["description"] = json!(p.description);
                 if let Some(default) = p.default {
-                    schema["default"] = json!(default);
+                    schema["default"] = default.value();
                 }
                 (p.name.to_string(), schema)
             })
@@ -578,7 +680,17 @@ mod tests {
                 assert!(parameter.supported, "{name}.{argument}");
             }
         }
-        assert_eq!(DECLARED.len(), briq_operator::briq::api::SENT.len());
+        // Beside them, the async exec's reading and stopping (the operator does not call them).
+        let beyond: Vec<&str> = DECLARED
+            .iter()
+            .map(|t| t.name)
+            .filter(|name| {
+                !briq_operator::briq::api::SENT
+                    .iter()
+                    .any(|(s, _)| s == name)
+            })
+            .collect();
+        assert_eq!(beyond, [tools::EXEC_RESULT, tools::EXEC_STOP]);
     }
 
     #[test]

@@ -235,6 +235,8 @@ async fn tools_list_declares_the_implemented_tools_as_published() {
             tools::LIST,
             tools::STATUS,
             tools::EXEC,
+            tools::EXEC_RESULT,
+            tools::EXEC_STOP,
             tools::FILES_PUT,
             tools::FILES_GET,
             tools::STOP,
@@ -380,8 +382,8 @@ async fn tool_errors_carry_the_error_body() {
     for (tool, arguments, parameter) in [
         (
             tools::EXEC,
-            json!({"briq": id, "cmd": ["true"], "async": true}),
-            "async",
+            json!({"briq": id, "cmd": ["true"], "clearEnv": true}),
+            "clearEnv",
         ),
         (tools::LIST, json!({"stack": "shop"}), "stack"),
         (tools::DESTROY, json!({"stack": "shop"}), "stack"),
@@ -775,4 +777,171 @@ async fn the_legacy_rest_surface_is_served_only_when_asked_and_shares_the_sandbo
     assert_eq!(stats.calls(Operation::List), 1);
     assert_eq!(stats.calls(Operation::Destroy), 1);
     c.server.shutdown().await;
+}
+
+/// Starts `script` with `sh -c` as an async exec in `sandbox`; its exec id, answered at once.
+async fn start_async(client: &Client, sandbox: &str, script: &str) -> String {
+    let started = client
+        .answer(
+            tools::EXEC,
+            json!({"briq": sandbox, "cmd": ["sh", "-c", script], "async": true}),
+        )
+        .await;
+    let exec = started["exec"].as_str().unwrap().to_owned();
+    assert!(exec.starts_with("ex_"), "{started}");
+    exec
+}
+
+#[tokio::test]
+async fn an_async_exec_answers_at_once_and_its_result_waits_for_its_end() {
+    let client = client().await;
+    let sandbox = client.run("async").await;
+    let exec = start_async(&client, &sandbox, "sleep 30").await;
+    let waiting = json!({"briq": sandbox, "exec": exec, "waitMs": 0});
+    let running = client.answer(tools::EXEC_RESULT, waiting).await;
+    assert_eq!(
+        running["state"],
+        json!("running"),
+        "answered before it ends"
+    );
+    client
+        .answer(tools::EXEC_STOP, json!({"briq": sandbox, "exec": exec}))
+        .await;
+
+    let exec = start_async(&client, &sandbox, "echo out; echo err >&2; exit 3").await;
+    let ended = client
+        .answer(tools::EXEC_RESULT, json!({"briq": sandbox, "exec": exec}))
+        .await;
+    assert_eq!(
+        (
+            &ended["state"],
+            &ended["exitCode"],
+            &ended["stdout"],
+            &ended["stderr"]
+        ),
+        (
+            &json!("exited"),
+            &json!(3),
+            &json!("out\n"),
+            &json!("err\n")
+        ),
+        "{ended}"
+    );
+    let kept = client
+        .answer(
+            tools::FILES_GET,
+            json!({"briq": sandbox, "path": ended["stdoutPath"]}),
+        )
+        .await;
+    assert_eq!(
+        BASE64
+            .decode(kept["contentBase64"].as_str().unwrap())
+            .unwrap(),
+        b"out\n",
+        "the whole output is kept in the sandbox: {kept}"
+    );
+}
+
+#[tokio::test]
+async fn output_followed_by_offset_comes_while_the_command_runs_without_gaps_or_repeats() {
+    let client = client().await;
+    let sandbox = client.run("follow").await;
+    let script = "for i in 1 2 3 4 5; do echo \"line $i é\"; sleep 0.2; done";
+    let exec = start_async(&client, &sandbox, script).await;
+    let (mut followed, mut offset, mut seen_while_running) = (String::new(), 0, false);
+    loop {
+        let read = client
+            .answer(
+                tools::EXEC_RESULT,
+                json!({"briq": sandbox, "exec": exec, "offset": offset, "maxBytes": 7}),
+            )
+            .await;
+        let output = read["output"].as_str().unwrap();
+        seen_while_running |= !output.is_empty() && read["state"] == json!("running");
+        followed.push_str(output);
+        offset = read["nextOffset"].as_u64().unwrap();
+        if read["state"] != json!("running") && output.is_empty() {
+            break;
+        }
+    }
+    let expected: String = (1..=5).map(|i| format!("line {i} é\n")).collect();
+    assert_eq!(followed, expected);
+    assert!(
+        seen_while_running,
+        "a read by offset ends at new output, not at the command's end"
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_async_exec_stops_every_process_it_started_and_keeps_its_output() {
+    let client = client().await;
+    let sandbox = client.run("stop").await;
+    let script = "setsid sleep 300 & echo started; sleep 300";
+    let exec = start_async(&client, &sandbox, script).await;
+    let first = client
+        .answer(
+            tools::EXEC_RESULT,
+            json!({"briq": sandbox, "exec": exec, "offset": 0}),
+        )
+        .await;
+    assert_eq!(first["output"], json!("started\n"), "{first}");
+    let stopped = client
+        .answer(tools::EXEC_STOP, json!({"briq": sandbox, "exec": exec}))
+        .await;
+    assert_eq!(stopped["state"], json!("stopped"), "{stopped}");
+    assert_eq!(stopped["stdout"], json!("started\n"));
+    let left = crate::local_server::process::processes_marked(
+        crate::local_server::async_exec::EXEC_MARKER,
+    )
+    .into_iter()
+    .filter(|(_, id)| *id == exec)
+    .count();
+    assert_eq!(left, 0, "the detached sleep went with it");
+    let again = client
+        .answer(tools::EXEC_STOP, json!({"briq": sandbox, "exec": exec}))
+        .await;
+    assert_eq!(
+        again["state"],
+        json!("stopped"),
+        "stopping twice is harmless"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_of_another_sandbox_or_none_is_not_found() {
+    let client = client().await;
+    let (one, other) = (client.run("one").await, client.run("other").await);
+    let exec = start_async(&client, &one, "true").await;
+    for (sandbox, exec) in [(&other, exec.as_str()), (&one, "ex_missing")] {
+        let error = client
+            .tool_error(
+                tools::EXEC_RESULT,
+                json!({"briq": sandbox, "exec": exec, "waitMs": 0}),
+            )
+            .await;
+        assert_eq!(error.error.code, ErrorCode::NotFound, "{exec} in {sandbox}");
+    }
+    let refused = client
+        .refusal(
+            tools::EXEC_RESULT,
+            json!({"briq": one, "exec": exec, "offset": 0, "maxBytes": 0}),
+        )
+        .await;
+    assert_eq!(
+        refused["code"],
+        json!(-32602),
+        "maxBytes is at least 1: {refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_sandbox_stopped_under_an_async_exec_reports_it_lost() {
+    let client = client().await;
+    let sandbox = client.run("lost").await;
+    let exec = start_async(&client, &sandbox, "sleep 300").await;
+    client.answer(tools::STOP, json!({"briq": sandbox})).await;
+    let lost = client
+        .answer(tools::EXEC_RESULT, json!({"briq": sandbox, "exec": exec}))
+        .await;
+    assert_eq!(lost["state"], json!("lost"), "{lost}");
 }

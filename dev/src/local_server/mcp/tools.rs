@@ -14,9 +14,9 @@ use crate::local_server::http::ApiError;
 use crate::local_server::sandbox_io::{self, Command};
 use crate::local_server::state::Shared;
 use briq_operator::briq::api::{
-    BriqArgs, BriqList, ExecAnswer, ExecArgs, FilesGetAnswer, FilesGetArgs, FilesPutAnswer,
-    FilesPutArgs, ListArgs, MAX_EXEC_TIMEOUT, RunArgs, SandboxState, TIMED_OUT_STATUS, Unwrapped,
-    tools,
+    AsyncExecArgs, BriqArgs, BriqList, ExecAnswer, ExecArgs, ExecResultArgs, ExecStarted,
+    ExecStopArgs, FilesGetAnswer, FilesGetArgs, FilesPutAnswer, FilesPutArgs, ListArgs,
+    MAX_EXEC_TIMEOUT, RunArgs, SandboxState, TIMED_OUT_STATUS, Unwrapped, tools,
 };
 
 /// briq.cloud's default sleep (published: 1 h), for a `briq_run` that names none.
@@ -43,7 +43,8 @@ pub(crate) fn operation(tool: &str) -> Option<Operation> {
         tools::RUN => Operation::Create,
         tools::LIST => Operation::List,
         tools::STATUS => Operation::Get,
-        tools::EXEC => Operation::Exec,
+        tools::EXEC | tools::EXEC_STOP => Operation::Exec,
+        tools::EXEC_RESULT => Operation::Get,
         tools::FILES_PUT => Operation::WriteFile,
         tools::FILES_GET => Operation::ReadFile,
         tools::STOP => Operation::Stop,
@@ -111,9 +112,29 @@ pub(crate) async fn call(
                 state: SandboxState::Destroyed,
             })?)
         }
+        tools::EXEC if arguments.get("async") == Some(&Value::Bool(true)) => {
+            let args: AsyncExecArgs = parse(name, arguments)?;
+            let ExecArgs {
+                briq,
+                cmd,
+                env,
+                stdin,
+            } = args.exec;
+            let exec = shared.execs.start(&shared, &briq, cmd, &env, stdin).await?;
+            Ok(answer::structured(&ExecStarted { exec })?)
+        }
         tools::EXEC => {
+            arguments.remove("async");
             let args: ExecArgs = parse(name, arguments)?;
             Ok(answer::structured(&exec(&shared, args).await?)?)
+        }
+        tools::EXEC_RESULT => {
+            let args: ExecResultArgs = parse(name, arguments)?;
+            Ok(answer::structured(&shared.execs.result(args).await?)?)
+        }
+        tools::EXEC_STOP => {
+            let args: ExecStopArgs = parse(name, arguments)?;
+            Ok(answer::structured(&shared.execs.stop(args).await?)?)
         }
         tools::FILES_PUT => {
             let args: FilesPutArgs = parse(name, arguments)?;
