@@ -6,8 +6,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use kube::ResourceExt;
 
 use crate::crd::{
-    BriqExecutor, CLAIMED_BY_ANNOTATION, CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, Execution,
-    SANDBOX_ID_ANNOTATION,
+    BriqExecutor, CLASS_ANNOTATION, CREATE_PENDING_ANNOTATION, Execution, SANDBOX_ID_ANNOTATION,
     conditions::{READY, SUCCEEDED},
     reasons::{ExecutionReason, ExecutorReason},
 };
@@ -55,7 +54,7 @@ pub fn usage(
         let entry = usage.entry(class.to_owned()).or_default();
         let holds = (annotations.contains_key(SANDBOX_ID_ANNOTATION)
             || annotations.contains_key(CREATE_PENDING_ANNOTATION))
-            && !annotations.contains_key(CLAIMED_BY_ANNOTATION)
+            && executor.claimed_by().is_none()
             && executor.metadata.deletion_timestamp.is_none();
         entry.executors += usize::from(holds);
         let waiting = executor.status.as_ref().is_some_and(|status| {
@@ -109,6 +108,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::crd::CLAIMED_BY_ANNOTATION;
 
     #[test]
     fn the_use_of_each_class_as_the_operator_counts_it() {

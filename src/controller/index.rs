@@ -12,8 +12,8 @@ use kube::{
 };
 
 use crate::crd::{
-    BriqExecutor, BriqExecutorPool, CLAIMED_BY_ANNOTATION, Execution, POOL_LABEL,
-    POOL_MEMBER_ANNOTATION, TEMPLATE_HASH_LABEL, conditions, template_hash,
+    BriqExecutor, BriqExecutorPool, Execution, POOL_LABEL, POOL_MEMBER_ANNOTATION,
+    TEMPLATE_HASH_LABEL, conditions, template_hash,
 };
 
 // An executor's Executions.
@@ -114,7 +114,7 @@ pub fn members(executors: &Store<BriqExecutor>, pool: &BriqExecutorPool) -> Vec<
             e.namespace() == namespace
                 && e.annotations().get(POOL_MEMBER_ANNOTATION) == Some(&name)
                 && e.labels().get(POOL_LABEL) == Some(&name)
-                && !e.annotations().contains_key(CLAIMED_BY_ANNOTATION)
+                && e.claimed_by().is_none()
                 && e.owner_references()
                     .iter()
                     .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())

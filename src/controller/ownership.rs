@@ -9,7 +9,7 @@ use kube::{
 
 use crate::{
     briq::{self, ErrorClass},
-    crd::{BriqExecutor, CLAIMED_BY_ANNOTATION},
+    crd::BriqExecutor,
 };
 
 /// Whose a sandbox named in a tenant-writable field (annotation, status) is. Only briq's own
@@ -55,7 +55,7 @@ pub fn expected_sandbox_name(executor: &BriqExecutor, member: Option<&BriqExecut
     let handed_to_this_executor = |member: &&BriqExecutor| {
         !uid.is_empty()
             && member.namespace().as_deref() == Some(namespace.as_str())
-            && member.annotations().get(CLAIMED_BY_ANNOTATION) == Some(&uid)
+            && member.claimed_by() == Some(uid.as_str())
     };
     match member.filter(handed_to_this_executor) {
         Some(member) => briq::sandbox_name(
@@ -80,7 +80,7 @@ pub async fn claimed_member(
     let namespace = executor.namespace().unwrap_or_default();
     let cached = executors.get(&ObjectRef::new(name).within(&namespace));
     if let Some(member) = &cached
-        && member.annotations().get(CLAIMED_BY_ANNOTATION) == executor.uid().as_ref()
+        && member.claimed_by() == executor.uid().as_deref()
     {
         return Ok(Some(member.as_ref().clone()));
     }
@@ -94,7 +94,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::crd::CLAIMED_MEMBER_ANNOTATION;
+    use crate::crd::{CLAIMED_BY_ANNOTATION, CLAIMED_MEMBER_ANNOTATION};
 
     fn executor(name: &str, uid: &str, annotations: serde_json::Value) -> BriqExecutor {
         serde_json::from_value(json!({

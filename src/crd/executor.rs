@@ -334,6 +334,16 @@ impl BriqExecutor {
             .is_some_and(|finalizers| finalizers.iter().any(|f| f == super::keys::FINALIZER))
     }
 
+    /// The uid of the claimer a pool member was taken by (its `claimed-by` mark, written with
+    /// the take); `None` while it is its pool's.
+    pub fn claimed_by(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(super::keys::CLAIMED_BY_ANNOTATION)
+            .map(String::as_str)
+    }
+
     /// The pool member a claimer records it took: its status (written with the claim's
     /// `Ready`), else its `claimed-member` annotation (written right after, and kept when a
     /// status is lost).

@@ -25,8 +25,8 @@ use crate::{
         requeue::waited,
     },
     crd::{
-        BriqExecutor, BriqExecutorClass, CLAIMED_BY_ANNOTATION, CREATE_PENDING_ANNOTATION,
-        SANDBOX_ID_ANNOTATION, conditions, reasons::ExecutorReason,
+        BriqExecutor, BriqExecutorClass, CREATE_PENDING_ANNOTATION, SANDBOX_ID_ANNOTATION,
+        conditions, reasons::ExecutorReason,
     },
 };
 
@@ -165,7 +165,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 other.namespace().as_deref() == Some(namespace.as_str())
                     && other.uid() != executor.uid()
                     && other.metadata.deletion_timestamp.is_none()
-                    && !other.annotations().contains_key(CLAIMED_BY_ANNOTATION)
+                    && other.claimed_by().is_none()
             })
             .map(|other| holder(other, &name, &classes, labels))
             .collect();

@@ -83,12 +83,7 @@ pub fn taking(claimer: &BriqExecutor, member: &BriqExecutor) -> serde_json::Valu
 
 /// Whether `member` is taken by the claimer with `uid` and live.
 pub fn taken_by(member: &BriqExecutor, uid: &str) -> bool {
-    member
-        .annotations()
-        .get(CLAIMED_BY_ANNOTATION)
-        .map(String::as_str)
-        == Some(uid)
-        && member.metadata.deletion_timestamp.is_none()
+    member.claimed_by() == Some(uid) && member.metadata.deletion_timestamp.is_none()
 }
 
 /// Whether `claimer` holds its finalizer and the record of `member` in its annotations.
