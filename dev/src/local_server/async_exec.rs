@@ -22,7 +22,6 @@ use tokio::sync::watch;
 use super::http::{ApiError, random_token};
 use super::paths::resolve;
 use super::process;
-use super::state::Shared;
 use briq_operator::briq::api::{
     DEFAULT_READ_BYTES, DEFAULT_WAIT_MS, ExecResult, ExecResultArgs, ExecState, ExecStopArgs,
     LOCAL_ROOT_ENV, MAX_OUTPUT_BYTES, MAX_READ_BYTES, MAX_WAIT_MS, Stream,
@@ -34,6 +33,17 @@ pub(crate) const EXEC_MARKER: &str = "BRIQ_LOCAL_EXEC";
 
 /// How long a stop waits for the command's end to be recorded before it answers.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A command to start in a sandbox (resolved by `sandbox_io::exec_async`).
+pub(crate) struct Start {
+    pub(crate) sandbox: String,
+    /// The host directory that is the sandbox's `/`.
+    pub(crate) fs: PathBuf,
+    pub(crate) argv: Vec<String>,
+    /// Complete: nothing is inherited from the server.
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) stdin: Option<String>,
+}
 
 /// The async execs of every sandbox, by exec id.
 #[derive(Default)]
@@ -87,37 +97,34 @@ impl AsyncExecs {
             .ok_or_else(|| ApiError::not_found(format!("no exec {id} in sandbox {sandbox}")))
     }
 
-    /// Starts `argv` in sandbox `sandbox` (woken if asleep); its exec id.
+    /// Starts `start`; its exec id. `still_wanted` is asked once the command runs: a sandbox
+    /// destroyed in between has been scanned for processes already, so this one is killed here.
     pub(crate) async fn start(
         &self,
-        shared: &Shared,
-        sandbox: &str,
-        argv: Vec<String>,
-        request_env: &BTreeMap<String, String>,
-        stdin: Option<String>,
+        start: Start,
+        still_wanted: impl FnOnce() -> bool,
     ) -> Result<String, ApiError> {
-        if shared.simulator.is_some() {
-            return Err(ApiError::invalid(
-                "async exec runs real processes; simulated sandboxes do not have them",
-            ));
-        }
+        let Start {
+            sandbox,
+            fs,
+            argv,
+            mut env,
+            stdin,
+        } = start;
         let Some((program, args)) = argv.split_first() else {
             return Err(ApiError::invalid("the command is empty"));
         };
-        let entry = shared.entry(sandbox)?;
-        entry.wake()?;
         let id = format!("ex_{}", random_token(16));
-        let dir = resolve(&entry.fs, &format!("/.briq-exec/{id}"))
+        let dir = resolve(&fs, &format!("/.briq-exec/{id}"))
             .map_err(|e| ApiError::invalid(e.to_string()))?;
         tokio::fs::create_dir_all(&dir)
             .await
             .map_err(|e| ApiError::invalid(format!("cannot make the exec's directory: {e}")))?;
-        let mut env = entry.command_env(shared, request_env);
-        env.insert(LOCAL_ROOT_ENV.to_owned(), entry.fs.display().to_string());
+        env.insert(LOCAL_ROOT_ENV.to_owned(), fs.display().to_string());
         env.insert(EXEC_MARKER.to_owned(), id.clone());
         let mut child = Command::new(program)
             .args(args)
-            .current_dir(&entry.fs)
+            .current_dir(&fs)
             .env_clear()
             .envs(&env)
             .process_group(0)
@@ -130,8 +137,7 @@ impl AsyncExecs {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| ApiError::invalid(format!("{program}: {e}")))?;
-        // A sandbox destroyed since its entry was read has been scanned for processes already.
-        if entry.is_destroyed() {
+        if !still_wanted() {
             let id = id.clone();
             tokio::task::spawn_blocking(move || process::kill_marked(EXEC_MARKER, &id));
             return Err(ApiError::not_found(format!("no sandbox {sandbox}")));
@@ -143,7 +149,7 @@ impl AsyncExecs {
         }
         let exec = Arc::new(AsyncExec {
             id: id.clone(),
-            sandbox: sandbox.to_owned(),
+            sandbox,
             stdout: dir.join("stdout"),
             stderr: dir.join("stderr"),
             progress: watch::Sender::new(Progress::default()),

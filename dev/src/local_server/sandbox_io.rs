@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
 
+use super::async_exec::Start;
 use super::http::ApiError;
 use super::paths::resolve;
 use super::process::{self, CommandSpec};
@@ -71,6 +72,31 @@ pub(crate) async fn exec(
         timeout: command.timeout,
     };
     Ok(process::run(spec, || !entry.is_destroyed()).await)
+}
+
+/// Starts `argv` as an async exec in sandbox `id` (woken if asleep); its exec id.
+pub(crate) async fn exec_async(
+    shared: &Arc<Shared>,
+    id: &str,
+    argv: Vec<String>,
+    env: &BTreeMap<String, String>,
+    stdin: Option<String>,
+) -> Result<String, ApiError> {
+    if shared.simulator.is_some() {
+        return Err(ApiError::invalid(
+            "async exec runs real processes; simulated sandboxes do not have them",
+        ));
+    }
+    let entry = shared.entry(id)?;
+    entry.wake()?;
+    let start = Start {
+        sandbox: id.to_owned(),
+        fs: entry.fs.clone(),
+        argv,
+        env: entry.command_env(shared, env),
+        stdin,
+    };
+    shared.execs.start(start, || !entry.is_destroyed()).await
 }
 
 /// What a file write stored.

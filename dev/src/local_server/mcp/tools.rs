@@ -120,7 +120,7 @@ pub(crate) async fn call(
                 env,
                 stdin,
             } = args.exec;
-            let exec = shared.execs.start(&shared, &briq, cmd, &env, stdin).await?;
+            let exec = sandbox_io::exec_async(&shared, &briq, cmd, &env, stdin).await?;
             Ok(answer::structured(&ExecStarted { exec })?)
         }
         tools::EXEC => {
