@@ -10,13 +10,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::process::Command;
 use tokio::sync::watch;
 
 use super::http::{ApiError, random_token};
@@ -111,9 +109,9 @@ impl AsyncExecs {
             mut env,
             stdin,
         } = start;
-        let Some((program, args)) = argv.split_first() else {
+        if argv.is_empty() {
             return Err(ApiError::invalid("the command is empty"));
-        };
+        }
         let id = format!("ex_{}", random_token(16));
         let dir = resolve(&fs, &format!("/.briq-exec/{id}"))
             .map_err(|e| ApiError::invalid(e.to_string()))?;
@@ -122,21 +120,8 @@ impl AsyncExecs {
             .map_err(|e| ApiError::invalid(format!("cannot make the exec's directory: {e}")))?;
         env.insert(LOCAL_ROOT_ENV.to_owned(), fs.display().to_string());
         env.insert(EXEC_MARKER.to_owned(), id.clone());
-        let mut child = Command::new(program)
-            .args(args)
-            .current_dir(&fs)
-            .env_clear()
-            .envs(&env)
-            .process_group(0)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| ApiError::invalid(format!("{program}: {e}")))?;
+        let mut child = process::spawn(&argv, &fs, &env, stdin.is_some())
+            .map_err(|e| ApiError::invalid(format!("{}: {e}", argv[0])))?;
         if !still_wanted() {
             let id = id.clone();
             tokio::task::spawn_blocking(move || process::kill_marked(EXEC_MARKER, &id));

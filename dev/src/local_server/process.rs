@@ -8,12 +8,12 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 use briq_operator::briq::api::{ExecOutput, MAX_OUTPUT_BYTES};
 
@@ -41,24 +41,15 @@ pub(crate) struct CommandSpec {
 /// exec'd (when its marker is visible in `/proc`): a sandbox destroyed in between has already
 /// been scanned for processes, so this one is killed here instead.
 pub(crate) async fn run(command: CommandSpec, still_wanted: impl FnOnce() -> bool) -> ExecOutput {
-    let Some((program, args)) = command.argv.split_first() else {
+    let Some(program) = command.argv.first() else {
         return failed(126, "empty argv");
     };
-    let mut child = match Command::new(program)
-        .args(args)
-        .current_dir(&command.cwd)
-        .env_clear()
-        .envs(&command.env)
-        .process_group(0)
-        .stdin(if command.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
+    let mut child = match spawn(
+        &command.argv,
+        &command.cwd,
+        &command.env,
+        command.stdin.is_some(),
+    ) {
         Ok(child) => child,
         Err(e) => {
             // What a shell would answer, so callers see the usual codes.
@@ -122,6 +113,29 @@ pub(crate) async fn run(command: CommandSpec, still_wanted: impl FnOnce() -> boo
         stderr: stderr.take(),
         timed_out,
     }
+}
+
+/// Starts `argv` in its own process group, in `cwd`, with exactly `env`, its output piped (and
+/// its input, when `stdin` is given; else none).
+pub(crate) fn spawn(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+    stdin: bool,
+) -> io::Result<Child> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
+    };
+    Command::new(program)
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .process_group(0)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
 }
 
 fn failed(code: i32, message: &str) -> ExecOutput {
