@@ -198,13 +198,12 @@ impl AsyncExecs {
             Stream::Stdout => &exec.stdout,
             Stream::Stderr => &exec.stderr,
         };
-        let available = written(&exec.progress.borrow());
-        let (output, next) = read_from(path, offset, most, available).await?;
-        let mut answer = exec.answer().await?;
+        // The state read with the bytes available, so a read that says `exited` holds the end.
+        let progress = *exec.progress.borrow();
+        let (output, next) = read_from(path, offset, most, written(&progress)).await?;
+        let mut answer = exec.standing(progress);
         answer.output = Some(output);
         answer.next_offset = Some(next);
-        answer.stdout = None;
-        answer.stderr = None;
         Ok(answer)
     }
 
@@ -238,23 +237,31 @@ impl AsyncExec {
     /// Where it stands, with the last [`MAX_OUTPUT_BYTES`] of each stream.
     async fn answer(&self) -> Result<ExecResult, ApiError> {
         let progress = *self.progress.borrow();
+        let mut answer = self.standing(progress);
+        answer.stdout = Some(tail(&self.stdout, progress.stdout).await?);
+        answer.stderr = Some(tail(&self.stderr, progress.stderr).await?);
+        Ok(answer)
+    }
+
+    /// Where it stands at `progress`, without output.
+    fn standing(&self, progress: Progress) -> ExecResult {
         let (state, exit_code) = match progress.ended {
             None => (ExecState::Running, None),
             Some(Ended::Exited(code)) => (ExecState::Exited, Some(code)),
             Some(Ended::Stopped) => (ExecState::Stopped, None),
             Some(Ended::Lost) => (ExecState::Lost, None),
         };
-        Ok(ExecResult {
+        ExecResult {
             exec: self.id.clone(),
             state,
             exit_code,
-            stdout: Some(tail(&self.stdout, progress.stdout).await?),
-            stderr: Some(tail(&self.stderr, progress.stderr).await?),
+            stdout: None,
+            stderr: None,
             output: None,
             next_offset: None,
             stdout_path: sandbox_path(&self.id, Stream::Stdout),
             stderr_path: sandbox_path(&self.id, Stream::Stderr),
-        })
+        }
     }
 }
 
