@@ -93,6 +93,12 @@ JOURNAL_MAX_AGE_S = 3_600.0
 # How often a second delivery of a running attempt looks for its result.
 JOURNAL_POLL_S = 0.05
 
+# Live output (PROTOCOL.md "Live output"): whoever collects an attempt's kernel messages appends
+# its stream text to `<attempt>.live` in the journal, so that the journal's retention prunes it
+# with the attempt's other files. Only the head is relayed, at most LIVE_BUDGET characters (the
+# result keeps head and tail): user code that prints gigabytes costs no memory or disk here.
+LIVE_BUDGET = 16_384
+
 # `cancel` (PROTOCOL.md "Cancel"). How long deliveries of an attempt a cancel claimed before it
 # ran wait for the cancelled record it writes at once.
 CANCEL_CLAIM_WAIT_S = 5.0
@@ -806,9 +812,11 @@ def await_iopub(client: Any, pid: int, until: float) -> bool:
 class Execution:
     """Everything the kernel reports about one execute_request, gathered as it arrives."""
 
-    def __init__(self, msg_id: str) -> None:
+    def __init__(self, msg_id: str, live: LiveOutput | None = None) -> None:
         self.msg_id = msg_id
         self.logs = ClippedText()
+        # Where stream text goes as it arrives, for followers (PROTOCOL.md "Live output").
+        self.live = live
         self.output: ClippedText | None = None
         self.error: dict | None = None
         self.display_dropped = 0
@@ -829,7 +837,10 @@ class Execution:
         kind = msg["header"]["msg_type"]
         content = msg["content"]
         if kind == "stream":
-            self.logs.add(str(content.get("text", "")))
+            text = str(content.get("text", ""))
+            self.logs.add(text)
+            if self.live is not None:
+                self.live.stream(content.get("name"), text)
         elif kind == "execute_result":
             text = content.get("data", {}).get("text/plain")
             if text is not None:
@@ -1315,7 +1326,9 @@ def run_in_kernel(
     try:
         client = connect(state, shell=True, iopub=True)
         try:
-            return execute_action(client, pid, code, deadline, args.timeout), 0
+            return execute_action(
+                client, pid, code, deadline, args.timeout, attempt=args.attempt
+            ), 0
         finally:
             client.stop_channels()
     finally:
@@ -1324,36 +1337,46 @@ def run_in_kernel(
 
 
 def execute_action(
-    client: Any, pid: int, code: str, deadline: float, timeout: float, subscribed: bool = False
+    client: Any,
+    pid: int,
+    code: str,
+    deadline: float,
+    timeout: float,
+    subscribed: bool = False,
+    attempt: str | None = None,
 ) -> dict:
     """Run `code` in kernel `pid` over the connected `client` (shell and iopub) and describe the
     outcome as a result envelope. Shared by `run` (a fresh client) and the runner (its own,
-    `subscribed` since it started: no kernel_info round trip first)."""
-    drain(client)
-    if not subscribed and not await_iopub(client, pid, deadline):
-        lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
-        return result_envelope("kernel_lost", error=lost)
-    started = time.monotonic()
-    msg_id = client.execute(
-        code,
-        silent=False,
-        store_history=True,
-        user_expressions={},
-        allow_stdin=False,
-        # With the default (True) a request after an error may come back aborted.
-        stop_on_error=False,
-    )
-    execution = Execution(msg_id)
-    outcome = collect(client, execution, pid, deadline)
-    recovered = None
-    if outcome == "deadline":
-        # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGINT)
-        grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
-        recovered = execution.idle and grace_outcome != "lost"
-    duration_ms = round((time.monotonic() - started) * 1000)
-    return summarize(execution, outcome, recovered, timeout, pid, duration_ms)
+    `subscribed` since it started: no kernel_info round trip first). The caller accepted
+    `attempt` (when given) in the journal: its stream output is relayed to its live file."""
+    with LiveOutput.start(attempt) as live:
+        drain(client)
+        if not subscribed and not await_iopub(client, pid, deadline):
+            live.how = "lost"
+            lost = error_info("KernelLost", f"kernel {pid} died or stopped answering")
+            return result_envelope("kernel_lost", error=lost)
+        started = time.monotonic()
+        msg_id = client.execute(
+            code,
+            silent=False,
+            store_history=True,
+            user_expressions={},
+            allow_stdin=False,
+            # With the default (True) a request after an error may come back aborted.
+            stop_on_error=False,
+        )
+        execution = Execution(msg_id, live)
+        outcome = collect(client, execution, pid, deadline)
+        recovered = None
+        if outcome == "deadline":
+            # ipykernel's default interrupt_mode is "signal": SIGINT raises KeyboardInterrupt.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGINT)
+            grace_outcome = collect(client, execution, pid, time.monotonic() + INTERRUPT_GRACE_S)
+            recovered = execution.idle and grace_outcome != "lost"
+        live.how = outcome
+        duration_ms = round((time.monotonic() - started) * 1000)
+        return summarize(execution, outcome, recovered, timeout, pid, duration_ms)
 
 
 def summarize(
@@ -2143,6 +2166,10 @@ class Journal:
                 )
                 os.close(fd)
 
+    def live_path(self, attempt: str) -> Path:
+        """Where `attempt`'s live output is written while it runs (PROTOCOL.md "Live output")."""
+        return self._path(attempt, "live")
+
     def accepted(self, attempt: str) -> dict | None:
         """The accepted record of `attempt`, or None when it was never accepted. A record that
         cannot be read counts as accepted with nothing to wait for: it was made, so the code
@@ -2314,6 +2341,113 @@ class Journal:
             if entry.name.lstrip(".").split(".")[0] in doomed:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def live_line(record: dict) -> bytes:
+    """One line of a live file: compact JSON, pure ASCII (whatever the user printed: newlines,
+    control characters and lone surrogates are escaped or replaced), so a line is never split."""
+    return (
+        json.dumps(_valid_unicode(record), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        + b"\n"
+    )
+
+
+class LiveOutput:
+    """The live file of one attempt (PROTOCOL.md "Live output"), written by the process that
+    collects the attempt's kernel messages (the runner, or `run` without one): a line per stream
+    message, at most LIVE_BUDGET characters of text (then a cut line), and an end line.
+
+    The writer holds an exclusive flock on the file from before it appears until the end line is
+    written, so a follower that can take the lock knows that nothing more will come: a writer
+    that died leaves the file unlocked without an end line. Writing never fails the run: after
+    an error the file is released as it is (its followers say `lost`)."""
+
+    def __init__(self, fd: int | None = None, attempt: str | None = None) -> None:
+        self.fd = fd
+        self.attempt = attempt
+        self.relayed = 0
+        self.cut = False
+        # How the attempt's output ended, the word of the end line ("failed" until the
+        # execution says otherwise: an exception escaped it).
+        self.how = "failed"
+
+    @classmethod
+    def start(cls, attempt: str | None) -> LiveOutput:
+        """The new live file of `attempt`, which the caller accepted in the journal; one that
+        writes nothing without an attempt or when the file cannot be made. A live file that is
+        there already is never touched: it is another run's."""
+        if attempt is None:
+            return cls()
+        import fcntl
+        import tempfile
+
+        journal = Journal()
+        try:
+            fd, tmp_name = tempfile.mkstemp(dir=journal.dir, prefix=f".{attempt}.", suffix=".tmp")
+        except OSError as exc:
+            print(f"bridge: no live output for attempt {attempt}: {exc}", file=sys.stderr)
+            return cls()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Linked into place locked, so no follower ever sees it unlocked before its end,
+            # and only if no live file is there (the first run's is never rewritten).
+            os.link(tmp_name, journal.live_path(attempt))
+        except OSError as exc:
+            os.close(fd)
+            print(f"bridge: no live output for attempt {attempt}: {exc}", file=sys.stderr)
+            return cls()
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+        return cls(fd, attempt)
+
+    def __enter__(self) -> LiveOutput:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        self.end("failed" if exc_type is not None else self.how)
+
+    def stream(self, name: Any, text: str) -> None:
+        """Relay a stream message's text, as far as the budget goes."""
+        if self.fd is None or self.cut or not text:
+            return
+        stream = "stderr" if name == "stderr" else "stdout"
+        room = LIVE_BUDGET - self.relayed
+        if len(text) <= room:
+            self.relayed += len(text)
+            self._write({"stream": stream, "text": text})
+            return
+        if room:
+            self._write({"stream": stream, "text": text[:room]})
+        self.relayed, self.cut = LIVE_BUDGET, True
+        self._write({"cut": LIVE_BUDGET})
+
+    def end(self, how: str) -> None:
+        """Write the end line and release the file. An attempt cancelled meanwhile ends
+        `cancelled`, as the journal records it."""
+        if self.fd is None:
+            return
+        if how != "failed" and Journal().cancel_mark(self.attempt) is not None:
+            how = "cancelled"
+        self._write({"end": how})
+        self._release()
+
+    def _write(self, record: dict) -> None:
+        # One write per line, unbuffered: a follower sees it at once.
+        if self.fd is None:
+            return  # released after an earlier error
+        data = live_line(record)
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as exc:
+            print(f"bridge: live output of {self.attempt} stopped: {exc}", file=sys.stderr)
+            self._release()
+
+    def _release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None
 
 
 class OutcomeUnknown(Exception):
@@ -2789,20 +2923,24 @@ class Runner:
         except Exception as exc:
             envelope, exit_code = bridge_failure("result", failure_message(exc)), 1
         else:
-            envelope, exit_code, stop = self.execute(code, request["timeout"])
+            envelope, exit_code, stop = self.execute(
+                code, request["timeout"], request.get("attempt")
+            )
         if request.get("attempt") is not None:
             envelope, exit_code = Journal().finish(request["attempt"], envelope, exit_code)
         self.reply(conn, {"envelope": envelope, "exit_code": exit_code})
         return stop
 
-    def execute(self, code: str, timeout: float) -> tuple[dict, int, str | None]:
-        """Run `code` over the runner's kernel client: the envelope, the exit code and, when the
-        client may be broken, the reason to stop serving."""
+    def execute(
+        self, code: str, timeout: float, attempt: str | None = None
+    ) -> tuple[dict, int, str | None]:
+        """Run `code` (as the accepted `attempt`, when given) over the runner's kernel client: the
+        envelope, the exit code and, when the client may be broken, the reason to stop serving."""
         try:
             deadline = time.monotonic() + timeout
             # Its iopub subscription was proven live when it started, and a kernel that stopped
             # answering since is caught by the execution itself (its pid, then its deadline).
-            envelope = execute_action(self.client, self.pid, code, deadline, timeout, True)
+            envelope = execute_action(self.client, self.pid, code, deadline, timeout, True, attempt)
             return envelope, 0, None
         except Exception as exc:
             stop = f"kernel client failed: {failure_message(exc)}"
@@ -2867,7 +3005,7 @@ class Runner:
                 source = code.decode("utf-8")
             except UnicodeDecodeError as exc:
                 return bridge_failure("result", f"bridge error: the code is not UTF-8: {exc}"), 1
-            envelope, exit_code, stop = self.execute(source, request["timeout"])
+            envelope, exit_code, stop = self.execute(source, request["timeout"], attempt)
             return envelope, exit_code
 
         try:

@@ -164,3 +164,20 @@ def test_the_kernel_state_is_where_and_what_it_was(previous, current, workdir):
     assert new.read_pid() == 4321
     for name in ("JOURNAL_DIR", "RESULTS_DIR", "ACTIONS_DIR", "STATE_DIR"):
         assert getattr(current, name, None) == getattr(previous, name, None), name
+
+
+def test_the_previous_bridge_prunes_live_files_with_their_records(previous, current, workdir):
+    """A rollback: the previous bridge knows no live files, and removes them with the records of
+    their attempts all the same (one attempt's files share its id)."""
+    journal = current.Journal()
+    learnt, last = "00000000000000e1", "00000000000000f2"
+    now = time.time()
+    for attempt in (learnt, last):
+        assert journal.accept(attempt, now + 30)
+        with current.LiveOutput.start(attempt) as live:
+            live.stream("stdout", "hi\n")
+            live.how = "done"
+        journal.finish(attempt, current.result_envelope("ok"), 0)
+    previous.Journal(journal.dir).prune(now + 10 * 24 * 3600)
+    assert not journal.live_path(learnt).exists(), "learnt and old: pruned with its records"
+    assert journal.live_path(last).exists(), "not learnt yet: kept"
