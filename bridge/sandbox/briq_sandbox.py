@@ -5,8 +5,8 @@ This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
 
     BRIQ_NONCE=NONCE python3 .briq/bridge.py <command> [opts]
 
-with one of the commands setup, start-kernel, probe, run, recall, cancel, save-state and
-restore-state.
+with one of the commands setup, start-kernel, probe, run, recall, cancel, save-state,
+restore-state and set-env; ``follow`` relays a running attempt's output (no envelope).
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -90,7 +90,8 @@ JOURNAL_DIR = ".briq/journal"
 ATTEMPT_PATTERN = re.compile(r"[0-9a-f]{16,64}")
 JOURNAL_KEEP = 256
 JOURNAL_MAX_AGE_S = 3_600.0
-# How often a second delivery of a running attempt looks for its result.
+# How often a second delivery of a running attempt looks for its result (and a follower for
+# more live output).
 JOURNAL_POLL_S = 0.05
 
 # Live output (PROTOCOL.md "Live output"): whoever collects an attempt's kernel messages appends
@@ -98,6 +99,11 @@ JOURNAL_POLL_S = 0.05
 # with the attempt's other files. Only the head is relayed, at most LIVE_BUDGET characters (the
 # result keeps head and tail): user code that prints gigabytes costs no memory or disk here.
 LIVE_BUDGET = 16_384
+# Every line of a live file but the last is a stream line or the cut line; the last one is the
+# end line, which always starts so (user text is escaped inside a stream line's "text").
+LIVE_END_PREFIX = b'{"end":'
+# How much of the live file a follower reads at once.
+LIVE_READ_BYTES = 65_536
 
 # `cancel` (PROTOCOL.md "Cancel"). How long deliveries of an attempt a cancel claimed before it
 # ran wait for the cancelled record it writes at once.
@@ -2450,6 +2456,122 @@ class LiveOutput:
             self.fd = None
 
 
+def live_writer_gone(fd: int) -> bool:
+    """Whether nobody holds the live file `fd` locked any more: its writer ended or died."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def last_end_line(fd: int) -> bytes | None:
+    """The live file's end line when it is its last line, else None."""
+    size = os.fstat(fd).st_size
+    tail = os.pread(fd, 256, max(0, size - 256))
+    last = tail[:-1].rpartition(b"\n")[2]
+    return last + b"\n" if tail.endswith(b"\n") and last.startswith(LIVE_END_PREFIX) else None
+
+
+def write_stdout(data: bytes) -> None:
+    """Straight to fd 1, unbuffered: the follower's reader gets each line as it is written."""
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def open_live_file(journal: Journal, attempt: str, until: float) -> int | str:
+    """The open live file of `attempt` once there is one, else the end word saying why there is
+    none: `unknown` (never accepted here), `gone` (its result is recorded and no live file is
+    there), `lost` (its accepted time is up with neither) or `timeout` (`until` passed)."""
+    path = journal.live_path(attempt)
+    while True:
+        # Looked at before the file: the live file is made before the result is recorded, so a
+        # live file missing after the record was seen never comes.
+        finished = journal.finished(attempt) is not None
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pass
+        if finished:
+            return "gone"
+        accepted = journal.accepted(attempt)
+        if accepted is None:
+            return "unknown"
+        if time.time() >= accepted["wait_until"]:
+            return "lost"
+        if time.monotonic() >= until:
+            return "timeout"
+        time.sleep(JOURNAL_POLL_S)
+
+
+def follow_live_file(fd: int, offset: int, until: float) -> str | None:
+    """Print the complete lines of the live file `fd` from byte `offset` on, as they are
+    appended, through its end line (then None); the end word to print instead when its writer
+    is gone without one (`lost`) or `until` passes (`timeout`)."""
+    # Reading from the byte before `offset` tells whether `offset` starts a line; when it does
+    # not (a resume inside a line), the rest of that line is skipped, never printed in part.
+    position = max(0, offset - 1)
+    at_line_start = offset == 0
+    pending = b""
+    writer_gone = False
+    while time.monotonic() < until:
+        chunk = os.pread(fd, LIVE_READ_BYTES, position)
+        if chunk:
+            position += len(chunk)
+            pending += chunk
+            if not at_line_start:
+                at_line_start = b"\n" in pending
+                pending = pending.partition(b"\n")[2]
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                write_stdout(line + b"\n")
+                if line.startswith(LIVE_END_PREFIX):
+                    return None
+        elif writer_gone:
+            # All it wrote has been read. An end line before `offset` (a resume after the end)
+            # is printed again; none at all means the writer died.
+            end = last_end_line(fd)
+            if end is None:
+                return "lost"
+            write_stdout(end)
+            return None
+        elif live_writer_gone(fd):
+            writer_gone = True  # read once more: it may have written up to its release
+        else:
+            time.sleep(JOURNAL_POLL_S)
+    return "timeout"
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    """`follow --attempt X`: the attempt's live file on stdout from byte `--offset` on, line by
+    line as it grows, through its end line or an end line of its own (PROTOCOL.md "Live
+    output"). No envelope: the operator reads the bytes as they come. Exit code 0 once an end
+    line is printed, 1 when the bridge failed (a message on stderr)."""
+    until = time.monotonic() + args.max_seconds
+    try:
+        if split_users():
+            secure_layout()
+        opened = open_live_file(Journal(), args.attempt, until)
+        if isinstance(opened, str):
+            ended: str | None = opened
+        else:
+            try:
+                ended = follow_live_file(opened, args.offset, until)
+            finally:
+                os.close(opened)
+        if ended is not None:
+            write_stdout(live_line({"end": ended}))
+    except BrokenPipeError:
+        return 1  # the reader is gone: nobody to tell
+    except Exception as exc:
+        print(failure_message(exc), file=sys.stderr)
+        return 1
+    return 0
+
+
 class OutcomeUnknown(Exception):
     """The runner may have received a `run` request but gave no answer: the code may or may not
     have run, so it must not run again and no envelope may claim either way."""
@@ -3130,6 +3252,13 @@ def attempt_type(value: str) -> str:
     return value
 
 
+def offset_type(value: str) -> int:
+    offset = int(value)
+    if offset < 0:
+        raise argparse.ArgumentTypeError("an offset is a number of bytes, 0 or more")
+    return offset
+
+
 def bridge_failure(kind: str, message: str) -> dict:
     """An envelope of the expected kind for when the bridge itself broke."""
     if kind == "setup":
@@ -3187,6 +3316,13 @@ def build_parser() -> argparse.ArgumentParser:
     set_env.add_argument("--state-dir", default=".briq/state")
     set_env.add_argument("--deadline", type=seconds_type, default=10.0)
 
+    # A running attempt's output as it comes: raw lines, no nonce, no envelope (the operator
+    # reads its stdout as a byte stream).
+    follow = commands.add_parser("follow")
+    follow.add_argument("--attempt", type=attempt_type, required=True)
+    follow.add_argument("--offset", type=offset_type, default=0)
+    follow.add_argument("--max-seconds", type=seconds_type, default=3_600.0)
+
     # Internal: the runner, started by start-kernel (and by run when none answers). No nonce,
     # no envelope; its output goes to the runner log.
     serve = commands.add_parser("serve")
@@ -3207,6 +3343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return cmd_serve(args)
+    if args.command == "follow":
+        return cmd_follow(args)
     if nonce is None:
         # Nothing to frame an envelope with: the operator sees none and calls it malformed.
         print(f"bridge error: {NONCE_ENV} must hold [A-Za-z0-9]{{16,64}}", file=sys.stderr)
