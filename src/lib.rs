@@ -17,6 +17,7 @@ mod layering;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
+pub mod subresources;
 pub mod telemetry;
 pub mod traces;
 pub mod usage;

@@ -11,6 +11,7 @@ use crate::{
     controller::{self, Observer, Settings},
     http::{self, Role},
     leader::{self, LeaseConfig},
+    subresources,
 };
 
 #[derive(clap::Args, Debug)]
@@ -108,6 +109,20 @@ pub struct Args {
     /// Address of the HTTP endpoints /healthz, /readyz and /metrics.
     #[arg(long, env = "BRIQ_HTTP_ADDRESS", default_value = "127.0.0.1:8080")]
     pub http_address: SocketAddr,
+
+    /// Address of the aggregated API (`subresources.briq.cloud`: an action's live output),
+    /// which kube-apiserver reaches through an APIService; off when unset.
+    #[arg(long, env = "BRIQ_SUBRESOURCES_ADDRESS", requires_all = ["subresources_cert_file", "subresources_key_file"])]
+    pub subresources_address: Option<SocketAddr>,
+
+    /// The aggregated API's serving certificate (PEM), valid for the Service the APIService
+    /// names (`<service>.<namespace>.svc`).
+    #[arg(long, env = "BRIQ_SUBRESOURCES_CERT_FILE")]
+    pub subresources_cert_file: Option<std::path::PathBuf>,
+
+    /// The key of `--subresources-cert-file` (PEM).
+    #[arg(long, env = "BRIQ_SUBRESOURCES_KEY_FILE")]
+    pub subresources_key_file: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -231,6 +246,8 @@ pub struct Options {
     pub lease: Option<LeaseConfig>,
     /// Serve /healthz, /readyz and /metrics here.
     pub http: Option<tokio::net::TcpListener>,
+    /// Serve the aggregated API so.
+    pub subresources: Option<subresources::Serving>,
 }
 
 /// Runs the controllers against the cluster of the ambient kubeconfig or service account until
@@ -263,10 +280,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http_address)
         .await
         .with_context(|| format!("listening on {}", args.http_address))?;
+    let subresources = match (
+        args.subresources_address,
+        &args.subresources_cert_file,
+        &args.subresources_key_file,
+    ) {
+        (Some(address), Some(cert), Some(key)) => Some(subresources::Serving {
+            listener: tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("listening on {address}"))?,
+            cert_pem: std::fs::read_to_string(cert)
+                .with_context(|| format!("reading {}", cert.display()))?,
+            key_pem: std::fs::read_to_string(key)
+                .with_context(|| format!("reading {}", key.display()))?,
+        }),
+        _ => None,
+    };
     let options = Options {
         settings,
         lease: args.lease(&config)?,
         http: Some(http),
+        subresources,
     };
     serve(
         config,
@@ -303,6 +337,15 @@ where
             }
         }))
     });
+    let _subresources = match options.subresources {
+        Some(serving) => Some(serve_subresources(
+            client.clone(),
+            sandboxes.clone(),
+            options.settings.clone(),
+            serving,
+        )),
+        None => None,
+    };
     match options.lease {
         None => {
             observer.health.set_role(Role::Single);
@@ -347,6 +390,33 @@ where
     drop(http);
     crate::traces::flush();
     Ok(())
+}
+
+/// The aggregated API on a task of its own, on every replica (a standby's answers need no
+/// lease). An API server without the front-proxy flags leaves it off, said in the log: the
+/// controllers run either way.
+fn serve_subresources<S: SandboxApi + Clone + 'static>(
+    client: kube::Client,
+    sandboxes: S,
+    settings: Settings,
+    serving: subresources::Serving,
+) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        let proxy = match subresources::FrontProxy::from_cluster(client.clone()).await {
+            Ok(proxy) => proxy,
+            Err(error) => {
+                tracing::error!(%error, "the aggregated API is off");
+                return;
+            }
+        };
+        if let Ok(address) = serving.listener.local_addr() {
+            tracing::info!(%address, "serving the aggregated API {}", subresources::GROUP);
+        }
+        let keys = controller::ExecutorKeys::start(client, sandboxes, settings);
+        if let Err(error) = subresources::serve(serving, keys, proxy).await {
+            tracing::error!(%error, "the aggregated API stopped");
+        }
+    }))
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -209,6 +209,15 @@ impl ControlPlane {
                 &files.service_account_key,
             ])
             .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+            // The aggregation layer: kube-apiserver proxies an APIService's requests with this
+            // client certificate and names the user in these headers.
+            .args(["--requestheader-client-ca-file", &files.front_proxy_ca_cert])
+            .args(["--requestheader-allowed-names", FRONT_PROXY_CLIENT])
+            .args(["--requestheader-username-headers", "X-Remote-User"])
+            .args(["--requestheader-group-headers", "X-Remote-Group"])
+            .args(["--requestheader-extra-headers-prefix", "X-Remote-Extra-"])
+            .args(["--proxy-client-cert-file", &files.front_proxy_client_cert])
+            .args(["--proxy-client-key-file", &files.front_proxy_client_key])
             .args(["--authorization-mode", "RBAC"])
             .args(["--disable-admission-plugins", "ServiceAccount"])
             .args(["--allow-privileged=true", "--v=1"]);
@@ -325,6 +334,43 @@ impl ControlPlane {
         let path = self.dir.path().join(format!("kubeconfig-{file}"));
         fs::write(&path, text).map_err(io("writing a kubeconfig"))?;
         Ok(path)
+    }
+
+    /// A serving certificate for `dns_name` (and 127.0.0.1) signed by this control plane's CA,
+    /// with the CA: what an aggregated API server behind an APIService needs. Returns
+    /// `(certificate, key, ca)` in PEM.
+    pub fn serving_certificate(&self, dns_name: &str) -> Result<(String, String, String), Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(vec![dns_name.to_owned()])?;
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(Ipv4Addr::LOCALHOST.into()));
+        params.distinguished_name.push(DnType::CommonName, dns_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.pki.ca)?;
+        Ok((cert.pem(), key.serialize_pem(), self.pki.ca_pem.clone()))
+    }
+
+    /// A client certificate of `common_name` signed by the front-proxy CA (as kube-apiserver's
+    /// own is, with [`FRONT_PROXY_CLIENT`]) or by the cluster's CA: for tests that call an
+    /// aggregated API server directly. Returns `(certificate, key)` in PEM.
+    pub fn client_certificate(
+        &self,
+        common_name: &str,
+        signer: Signer,
+    ) -> Result<(String, String), Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let issuer = match signer {
+            Signer::FrontProxy => &self.pki.front_proxy_ca,
+            Signer::Cluster => &self.pki.ca,
+        };
+        let cert = params.signed_by(&key, issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 
     fn log_path(&self, process: &str) -> PathBuf {
@@ -467,6 +513,12 @@ struct Pki {
     admin_key: String,
     service_account_key: String,
     service_account_public_key: String,
+    /// A CA of its own for the front proxy, as kubeadm makes one: an aggregated API server
+    /// trusts a request's user headers only from a client certificate of this CA.
+    front_proxy_ca: CertifiedIssuer<'static, KeyPair>,
+    front_proxy_ca_pem: String,
+    front_proxy_client_cert: String,
+    front_proxy_client_key: String,
 }
 
 struct PkiFiles {
@@ -475,6 +527,20 @@ struct PkiFiles {
     serving_key: String,
     service_account_key: String,
     service_account_public_key: String,
+    front_proxy_ca_cert: String,
+    front_proxy_client_cert: String,
+    front_proxy_client_key: String,
+}
+
+/// The common name of the client certificate kube-apiserver presents to aggregated API servers
+/// (`--requestheader-allowed-names`).
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// Which CA signs a certificate [`ControlPlane::client_certificate`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signer {
+    FrontProxy,
+    Cluster,
 }
 
 impl Pki {
@@ -508,7 +574,29 @@ impl Pki {
         let admin_cert = admin.signed_by(&admin_key, &ca)?;
 
         let service_account = KeyPair::generate()?;
+
+        let mut front_proxy_ca_params = CertificateParams::new(Vec::<String>::new())?;
+        front_proxy_ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "briq-operator local front-proxy CA");
+        front_proxy_ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        front_proxy_ca_params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let front_proxy_ca =
+            CertifiedIssuer::self_signed(front_proxy_ca_params, KeyPair::generate()?)?;
+        let front_proxy_client_key = KeyPair::generate()?;
+        let mut front_proxy_client = CertificateParams::new(Vec::<String>::new())?;
+        front_proxy_client
+            .distinguished_name
+            .push(DnType::CommonName, FRONT_PROXY_CLIENT);
+        front_proxy_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let front_proxy_client_cert =
+            front_proxy_client.signed_by(&front_proxy_client_key, &front_proxy_ca)?;
         Ok(Pki {
+            front_proxy_ca_pem: front_proxy_ca.pem(),
+            front_proxy_ca,
+            front_proxy_client_cert: front_proxy_client_cert.pem(),
+            front_proxy_client_key: front_proxy_client_key.serialize_pem(),
             ca_pem: ca.pem(),
             serving_cert: serving_cert.pem(),
             serving_key: serving_key.serialize_pem(),
@@ -534,6 +622,9 @@ impl Pki {
             serving_key: put("apiserver.key", &self.serving_key)?,
             service_account_key: put("sa.key", &self.service_account_key)?,
             service_account_public_key: put("sa.pub", &self.service_account_public_key)?,
+            front_proxy_ca_cert: put("front-proxy-ca.crt", &self.front_proxy_ca_pem)?,
+            front_proxy_client_cert: put("front-proxy-client.crt", &self.front_proxy_client_cert)?,
+            front_proxy_client_key: put("front-proxy-client.key", &self.front_proxy_client_key)?,
         })
     }
 

@@ -145,6 +145,7 @@ impl OperatorProcess {
             settings,
             lease,
             http: Some(listener),
+            subresources: None,
         };
         let task = tokio::spawn(operator::serve(
             config,

@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 
 use super::{NONCE_ENV, Nonce};
 use crate::briq::{
-    self, ApiKey, CreateSandbox, DestroyOutcome, ExecOutput, ExecRequest, Sandbox, SandboxApi,
-    SandboxState,
+    self, ApiKey, CreateSandbox, DestroyOutcome, ExecOutput, ExecRequest, ExecResult,
+    ExecResultArgs, ExecState, Sandbox, SandboxApi, SandboxState,
 };
 
 /// The bridge's subcommands, as they appear in a command's argv.
-const SUBCOMMANDS: [&str; 9] = [
+const SUBCOMMANDS: [&str; 10] = [
     "setup",
     "start-kernel",
     "probe",
@@ -27,6 +27,7 @@ const SUBCOMMANDS: [&str; 9] = [
     "save-state",
     "restore-state",
     "set-env",
+    "follow",
 ];
 
 /// One call the code under test made, as data.
@@ -65,6 +66,19 @@ pub enum Call {
         id: String,
         path: String,
     },
+    /// A command started with `async`: its bridge subcommand, and the exec id answered.
+    ExecAsync {
+        id: String,
+        command: String,
+        exec: String,
+    },
+    ExecResult {
+        exec: String,
+        offset: Option<u64>,
+    },
+    ExecStop {
+        exec: String,
+    },
 }
 
 impl Call {
@@ -101,6 +115,10 @@ struct State {
     sandboxes: BTreeMap<String, Sandbox>,
     files: BTreeMap<(String, String), Vec<u8>>,
     script: BTreeMap<String, VecDeque<Reply>>,
+    /// The whole stdout each next async command writes (it has exited when read).
+    async_outputs: VecDeque<String>,
+    /// The stdout of each async command started, by exec id.
+    async_runs: BTreeMap<String, String>,
 }
 
 /// An in-memory briq (see the module documentation).
@@ -129,6 +147,11 @@ impl FakeBriq {
             .entry(command.to_owned())
             .or_default()
             .push_back(reply);
+    }
+
+    /// The next async command's whole stdout (it reads as exited).
+    pub fn async_output(&self, stdout: &str) {
+        self.state().async_outputs.push_back(stdout.to_owned());
     }
 
     /// Every call so far, in order.
@@ -209,6 +232,32 @@ fn refused(message: &str) -> briq::Error {
         code: briq::api::ErrorCode::InvalidRequest,
         message: message.to_owned(),
         request_id: None,
+    }
+}
+
+/// The bridge subcommand `request` runs, or its whole argv when it runs none.
+fn subcommand(request: &ExecRequest) -> String {
+    request
+        .argv
+        .iter()
+        .find(|arg| SUBCOMMANDS.contains(&arg.as_str()))
+        .cloned()
+        .unwrap_or_else(|| request.argv.join(" "))
+}
+
+/// An exited async command's answer: its output from `offset`, when asked by offset.
+fn async_result(exec: &str, stdout: &str, offset: Option<u64>) -> ExecResult {
+    let from = |offset: u64| stdout.get(offset as usize..).unwrap_or_default().to_owned();
+    ExecResult {
+        exec: exec.to_owned(),
+        state: ExecState::Exited,
+        exit_code: Some(0),
+        stdout: offset.is_none().then(|| stdout.to_owned()),
+        stderr: offset.is_none().then(String::new),
+        output: offset.map(from),
+        next_offset: offset.map(|_| stdout.len() as u64),
+        stdout_path: format!("/.briq-exec/{exec}/stdout"),
+        stderr_path: format!("/.briq-exec/{exec}/stderr"),
     }
 }
 
@@ -321,12 +370,7 @@ impl SandboxApi for FakeBriq {
         id: &str,
         request: &ExecRequest,
     ) -> briq::Result<ExecOutput> {
-        let command = request
-            .argv
-            .iter()
-            .find(|arg| SUBCOMMANDS.contains(&arg.as_str()))
-            .cloned()
-            .unwrap_or_else(|| request.argv.join(" "));
+        let command = subcommand(request);
         self.record(Call::Exec {
             id: id.to_owned(),
             command: command.clone(),
@@ -341,6 +385,56 @@ impl SandboxApi for FakeBriq {
             stderr: String::new(),
             timed_out: false,
         })
+    }
+
+    async fn exec_async(
+        &self,
+        _key: &ApiKey,
+        id: &str,
+        request: &ExecRequest,
+    ) -> briq::Result<String> {
+        self.running(id)?;
+        let mut state = self.state();
+        let exec = format!("ex_{}", state.async_runs.len() + 1);
+        let stdout = state.async_outputs.pop_front().unwrap_or_default();
+        state.async_runs.insert(exec.clone(), stdout);
+        state.calls.push(Call::ExecAsync {
+            id: id.to_owned(),
+            command: subcommand(request),
+            exec: exec.clone(),
+        });
+        Ok(exec)
+    }
+
+    async fn exec_result(
+        &self,
+        _key: &ApiKey,
+        arguments: &ExecResultArgs,
+    ) -> briq::Result<ExecResult> {
+        self.record(Call::ExecResult {
+            exec: arguments.exec.clone(),
+            offset: arguments.offset,
+        });
+        let stdout = self
+            .state()
+            .async_runs
+            .get(&arguments.exec)
+            .cloned()
+            .ok_or_else(|| not_found(&arguments.exec))?;
+        Ok(async_result(&arguments.exec, &stdout, arguments.offset))
+    }
+
+    async fn exec_stop(&self, _key: &ApiKey, _id: &str, exec: &str) -> briq::Result<ExecResult> {
+        self.record(Call::ExecStop {
+            exec: exec.to_owned(),
+        });
+        let stdout = self
+            .state()
+            .async_runs
+            .get(exec)
+            .cloned()
+            .ok_or_else(|| not_found(exec))?;
+        Ok(async_result(exec, &stdout, None))
     }
 
     async fn write_file(

@@ -114,6 +114,12 @@ pub enum Command<'a> {
     /// Give the kernel a claimer's environment, sent on the command's stdin: kept for every
     /// kernel started from then on, and set in the live one within `deadline`.
     SetEnv { deadline: Duration },
+    /// Print `attempt`'s output as the kernel produces it, one JSON object a line, until the
+    /// attempt ends or `deadline` passes; unframed, read by byte offset through an async exec.
+    Follow {
+        attempt: &'a str,
+        deadline: Duration,
+    },
 }
 
 impl Command<'_> {
@@ -167,6 +173,10 @@ impl Command<'_> {
             Command::SetEnv { deadline } => {
                 argv.extend(["set-env", "--state-dir", STATE_DIR, "--deadline"].map(String::from));
                 argv.push(seconds(deadline));
+            }
+            Command::Follow { attempt, deadline } => {
+                argv.extend(["follow".into(), "--attempt".into(), attempt.to_string()]);
+                argv.extend(["--max-seconds".into(), seconds(deadline)]);
             }
             Command::Cancel { attempt, grace } => {
                 argv.extend(["cancel", "--state-dir", STATE_DIR].map(String::from));

@@ -74,7 +74,12 @@ pub const SENT: &[(&str, &[&str])] = &[
     ),
     (tools::LIST, &["all"]),
     (tools::STATUS, &["briq"]),
-    (tools::EXEC, &["briq", "cmd", "env", "stdin"]),
+    (tools::EXEC, &["briq", "cmd", "env", "stdin", "async"]),
+    (
+        tools::EXEC_RESULT,
+        &["briq", "exec", "offset", "stream", "waitMs", "maxBytes"],
+    ),
+    (tools::EXEC_STOP, &["briq", "exec"]),
     (tools::FILES_PUT, &["briq", "path", "contentBase64"]),
     (tools::FILES_GET, &["briq", "path"]),
     (tools::STOP, &["briq"]),
@@ -624,7 +629,29 @@ mod tests {
             (tools::STATUS, serialized_names(briq())),
             (
                 tools::EXEC,
-                serialized_names(ExecArgs::from_request("bq_1", &request(Duration::ZERO))),
+                // The async exec's arguments are the synchronous exec's and `async`.
+                serialized_names(AsyncExecArgs {
+                    exec: ExecArgs::from_request("bq_1", &request(Duration::ZERO)),
+                    started_async: true,
+                }),
+            ),
+            (
+                tools::EXEC_RESULT,
+                serialized_names(ExecResultArgs {
+                    briq: "bq_1".into(),
+                    exec: "ex_1".into(),
+                    offset: Some(0),
+                    stream: Stream::Stdout,
+                    wait_ms: Some(1),
+                    max_bytes: Some(1),
+                }),
+            ),
+            (
+                tools::EXEC_STOP,
+                serialized_names(ExecStopArgs {
+                    briq: "bq_1".into(),
+                    exec: "ex_1".into(),
+                }),
             ),
             (
                 tools::FILES_PUT,

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use url::Url;
 
 use super::api::{
-    BriqArgs, BriqList, CreateSandbox, ExecAnswer, ExecArgs, ExecOutput, ExecRequest,
-    FilesGetAnswer, FilesGetArgs, FilesPutAnswer, FilesPutArgs, ListArgs, MAX_EXEC_TIMEOUT,
-    RunArgs, Sandbox, SandboxState, decode_base64, tools,
+    AsyncExecArgs, BriqArgs, BriqList, CreateSandbox, DEFAULT_WAIT_MS, ExecAnswer, ExecArgs,
+    ExecOutput, ExecRequest, ExecResult, ExecResultArgs, ExecStarted, ExecStopArgs, FilesGetAnswer,
+    FilesGetArgs, FilesPutAnswer, FilesPutArgs, ListArgs, MAX_EXEC_TIMEOUT, RunArgs, Sandbox,
+    SandboxState, decode_base64, tools,
 };
 use super::conformance::{self, Mismatch};
 use super::error::{Error, ErrorClass};
@@ -420,6 +421,56 @@ impl SandboxApi for BriqClient {
             .await?
             .decode()?;
         Ok(answer.into())
+    }
+
+    async fn exec_async(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        request: &ExecRequest,
+    ) -> Result<String, Error> {
+        let arguments = AsyncExecArgs {
+            exec: ExecArgs::from_request(id, request),
+            started_async: true,
+        };
+        let started: ExecStarted = self
+            .call(key, tools::EXEC, &arguments, self.options.request_timeout)
+            .await?
+            .decode()?;
+        Ok(started.exec)
+    }
+
+    async fn exec_result(
+        &self,
+        key: &ApiKey,
+        arguments: &ExecResultArgs,
+    ) -> Result<ExecResult, Error> {
+        let waits = Duration::from_millis(arguments.wait_ms.unwrap_or(DEFAULT_WAIT_MS));
+        let timeout = waits + self.options.request_timeout;
+        idempotent("exec_result", || async {
+            self.call(key, tools::EXEC_RESULT, arguments, timeout)
+                .await?
+                .decode()
+        })
+        .await
+    }
+
+    async fn exec_stop(&self, key: &ApiKey, id: &str, exec: &str) -> Result<ExecResult, Error> {
+        let arguments = ExecStopArgs {
+            briq: id.to_owned(),
+            exec: exec.to_owned(),
+        };
+        idempotent("exec_stop", || async {
+            self.call(
+                key,
+                tools::EXEC_STOP,
+                &arguments,
+                self.options.request_timeout,
+            )
+            .await?
+            .decode()
+        })
+        .await
     }
 
     async fn write_file(

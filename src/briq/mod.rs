@@ -25,7 +25,10 @@ mod name;
 mod retry;
 mod sandbox_api;
 
-pub use api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox, SandboxState};
+pub use api::{
+    CreateSandbox, ExecOutput, ExecRequest, ExecResult, ExecResultArgs, ExecState, Sandbox,
+    SandboxState, Stream,
+};
 pub use client::{BriqClient, ClientOptions, NewClientError};
 pub use conformance::Mismatch;
 pub use error::{Error, ErrorClass, ExecOutcome, Result};

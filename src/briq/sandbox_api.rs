@@ -1,7 +1,7 @@
 //! The briq operations the operator uses, as a trait ([`SandboxApi`]) apart from the MCP client
 //! that implements it.
 
-use super::api::{CreateSandbox, ExecOutput, ExecRequest, Sandbox};
+use super::api::{CreateSandbox, ExecOutput, ExecRequest, ExecResult, ExecResultArgs, Sandbox};
 use super::error::Result;
 use super::key::ApiKey;
 
@@ -58,6 +58,33 @@ pub trait SandboxApi: Send + Sync {
         id: &str,
         request: &ExecRequest,
     ) -> impl Future<Output = Result<ExecOutput>> + Send;
+
+    /// Starts a command that goes on after the call answers, and answers its exec id. Never
+    /// retried: on an `Uncertain` error it may have started.
+    fn exec_async(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        request: &ExecRequest,
+    ) -> impl Future<Output = Result<String>> + Send;
+
+    /// Where a command started by [`exec_async`](Self::exec_async) stands and, with
+    /// `offset`, its output from that byte, waiting up to `wait_ms` for output to come.
+    /// Reads only, so retried.
+    fn exec_result(
+        &self,
+        key: &ApiKey,
+        arguments: &ExecResultArgs,
+    ) -> impl Future<Output = Result<ExecResult>> + Send;
+
+    /// Stops a command started by [`exec_async`](Self::exec_async) and every process it
+    /// started. Idempotent, so retried.
+    fn exec_stop(
+        &self,
+        key: &ApiKey,
+        id: &str,
+        exec: &str,
+    ) -> impl Future<Output = Result<ExecResult>> + Send;
 
     /// Writes a file (parents created) and checks briq's SHA-256 of it against ours.
     fn write_file(

@@ -56,4 +56,4 @@ mod wake;
 pub use context::{Error, Result, Settings};
 pub use orphans::orphans;
 pub use recheck::CANCEL_GRACE;
-pub use run::{Observer, run, run_observed};
+pub use run::{ExecutorKeys, Observer, run, run_observed};

@@ -8,12 +8,16 @@
 //! | `watches` | the caches, the watches that fill them and the wake-ups each event sends |
 //! | `controllers` | the contexts kept between reconciles, the three `Controller`s, their stop signal |
 //! | `background` | the reporting to the [`Observer`], the bookkeeping sweep, the count writes, the orphan sweeper |
+//! | `keys` | an executor's briq key for readers beside the controllers, through a class watch of their own |
 
 mod background;
 mod controllers;
+mod keys;
 mod watches;
 
 use std::sync::Arc;
+
+pub use self::keys::ExecutorKeys;
 
 use kube::Client;
 use tracing::info;

@@ -49,6 +49,13 @@ fn cluster() -> &'static Stack {
     })
 }
 
+/// The test binary's own control plane; `None` on a cluster the caller gave
+/// (`BRIQ_TEST_KUBECONFIG`).
+#[allow(dead_code)] // only the binaries that reach the control plane's processes or CAs
+pub fn plane() -> Option<&'static briq_dev::control_plane::ControlPlane> {
+    cluster().plane()
+}
+
 async fn config_for(kubeconfig: &Path) -> kube::Config {
     stack::kube_config(kubeconfig).await.expect("kube config")
 }

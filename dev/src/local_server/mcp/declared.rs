@@ -680,7 +680,7 @@ mod tests {
                 assert!(parameter.supported, "{name}.{argument}");
             }
         }
-        // Beside them, the async exec's reading and stopping (the operator does not call them).
+        // The operator now calls every tool the server declares.
         let beyond: Vec<&str> = DECLARED
             .iter()
             .map(|t| t.name)
@@ -690,7 +690,7 @@ mod tests {
                     .any(|(s, _)| s == name)
             })
             .collect();
-        assert_eq!(beyond, [tools::EXEC_RESULT, tools::EXEC_STOP]);
+        assert_eq!(beyond, Vec::<&str>::new());
     }
 
     #[test]

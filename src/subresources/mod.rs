@@ -1,0 +1,27 @@
+//! The operator's aggregated API (`subresources.briq.cloud`), which kube-apiserver proxies to
+//! under an `APIService`, as metrics-server's and KubeVirt's are: a running action's output as
+//! it comes (`executions/{name}/log`). kube-apiserver authenticates the caller and names them
+//! in headers; this server trusts those headers only over a connection whose client
+//! certificate the front-proxy CA signed, and asks a SubjectAccessReview before it answers.
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | `discovery` | the group, its version and resources, as discovery documents |
+//! | `front_proxy` | the front proxy's CA and headers (from `extension-apiserver-authentication`), the caller they name |
+//! | `authorize` | the SubjectAccessReview of a caller's request |
+//! | `live` | one shared reader of a running action's output per action, however many follow it |
+//! | `log` | `executions/{name}/log`: what to answer for an Execution, pending, running or finished |
+//! | `server` | TLS with a required client certificate, the routes, errors as `Status` objects |
+
+mod authorize;
+mod discovery;
+mod front_proxy;
+mod live;
+mod log;
+mod server;
+
+pub use self::{
+    discovery::{GROUP, VERSION},
+    front_proxy::FrontProxy,
+    server::{Serving, serve},
+};

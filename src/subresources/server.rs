@@ -1,0 +1,281 @@
+//! The aggregated API's HTTPS server: every connection must present a client certificate the
+//! front-proxy CA signed (others are refused at the handshake), its common name must be one
+//! the API server allows, and each request on a subresource is authorized for the user the
+//! front proxy names. Errors are `Status` objects, as kubectl reads them.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Extension, Json, Router,
+    body::Body,
+    extract::{Path, Query, State},
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use bytes::Bytes;
+use kube::Api;
+use rustls::{
+    RootCertStore, ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    server::WebPkiClientVerifier,
+};
+use serde_json::json;
+use tokio::{net::TcpListener, sync::mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::{
+    authorize::{self, Request},
+    discovery::{self, GROUP, VERSION},
+    front_proxy::FrontProxy,
+    live::Readers,
+    log,
+};
+use crate::{briq::SandboxApi, controller::ExecutorKeys, crd::Execution};
+
+/// How long a client may take over the TLS handshake.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Where and as whom the aggregated API serves.
+pub struct Serving {
+    pub listener: TcpListener,
+    /// The serving certificate chain and its key (PEM), valid for the Service's name
+    /// (`<service>.<namespace>.svc`), which the `APIService` names.
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the serving certificate or key: {0}")]
+    Pem(String),
+    #[error("the front proxy's CA: {0}")]
+    FrontProxyCa(String),
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+struct Served<S> {
+    keys: Arc<ExecutorKeys<S>>,
+    sandboxes: Arc<S>,
+    proxy: FrontProxy,
+    readers: Arc<Readers>,
+}
+
+/// The common name of the connection's (verified) client certificate.
+#[derive(Clone)]
+struct Peer(String);
+
+/// The TLS configuration: the serving certificate, and a client certificate of `proxy`'s CA
+/// required.
+fn tls(serving: &Serving, proxy: &FrontProxy) -> Result<ServerConfig, Error> {
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::Pem(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes())
+        .map_err(|e| Error::Pem(e.to_string()))?;
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(proxy.ca_pem.as_bytes()) {
+        let ca = ca.map_err(|e| Error::FrontProxyCa(e.to_string()))?;
+        roots
+            .add(ca)
+            .map_err(|e| Error::FrontProxyCa(e.to_string()))?;
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| Error::FrontProxyCa(e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The common name of a DER certificate's subject.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let name = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_owned();
+    Some(name)
+}
+
+/// Serves until the listener fails; each connection on a task of its own.
+pub async fn serve<S: SandboxApi + Clone + 'static>(
+    serving: Serving,
+    keys: ExecutorKeys<S>,
+    proxy: FrontProxy,
+) -> Result<(), Error> {
+    let acceptor = TlsAcceptor::from(Arc::new(tls(&serving, &proxy)?));
+    let served = Arc::new(Served {
+        sandboxes: Arc::new(keys.sandboxes().clone()),
+        keys: Arc::new(keys),
+        proxy,
+        readers: Arc::default(),
+    });
+    let router = router(served);
+    loop {
+        let Ok((stream, _)) = serving.listener.accept().await else {
+            continue;
+        };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(stream)).await
+            else {
+                return;
+            };
+            let peer = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| common_name(leaf))
+                .unwrap_or_default();
+            let service =
+                hyper_util::service::TowerToHyperService::new(router.layer(Extension(Peer(peer))));
+            let io = hyper_util::rt::TokioIo::new(tls);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+fn router<S: SandboxApi + Clone + 'static>(served: Arc<Served<S>>) -> Router {
+    let version = format!("/apis/{GROUP}/{VERSION}");
+    Router::new()
+        .route("/apis", get(|| async { Json(discovery::group_list()) }))
+        .route(
+            &format!("/apis/{GROUP}"),
+            get(|| async { Json(discovery::group()) }),
+        )
+        .route(&version, get(|| async { Json(discovery::resource_list()) }))
+        .route(
+            &format!("{version}/namespaces/{{namespace}}/executions/{{name}}/log"),
+            get(execution_log::<S>),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { status(StatusCode::NOT_FOUND, "NotFound", "no such path".into()) })
+        .layer(axum::middleware::from_fn_with_state(
+            served.clone(),
+            front_proxy_only::<S>,
+        ))
+        .with_state(served)
+}
+
+/// A `Status` object, as the API server answers errors.
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    (code, Json(body)).into_response()
+}
+
+/// Every request: its connection's certificate must have a name the front proxy may have, and
+/// it must name a user.
+async fn front_proxy_only<S>(
+    State(served): State<Arc<Served<S>>>,
+    Extension(Peer(peer)): Extension<Peer>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match served.proxy.user(&peer, request.headers()) {
+        Ok(user) => {
+            request.extensions_mut().insert(user);
+            next.run(request).await
+        }
+        Err(why) => status(StatusCode::UNAUTHORIZED, "Unauthorized", why.to_string()),
+    }
+}
+
+async fn execution_log<S: SandboxApi + Clone + 'static>(
+    State(served): State<Arc<Served<S>>>,
+    Extension(user): Extension<super::front_proxy::User>,
+    Path((namespace, name)): Path<(String, String)>,
+    query: Result<Query<log::Query>, axum::extract::rejection::QueryRejection>,
+    _headers: HeaderMap,
+) -> Response {
+    let Ok(Query(query)) = query else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the query takes follow=true|false, format=text|json and stream=stdout|stderr".into(),
+        );
+    };
+    let request = Request {
+        verb: "get",
+        namespace: &namespace,
+        resource: "executions",
+        subresource: "log",
+        name: &name,
+    };
+    match authorize::denied(served.keys.client(), &user, &request).await {
+        Ok(None) => {}
+        Ok(Some(why)) => return status(StatusCode::FORBIDDEN, "Forbidden", why),
+        Err(error) => {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("the authorization could not be asked: {error}"),
+            );
+        }
+    }
+    let executions: Api<Execution> = Api::namespaced(served.keys.client().clone(), &namespace);
+    let execution = match executions.get_opt(&name).await {
+        Ok(Some(execution)) => execution,
+        Ok(None) => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("executions.briq.cloud \"{name}\" not found"),
+            );
+        }
+        Err(error) => {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                format!("reading the Execution: {error}"),
+            );
+        }
+    };
+    let content_type = match query.format {
+        log::Format::Json => "application/x-ndjson",
+        log::Format::Text => "text/plain; charset=utf-8",
+    };
+    // A few pieces in flight at most: a caller that reads slowly holds the writer, never a
+    // buffer that grows.
+    let (out, body) = mpsc::channel::<Bytes>(8);
+    tokio::spawn(log::produce(
+        served.keys.clone(),
+        served.sandboxes.clone(),
+        served.readers.clone(),
+        execution,
+        query,
+        out,
+    ));
+    let body = Body::from_stream(tokio_stream::StreamExt::map(
+        ReceiverStream::new(body),
+        Ok::<_, std::convert::Infallible>,
+    ));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_status_objects_kubectl_reads() {
+        let response = status(StatusCode::FORBIDDEN, "Forbidden", "no".into());
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+}

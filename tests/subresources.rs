@@ -1,0 +1,380 @@
+//! The aggregated API (`subresources.briq.cloud`) behind a real kube-apiserver's aggregation
+//! layer: an action's output as it comes, through kube-apiserver's authentication and RBAC, and
+//! nothing to a caller who is not the front proxy. One aggregated server and one operator (all
+//! namespaces) serve the whole binary, as an APIService names one server.
+
+mod support;
+
+use std::{
+    net::SocketAddr,
+    sync::{OnceLock, mpsc},
+    time::Duration,
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use briq_dev::{control_plane::Signer, operators::Controllers};
+use briq_operator::{
+    briq::{BriqClient, ClientOptions},
+    controller::ExecutorKeys,
+    subresources::{self, FrontProxy, Serving},
+};
+use futures::{AsyncBufReadExt, TryStreamExt};
+use k8s_openapi::{
+    api::{
+        core::v1::Service,
+        rbac::v1::{Role, RoleBinding},
+    },
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+use support::*;
+
+const NAMESPACE: &str = "briq-subresources";
+const SERVICE: &str = "briq-operator";
+
+struct Aggregated {
+    address: SocketAddr,
+    ca_pem: String,
+}
+
+/// Starts, once per binary, the operator's controllers and its aggregated API, on a runtime of
+/// their own, and registers the APIService; returns once kube-apiserver finds it available.
+fn aggregated() -> &'static Aggregated {
+    static AGGREGATED: OnceLock<Aggregated> = OnceLock::new();
+    AGGREGATED.get_or_init(|| {
+        let (ready, started) = mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+            runtime.block_on(async move {
+                let plane = plane().expect("the test binary's own control plane");
+                let admin = briq_dev::stack::client_for(plane.kubeconfig())
+                    .await
+                    .expect("an admin client");
+                let server = sandbox_server().await;
+                let settings = briq_dev::stack::settings(None, &server);
+                let controllers = Controllers::start(admin.clone(), &server, settings.clone())
+                    .expect("controllers");
+                let sandboxes =
+                    BriqClient::new(ClientOptions::local(server.url())).expect("a briq client");
+                let (cert_pem, key_pem, ca_pem) = plane
+                    .serving_certificate(&format!("{SERVICE}.{NAMESPACE}.svc"))
+                    .expect("a serving certificate");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("a port");
+                let address = listener.local_addr().expect("its address");
+                let proxy = FrontProxy::from_cluster(admin.clone())
+                    .await
+                    .expect("the front proxy's published configuration");
+                let keys = ExecutorKeys::start(admin.clone(), sandboxes, settings);
+                let serving = Serving {
+                    listener,
+                    cert_pem,
+                    key_pem,
+                };
+                tokio::spawn(subresources::serve(serving, keys, proxy));
+                register(&admin, address.port(), &ca_pem).await;
+                ready
+                    .send(Aggregated { address, ca_pem })
+                    .expect("the test waits");
+                let _running = (server, controllers);
+                std::future::pending::<()>().await;
+            })
+        });
+        started.recv().expect("the aggregated API started")
+    })
+}
+
+/// The Service (an ExternalName for this host: no pod network here) and the APIService.
+async fn register(admin: &Client, port: u16, ca_pem: &str) {
+    briq_dev::stack::create_namespace(admin, NAMESPACE)
+        .await
+        .expect("the namespace");
+    let apply = PatchParams::apply("briq-test").force();
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+        "spec": {"type": "ExternalName", "externalName": "localhost",
+                 "ports": [{"name": "https", "port": port}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(admin.clone(), NAMESPACE)
+        .patch(SERVICE, &apply, &Patch::Apply(&service))
+        .await
+        .expect("the Service");
+    let name = format!("{}.{}", subresources::VERSION, subresources::GROUP);
+    let api_service: APIService = serde_json::from_value(json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": name},
+        "spec": {"group": subresources::GROUP, "version": subresources::VERSION,
+                 "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
+                 "caBundle": BASE64.encode(ca_pem),
+                 "groupPriorityMinimum": 1000, "versionPriority": 15},
+    }))
+    .unwrap();
+    let api_services: Api<APIService> = Api::all(admin.clone());
+    api_services
+        .patch(&name, &apply, &Patch::Apply(&api_service))
+        .await
+        .expect("the APIService");
+    wait_for(&api_services, &name, 60, |service| {
+        service
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Available" && c.status == "True")
+            })
+    })
+    .await;
+}
+
+fn log_path(namespace: &str, name: &str, query: &str) -> String {
+    format!(
+        "/apis/{}/{}/namespaces/{namespace}/executions/{name}/log?{query}",
+        subresources::GROUP,
+        subresources::VERSION
+    )
+}
+
+/// GET `path` through kube-apiserver as `client`: (status, body).
+async fn get(client: &Client, path: &str) -> (u16, String) {
+    let request = http::Request::get(path).body(Vec::new()).unwrap();
+    match client.request_text(request).await {
+        Ok(body) => (200, body),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(error) => panic!("GET {path}: {error}"),
+    }
+}
+
+async fn ready_executor(env: &TestEnv) {
+    create_executor(env, "py", json!({})).await;
+    wait_ready(env, "py").await;
+}
+
+#[tokio::test]
+async fn a_finished_execution_s_log_is_what_its_status_holds() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-finished").await;
+    ready_executor(&env).await;
+    let done = run(&env, "hello", "py", "print('hello')\nprint('world')").await;
+    assert_eq!(reason(&done), "Completed");
+    let (code, text) = get(&env.client, &log_path(&env.namespace, "hello", "")).await;
+    assert_eq!((code, text.as_str()), (200, "hello\nworld\n"));
+    let (code, json) = get(
+        &env.client,
+        &log_path(&env.namespace, "hello", "format=json"),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let lines: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            json!({"stream": "stdout", "text": "hello\nworld\n"}),
+            json!({"end": "Completed"}),
+        ]
+    );
+    let (code, message) = get(&env.client, &log_path(&env.namespace, "absent", "")).await;
+    assert_eq!(code, 404, "{message}");
+}
+
+#[tokio::test]
+async fn a_running_action_s_prints_reach_a_follower_before_the_action_ends() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-follow").await;
+    ready_executor(&env).await;
+    let gate = Gate::new();
+    let code = format!(
+        "print('first', flush=True)\nimport sys\nprint('warned', file=sys.stderr, flush=True)\n{}",
+        gate.code("print('second')")
+    );
+    create_execution(&env, "live", "py", &code).await;
+    let request = http::Request::get(log_path(&env.namespace, "live", "follow=true&format=json"))
+        .body(Vec::new())
+        .unwrap();
+    let mut lines = env
+        .client
+        .request_stream(request)
+        .await
+        .expect("the log stream")
+        .lines();
+    let mut next = async || -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(120), lines.try_next())
+            .await
+            .expect("a line within the action's life")
+            .expect("a readable stream")
+            .expect("a line before the stream ends");
+        serde_json::from_str(&line).expect("a JSON line")
+    };
+    assert_eq!(next().await, json!({"stream": "stdout", "text": "first\n"}));
+    assert_eq!(
+        next().await,
+        json!({"stream": "stderr", "text": "warned\n"})
+    );
+    // The action cannot end before the gate opens: what came, came while it ran.
+    let running = env
+        .api::<briq_operator::crd::Execution>()
+        .get("live")
+        .await
+        .unwrap();
+    assert_eq!(reason(&running), "Running");
+    gate.open();
+    assert_eq!(
+        next().await,
+        json!({"stream": "stdout", "text": "second\n"})
+    );
+    assert_eq!(next().await, json!({"end": "Completed"}));
+}
+
+/// A Role of `verbs` on `resources` of `group`, bound to `user`, in `namespace`.
+async fn grant(admin: &Client, namespace: &str, user: &str, group: &str, resources: &[&str]) {
+    let name = format!("{user}-{}", group.replace('.', "-"));
+    let apply = PatchParams::apply("briq-test").force();
+    let role: Role = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": [{"apiGroups": [group], "resources": resources, "verbs": ["get"]}],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .patch(&name, &apply, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .patch(&name, &apply, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+}
+
+async fn client_as(user: &str) -> Client {
+    let path = plane()
+        .expect("the test binary's own control plane")
+        .kubeconfig_for(user, &[])
+        .expect("a kubeconfig");
+    briq_dev::stack::client_for(&path).await.expect("a client")
+}
+
+#[tokio::test]
+async fn a_user_allowed_get_executions_in_one_namespace_reads_no_log_of_another() {
+    let _ = aggregated();
+    let (mine, theirs) = (
+        TestEnv::new("sub-mine").await,
+        TestEnv::new("sub-theirs").await,
+    );
+    for env in [&mine, &theirs] {
+        ready_executor(env).await;
+        run(env, "step", "py", "print('secret of ' + __name__)").await;
+    }
+    let user = format!("alice-{:08x}", rand::random::<u32>());
+    grant(
+        &mine.client,
+        &mine.namespace,
+        &user,
+        "briq.cloud",
+        &["executions"],
+    )
+    .await;
+    let alice = client_as(&user).await;
+    // `get executions` alone is not the log.
+    let (code, _) = get(&alice, &log_path(&mine.namespace, "step", "")).await;
+    assert_eq!(code, 403);
+    grant(
+        &mine.client,
+        &mine.namespace,
+        &user,
+        subresources::GROUP,
+        &["executions/log"],
+    )
+    .await;
+    let (code, text) = get(&alice, &log_path(&mine.namespace, "step", "")).await;
+    assert_eq!((code, text.as_str()), (200, "secret of __main__\n"));
+    let (code, message) = get(&alice, &log_path(&theirs.namespace, "step", "")).await;
+    assert_eq!(code, 403, "{message}");
+}
+
+/// A client of the aggregated API's own port, with this client certificate, if any.
+fn direct(aggregated: &Aggregated, identity: Option<(String, String)>) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(aggregated.ca_pem.as_bytes()).unwrap();
+    let mut builder = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .timeout(Duration::from_secs(20));
+    if let Some((cert, key)) = identity {
+        let identity = reqwest::Identity::from_pem(format!("{cert}{key}").as_bytes()).unwrap();
+        builder = builder.identity(identity);
+    }
+    builder.build().unwrap()
+}
+
+#[tokio::test]
+async fn a_direct_call_without_the_front_proxy_certificate_is_refused() {
+    let aggregated = aggregated();
+    let env = TestEnv::new("sub-direct").await;
+    ready_executor(&env).await;
+    run(&env, "step", "py", "print('kept')").await;
+    let plane = plane().unwrap();
+    let url = format!(
+        "https://{}{}",
+        aggregated.address,
+        log_path(&env.namespace, "step", "")
+    );
+    let as_admin = |client: &reqwest::Client| {
+        client
+            .get(&url)
+            .header("X-Remote-User", "admin")
+            .header("X-Remote-Group", "system:masters")
+    };
+    // No client certificate, or one of the cluster's CA (not the front proxy's): no TLS.
+    assert!(as_admin(&direct(aggregated, None)).send().await.is_err());
+    let cluster_signed = plane
+        .client_certificate(briq_dev::control_plane::FRONT_PROXY_CLIENT, Signer::Cluster)
+        .unwrap();
+    assert!(
+        as_admin(&direct(aggregated, Some(cluster_signed)))
+            .send()
+            .await
+            .is_err()
+    );
+    // The front proxy's CA, another name than the API server's own.
+    let other_name = plane
+        .client_certificate("mallory", Signer::FrontProxy)
+        .unwrap();
+    let refused = as_admin(&direct(aggregated, Some(other_name)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    // The front proxy's own certificate: the headers name the user, whose RBAC decides.
+    let proxy = plane
+        .client_certificate(
+            briq_dev::control_plane::FRONT_PROXY_CLIENT,
+            Signer::FrontProxy,
+        )
+        .unwrap();
+    let proxy = direct(aggregated, Some(proxy));
+    let nobody = proxy
+        .get(&url)
+        .header("X-Remote-User", "nobody")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(nobody.status(), 403);
+    let admin = as_admin(&proxy).send().await.unwrap();
+    assert_eq!(admin.status(), 200);
+    assert_eq!(admin.text().await.unwrap(), "kept\n");
+}
