@@ -378,3 +378,55 @@ async fn a_direct_call_without_the_front_proxy_certificate_is_refused() {
     assert_eq!(admin.status(), 200);
     assert_eq!(admin.text().await.unwrap(), "kept\n");
 }
+
+#[tokio::test]
+async fn exec_prints_each_line_while_the_action_runs_and_never_twice() {
+    use tokio::io::AsyncBufReadExt as _;
+    let _ = aggregated();
+    let env = TestEnv::new("sub-cli").await;
+    ready_executor(&env).await;
+    let gate = Gate::new();
+    let code = format!(
+        "print('first', flush=True)\n{}",
+        gate.code("print('second')")
+    );
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_briq-operator"));
+    command
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("RUST_LOG")
+        .args(["exec", "py", "-c", &code, "-n", &env.namespace, "--quiet"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("kubectl-briq exec");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(120), stdout.next_line())
+        .await
+        .expect("the first line while the action runs")
+        .unwrap();
+    assert_eq!(first.as_deref(), Some("first"));
+    // The gate is closed: the action is still running, so the line came live.
+    let executions = env
+        .api::<briq_operator::crd::Execution>()
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(reason(&executions.items[0]), "Running");
+    gate.open();
+    let mut rest = Vec::new();
+    while let Some(line) = stdout.next_line().await.unwrap() {
+        rest.push(line);
+    }
+    let status = child.wait().await.unwrap();
+    assert!(status.success());
+    assert_eq!(rest, ["second"], "the logs are not printed again");
+    let name = executions.items[0].metadata.name.clone().unwrap();
+    let logs = tokio::process::Command::new(env!("CARGO_BIN_EXE_briq-operator"))
+        .env("KUBECONFIG", &env.kubeconfig)
+        .args(["logs", "-f", &name, "-n", &env.namespace])
+        .output()
+        .await
+        .unwrap();
+    assert!(logs.status.success());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "first\nsecond\n");
+}

@@ -48,7 +48,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         return Ok(Exit::Ok);
     }
     let execution = await_finished(&executions, name, &cluster.namespace).await?;
-    Ok(print(&execution))
+    Ok(print(&execution, super::live::Shown::Nothing))
 }
 
 /// Sets `spec.cancel` (a merge patch: idempotent, and it cannot be withdrawn); `None` when the

@@ -16,7 +16,7 @@ use super::{
     cluster::{Cluster, NamespaceArg},
     error::Error,
     exit::Exit,
-    logs,
+    live, logs,
     output::printable,
     progress,
     status::condition,
@@ -135,11 +135,16 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
 
     let shown = async {
         let namespace = &cluster.namespace;
-        let finished = match progress {
-            true => progress::follow(&executions, &args.executor, &name, namespace).await?,
-            false => logs::await_finished(&executions, &name, namespace).await?,
+        let finished = async {
+            match progress {
+                true => progress::follow(&executions, &args.executor, &name, namespace).await,
+                false => logs::await_finished(&executions, &name, namespace).await,
+            }
         };
-        Ok(logs::print(&finished))
+        // The output as it comes, while the result is awaited.
+        let (live, finished) =
+            tokio::join!(live::follow(&cluster.client, namespace, &name), finished);
+        Ok(logs::print(&finished?, live))
     }
     .await;
     if args.rm {

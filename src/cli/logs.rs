@@ -3,7 +3,9 @@
 
 use kube::{Api, runtime::wait::await_condition};
 
-use super::{cluster::ExecutionArg, error::Error, exit::Exit, output::emit, status::succeeded};
+use super::{
+    cluster::ExecutionArg, error::Error, exit::Exit, live, output::emit, status::succeeded,
+};
 use crate::crd::{Execution, ExecutionError};
 
 #[derive(clap::Args)]
@@ -14,11 +16,21 @@ pub struct Args {
     /// Wait (on a watch) until the Execution has finished.
     #[arg(long)]
     wait: bool,
+
+    /// Print the output as the kernel produces it, then the result once it has finished
+    /// (implies --wait).
+    #[arg(short, long)]
+    follow: bool,
 }
 
 pub async fn run(args: Args) -> Result<Exit, Error> {
     let (cluster, executions, named) = args.target.connect().await?;
     let name = &named;
+    if args.follow {
+        let shown = live::follow(&cluster.client, &cluster.namespace, name).await;
+        let execution = await_finished(&executions, name, &cluster.namespace).await?;
+        return Ok(print(&execution, shown));
+    }
     let execution = if args.wait {
         await_finished(&executions, name, &cluster.namespace).await?
     } else {
@@ -30,7 +42,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
                 namespace: cluster.namespace.clone(),
             })?
     };
-    Ok(print(&execution))
+    Ok(print(&execution, live::Shown::Nothing))
 }
 
 /// The operator keeps an Execution whose executor does not exist waiting (`ExecutorNotFound`)
@@ -74,9 +86,10 @@ pub fn once_ended(
     }
 }
 
-/// Prints the Execution's result; the exit status says how it ended.
-pub fn print(execution: &Execution) -> Exit {
-    let shown = Shown::of(execution);
+/// Prints the Execution's result, its logs unless `live` showed them all; the exit status says
+/// how it ended.
+pub fn print(execution: &Execution, live: live::Shown) -> Exit {
+    let shown = Shown::after(execution, live);
     emit(&shown.stdout, &shown.stderr);
     shown.exit
 }
@@ -89,11 +102,23 @@ struct Shown {
 }
 
 impl Shown {
+    #[cfg(test)]
     fn of(execution: &Execution) -> Shown {
+        Shown::after(execution, live::Shown::Nothing)
+    }
+
+    fn after(execution: &Execution, live: live::Shown) -> Shown {
         let status = execution.status.clone().unwrap_or_default();
         let mut stdout = String::new();
         let mut stderr = String::new();
-        for produced in [&status.logs, &status.output].into_iter().flatten() {
+        if live == live::Shown::Part {
+            push_line(
+                &mut stderr,
+                "note: the live output broke off; the logs as the status keeps them follow",
+            );
+        }
+        let logs = status.logs.as_ref().filter(|_| live != live::Shown::All);
+        for produced in [logs, status.output.as_ref()].into_iter().flatten() {
             push_line(&mut stdout, produced);
         }
         if let Some(answer) = status

@@ -13,6 +13,7 @@ mod error;
 mod exec;
 mod exit;
 mod get;
+mod live;
 mod logs;
 mod output;
 mod progress;

@@ -23,5 +23,6 @@ mod server;
 pub use self::{
     discovery::{GROUP, VERSION},
     front_proxy::FrontProxy,
+    live::Piece,
     server::{Serving, serve},
 };
