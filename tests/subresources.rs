@@ -6,26 +6,14 @@
 mod support;
 
 use std::{
-    net::SocketAddr,
     sync::{OnceLock, mpsc},
     time::Duration,
 };
 
-use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
-use briq_dev::{control_plane::Signer, operators::Controllers};
-use briq_operator::{
-    briq::{BriqClient, ClientOptions},
-    controller::ExecutorKeys,
-    subresources::{self, FrontProxy, Serving},
-};
+use briq_dev::{aggregated::AggregatedApi, control_plane::Signer, operators::Controllers};
+use briq_operator::subresources;
 use futures::{AsyncBufReadExt, TryStreamExt};
-use k8s_openapi::{
-    api::{
-        core::v1::Service,
-        rbac::v1::{Role, RoleBinding},
-    },
-    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
-};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
@@ -33,18 +21,10 @@ use kube::{
 use serde_json::{Value, json};
 use support::*;
 
-const NAMESPACE: &str = "briq-subresources";
-const SERVICE: &str = "briq-operator";
-
-struct Aggregated {
-    address: SocketAddr,
-    ca_pem: String,
-}
-
-/// Starts, once per binary, the operator's controllers and its aggregated API, on a runtime of
-/// their own, and registers the APIService; returns once kube-apiserver finds it available.
-fn aggregated() -> &'static Aggregated {
-    static AGGREGATED: OnceLock<Aggregated> = OnceLock::new();
+/// Starts, once per binary, the operator's controllers and its aggregated API (all namespaces),
+/// on a runtime of their own; returns once kube-apiserver finds the APIService available.
+fn aggregated() -> &'static AggregatedApi {
+    static AGGREGATED: OnceLock<AggregatedApi> = OnceLock::new();
     AGGREGATED.get_or_init(|| {
         let (ready, started) = mpsc::channel();
         std::thread::spawn(move || {
@@ -58,80 +38,16 @@ fn aggregated() -> &'static Aggregated {
                 let settings = briq_dev::stack::settings(None, &server);
                 let controllers = Controllers::start(admin.clone(), &server, settings.clone())
                     .expect("controllers");
-                let sandboxes =
-                    BriqClient::new(ClientOptions::local(server.url())).expect("a briq client");
-                let (cert_pem, key_pem, ca_pem) = plane
-                    .serving_certificate(&format!("{SERVICE}.{NAMESPACE}.svc"))
-                    .expect("a serving certificate");
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                let api = AggregatedApi::start(&admin, plane, &server, settings)
                     .await
-                    .expect("a port");
-                let address = listener.local_addr().expect("its address");
-                let proxy = FrontProxy::from_cluster(admin.clone())
-                    .await
-                    .expect("the front proxy's published configuration");
-                let keys = ExecutorKeys::start(admin.clone(), sandboxes, settings);
-                let serving = Serving {
-                    listener,
-                    cert_pem,
-                    key_pem,
-                };
-                tokio::spawn(subresources::serve(serving, keys, proxy));
-                register(&admin, address.port(), &ca_pem).await;
-                ready
-                    .send(Aggregated { address, ca_pem })
-                    .expect("the test waits");
+                    .expect("the aggregated API");
+                ready.send(api).expect("the test waits");
                 let _running = (server, controllers);
                 std::future::pending::<()>().await;
             })
         });
         started.recv().expect("the aggregated API started")
     })
-}
-
-/// The Service (an ExternalName for this host: no pod network here) and the APIService.
-async fn register(admin: &Client, port: u16, ca_pem: &str) {
-    briq_dev::stack::create_namespace(admin, NAMESPACE)
-        .await
-        .expect("the namespace");
-    let apply = PatchParams::apply("briq-test").force();
-    let service: Service = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-        "spec": {"type": "ExternalName", "externalName": "localhost",
-                 "ports": [{"name": "https", "port": port}]},
-    }))
-    .unwrap();
-    Api::<Service>::namespaced(admin.clone(), NAMESPACE)
-        .patch(SERVICE, &apply, &Patch::Apply(&service))
-        .await
-        .expect("the Service");
-    let name = format!("{}.{}", subresources::VERSION, subresources::GROUP);
-    let api_service: APIService = serde_json::from_value(json!({
-        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
-        "metadata": {"name": name},
-        "spec": {"group": subresources::GROUP, "version": subresources::VERSION,
-                 "service": {"namespace": NAMESPACE, "name": SERVICE, "port": port},
-                 "caBundle": BASE64.encode(ca_pem),
-                 "groupPriorityMinimum": 1000, "versionPriority": 15},
-    }))
-    .unwrap();
-    let api_services: Api<APIService> = Api::all(admin.clone());
-    api_services
-        .patch(&name, &apply, &Patch::Apply(&api_service))
-        .await
-        .expect("the APIService");
-    wait_for(&api_services, &name, 60, |service| {
-        service
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter()
-                    .any(|c| c.type_ == "Available" && c.status == "True")
-            })
-    })
-    .await;
 }
 
 fn log_path(namespace: &str, name: &str, query: &str) -> String {
@@ -309,7 +225,7 @@ async fn a_user_allowed_get_executions_in_one_namespace_reads_no_log_of_another(
 }
 
 /// A client of the aggregated API's own port, with this client certificate, if any.
-fn direct(aggregated: &Aggregated, identity: Option<(String, String)>) -> reqwest::Client {
+fn direct(aggregated: &AggregatedApi, identity: Option<(String, String)>) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(aggregated.ca_pem.as_bytes()).unwrap();
     let mut builder = reqwest::Client::builder()
         .tls_certs_only([ca])

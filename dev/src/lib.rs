@@ -8,6 +8,7 @@
 //! - [`operators`]: the operator under test, run inside this process.
 //! - [`repo`], [`progress`], [`wait`]: the repository's build scripts, progress lines, waiting.
 
+pub mod aggregated;
 mod at_exit;
 pub mod bench;
 pub mod control_plane;

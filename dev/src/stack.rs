@@ -35,6 +35,7 @@ use briq_operator::{
 
 pub use crate::operators::{Controllers, OperatorProcess};
 use crate::{
+    aggregated::AggregatedApi,
     control_plane::{self, ControlPlane},
     local_server::{self, LocalServer},
     progress::Progress,
@@ -169,6 +170,7 @@ impl Builder {
             sandboxes: None,
             simulated: None,
             controllers: None,
+            aggregated: None,
             progress,
         };
         if self.sandbox_server {
@@ -197,8 +199,23 @@ impl Builder {
             let server = stack.server();
             let controllers =
                 Controllers::start(stack.admin.clone(), server, settings(None, server))?;
+            let aggregated = match &stack.plane {
+                Some(plane) => Some(
+                    AggregatedApi::start(&stack.admin, plane, server, settings(None, server))
+                        .await?,
+                ),
+                None => None,
+            };
             stack.controllers = Some(controllers);
-            stack.progress.step("operator running");
+            if let Some(aggregated) = aggregated {
+                stack.progress.step(format!(
+                    "operator running, its aggregated API at {}",
+                    aggregated.address
+                ));
+                stack.aggregated = Some(aggregated);
+            } else {
+                stack.progress.step("operator running");
+            }
         }
         Ok(stack)
     }
@@ -222,6 +239,8 @@ pub struct Stack {
     sandboxes: Option<Sandboxes>,
     simulated: Option<LocalServer>,
     controllers: Option<Controllers>,
+    /// With the controllers on a control plane of our own.
+    aggregated: Option<AggregatedApi>,
     progress: Progress,
 }
 
@@ -320,6 +339,7 @@ impl Stack {
     /// plane. Fails if a sandbox was left.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         let mut leaked = None;
+        drop(self.aggregated.take());
         if let Some(controllers) = self.controllers.take() {
             // Pools first: they would make members again as fast as their executors go.
             delete_pools(&Api::all(self.admin.clone())).await?;
