@@ -2,7 +2,10 @@
 # The release artifacts (`make release`), versioned from Cargo.toml (the chart carries the
 # crate's version; tests/chart.rs checks it):
 #   install.yaml                the namespace briq-system, the CRDs, RBAC, the Deployment and the
-#                               admission policy, for `kubectl apply --server-side -f install.yaml`
+#                               admission policy, for `kubectl apply --server-side -f install.yaml`;
+#                               without the aggregated API (subresources), whose serving key would
+#                               otherwise be one key published to everyone: Helm makes one per
+#                               install
 #   briq-operator-VERSION.tgz   the chart (`helm package`), for `helm install` or an OCI registry
 # and, given the release binary:
 #   kubectl-briq_vVERSION_linux_amd64.tar.gz   the binary as the kubectl plugin `kubectl-briq`
@@ -22,7 +25,8 @@ mkdir -p "$out"
 {
   printf '# briq-operator %s: kubectl apply --server-side -f install.yaml\n' "$version"
   printf -- '---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: briq-system\n'
-  "$helm" template briq-operator "$chart" --namespace briq-system --include-crds
+  "$helm" template briq-operator "$chart" --namespace briq-system --include-crds \
+    --set subresources.enabled=false
 } > "$out/install.yaml"
 "$helm" package "$chart" --version "$version" --app-version "$version" --destination "$out" >/dev/null
 echo "$out/install.yaml"

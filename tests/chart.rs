@@ -2,13 +2,23 @@
 //! the values schema and the templates' own checks refusing bad values, the CRDs it ships, its
 //! version, and the Deployment it renders (image, replicas spread over nodes and their disruption
 //! budget, security context, probes, the arguments the operator accepts, environment) with its
-//! metrics Service, ServiceMonitor and NetworkPolicy.
+//! metrics Service, ServiceMonitor and NetworkPolicy, and the aggregated API (APIService, its
+//! Service, and a serving certificate its caBundle verifies, from Helm or cert-manager).
 
 mod ops;
 mod support;
 
+use std::sync::Arc;
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use briq_operator::bridge::session::{LONGEST_PROVISIONING, LONGEST_RUN};
 use ops::ALL_FEATURES;
+use rustls::{
+    RootCertStore,
+    client::{WebPkiServerVerifier, danger::ServerCertVerifier},
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
+    sign::CertifiedKey,
+};
 use serde_json::{Value, json};
 
 #[test]
@@ -110,6 +120,11 @@ fn bad_values_fail_before_anything_is_installed() {
             &["--set", "admissionPolicy.enabled=yes"],
             "/admissionPolicy/enabled",
         ),
+        (&["--set", "subresources.port=0"], "/subresources/port"),
+        (
+            &["--set", "subresources.certManager.issuerRef.kind=Secret"],
+            "/subresources/certManager/issuerRef",
+        ),
         // Checks the schema cannot express, made by the templates.
         (
             &["--kube-version", "1.29.0"],
@@ -127,6 +142,10 @@ fn bad_values_fail_before_anything_is_installed() {
                 "leaderElection.enabled=false",
             ],
             "needs leaderElection.enabled",
+        ),
+        (
+            &["--set", "subresources.port=8080"],
+            "subresources.port must differ from http.port",
         ),
     ];
     let chart = ops::chart_dir();
@@ -332,6 +351,15 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
     assert_eq!(egress[2]["ports"][0]["port"], 443);
     assert_eq!(egress[3]["to"][0]["ipBlock"]["cidr"], "10.0.0.9/32");
     assert_eq!(egress[3]["ports"][0]["port"], 4318);
+    // Ingress: the HTTP port, and the aggregated API's port from anywhere (kube-apiserver's
+    // address is not known to a policy).
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([
+            { "ports": [{ "port": "http", "protocol": "TCP" }] },
+            { "ports": [{ "port": "subresources", "protocol": "TCP" }] },
+        ])
+    );
 
     // Without a default key the variable is absent, so executors must name their own Secret.
     let plain = ops::template("ops", "briq-system", &[]);
@@ -355,5 +383,305 @@ fn the_deployment_runs_locked_down_with_probes_on_the_http_endpoints() {
             .unwrap()
             .iter()
             .any(|v| v["name"].as_str().unwrap().starts_with("OTEL_"))
+    );
+}
+
+/// The one document of `kind` named `name`.
+fn named<'a>(documents: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    ops::find(documents, kind)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name} is rendered"))
+}
+
+/// The PEM blocks of a base64 field (a Secret's data, a caBundle), as DER certificates.
+fn certificates(base64_pem: &Value) -> Vec<CertificateDer<'static>> {
+    let pem = BASE64
+        .decode(base64_pem.as_str().expect("a base64 string"))
+        .expect("base64");
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .expect("PEM certificates");
+    assert!(!chain.is_empty(), "no certificate in {base64_pem}");
+    chain
+}
+
+/// The DNS names of a certificate's subjectAltName extension.
+fn dns_names(der: &[u8]) -> Vec<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).expect("an X.509 certificate");
+    let names = cert
+        .subject_alternative_name()
+        .expect("one subjectAltName extension")
+        .expect("a subjectAltName extension");
+    names
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The operator container's arguments.
+fn operator_args(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_api_service_names_the_charts_service_and_its_ca_bundle_verifies_the_serving_certificate() {
+    let documents = ops::template("ops", "briq-system", &[]);
+    let api_service = named(&documents, "APIService", "v1alpha1.subresources.briq.cloud");
+    let spec = &api_service["spec"];
+    assert_eq!(spec["group"], "subresources.briq.cloud");
+    assert_eq!(spec["version"], "v1alpha1");
+    assert_eq!(spec["groupPriorityMinimum"], 1000);
+    assert_eq!(spec["versionPriority"], 15);
+    assert!(spec["insecureSkipTLSVerify"].is_null());
+    assert_eq!(
+        spec["service"],
+        json!({ "namespace": "briq-system", "name": "ops-briq-operator-subresources", "port": 443 })
+    );
+
+    // The Service: port 443 to the operator's named container port, on every replica.
+    let service = named(&documents, "Service", "ops-briq-operator-subresources");
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{ "name": "https", "port": 443, "targetPort": "subresources", "protocol": "TCP" }])
+    );
+    let deployment = ops::find(&documents, "Deployment")[0];
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({ "name": "subresources", "containerPort": 8443, "protocol": "TCP" })),
+        "{}",
+        container["ports"]
+    );
+
+    // The operator serves the certificate of the Secret it mounts.
+    let args = operator_args(deployment);
+    for expected in [
+        "--subresources-address=0.0.0.0:8443",
+        "--subresources-cert-file=/etc/briq-operator/subresources/tls.crt",
+        "--subresources-key-file=/etc/briq-operator/subresources/tls.key",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/briq-operator/subresources")
+        .expect("the certificate's mount");
+    assert_eq!(mount["readOnly"], true);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the certificate's volume");
+    assert_eq!(
+        volume["secret"]["secretName"],
+        "ops-briq-operator-subresources-tls"
+    );
+    let secret = named(&documents, "Secret", "ops-briq-operator-subresources-tls");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(secret["metadata"]["namespace"], "briq-system");
+
+    // kube-apiserver checks the certificate for <service>.<namespace>.svc against the caBundle.
+    let host = "ops-briq-operator-subresources.briq-system.svc";
+    let ca = certificates(&spec["caBundle"]);
+    assert_eq!(
+        ca,
+        certificates(&secret["data"]["ca.crt"]),
+        "the Secret keeps the CA of the caBundle"
+    );
+    let chain = certificates(&secret["data"]["tls.crt"]);
+    assert!(
+        dns_names(&chain[0]).iter().any(|name| name == host),
+        "{host} in {:?}",
+        dns_names(&chain[0])
+    );
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = RootCertStore::empty();
+    for certificate in ca {
+        roots.add(certificate).expect("a CA certificate");
+    }
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .unwrap();
+    verifier
+        .verify_server_cert(
+            &chain[0],
+            &chain[1..],
+            &ServerName::try_from(host).unwrap(),
+            &[],
+            UnixTime::now(),
+        )
+        .expect("the caBundle verifies the serving certificate for the Service's name");
+    let wrong = ServerName::try_from("other.briq-system.svc").unwrap();
+    assert!(
+        verifier
+            .verify_server_cert(&chain[0], &chain[1..], &wrong, &[], UnixTime::now())
+            .is_err()
+    );
+
+    // And the key is the certificate's.
+    let key = BASE64
+        .decode(secret["data"]["tls.key"].as_str().unwrap())
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(&key).expect("a PEM private key");
+    let certified = CertifiedKey::from_der(chain, key, &provider).expect("a usable key");
+    certified
+        .keys_match()
+        .expect("the key matches the certificate");
+}
+
+#[test]
+fn with_cert_manager_a_certificate_is_issued_and_its_ca_injected() {
+    let documents = ops::template(
+        "ops",
+        "briq-system",
+        &["--set", "subresources.certManager.enabled=true"],
+    );
+    assert!(
+        ops::find(&documents, "Secret").is_empty(),
+        "cert-manager writes the Secret, not the chart"
+    );
+    let api_service = named(&documents, "APIService", "v1alpha1.subresources.briq.cloud");
+    assert!(api_service["spec"]["caBundle"].is_null());
+    assert_eq!(
+        api_service["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "briq-system/ops-briq-operator-subresources"
+    );
+    let certificate = named(&documents, "Certificate", "ops-briq-operator-subresources");
+    assert_eq!(certificate["apiVersion"], "cert-manager.io/v1");
+    assert_eq!(
+        certificate["spec"]["secretName"], "ops-briq-operator-subresources-tls",
+        "the Secret the operator mounts"
+    );
+    let dns: Vec<&str> = certificate["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        dns.contains(&"ops-briq-operator-subresources.briq-system.svc"),
+        "{dns:?}"
+    );
+    // No issuer given: a self-signed root, a CA from it, and the CA's Issuer signs.
+    assert_eq!(
+        certificate["spec"]["issuerRef"],
+        json!({ "name": "ops-briq-operator-subresources-ca", "kind": "Issuer", "group": "cert-manager.io" })
+    );
+    let ca_issuer = named(&documents, "Issuer", "ops-briq-operator-subresources-ca");
+    assert_eq!(
+        ca_issuer["spec"]["ca"]["secretName"],
+        "ops-briq-operator-subresources-ca"
+    );
+    let ca = named(
+        &documents,
+        "Certificate",
+        "ops-briq-operator-subresources-ca",
+    );
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(
+        ca["spec"]["secretName"],
+        "ops-briq-operator-subresources-ca"
+    );
+    assert_eq!(
+        ca["spec"]["issuerRef"]["name"],
+        "ops-briq-operator-subresources-selfsigned"
+    );
+    let root = named(
+        &documents,
+        "Issuer",
+        "ops-briq-operator-subresources-selfsigned",
+    );
+    assert_eq!(root["spec"]["selfSigned"], json!({}));
+
+    // An issuer of the platform's: only the serving certificate, from it.
+    let documents = ops::template(
+        "ops",
+        "briq-system",
+        &[
+            "--set",
+            "subresources.certManager.enabled=true",
+            "--set",
+            "subresources.certManager.issuerRef.kind=ClusterIssuer",
+            "--set",
+            "subresources.certManager.issuerRef.name=internal-ca",
+        ],
+    );
+    assert!(ops::find(&documents, "Issuer").is_empty());
+    let certificates = ops::find(&documents, "Certificate");
+    assert_eq!(certificates.len(), 1);
+    assert_eq!(
+        certificates[0]["spec"]["issuerRef"],
+        json!({ "name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io" })
+    );
+    assert!(ops::find(&documents, "Secret").is_empty());
+}
+
+#[test]
+fn without_subresources_nothing_of_the_aggregated_api_renders() {
+    let documents = ops::template(
+        "ops",
+        "briq-system",
+        &[
+            "--set",
+            "subresources.enabled=false",
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+        ],
+    );
+    for kind in ["APIService", "Secret", "Certificate", "Issuer"] {
+        assert!(ops::find(&documents, kind).is_empty(), "a {kind}");
+    }
+    for document in &documents {
+        let name = document["metadata"]["name"].as_str().unwrap();
+        assert!(
+            !name.contains("subresources")
+                && !name.ends_with("-authentication-reader")
+                && !name.ends_with("-auth-delegator")
+                && !name.ends_with("-execution-log"),
+            "{} {name}",
+            document["kind"]
+        );
+        assert_ne!(document["metadata"]["namespace"], "kube-system");
+    }
+    let deployment = ops::find(&documents, "Deployment")[0];
+    let args = operator_args(deployment);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--subresources")),
+        "{args:?}"
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["ports"],
+        json!([{ "name": "http", "containerPort": 8080, "protocol": "TCP" }])
+    );
+    assert_eq!(pod["volumes"].as_array().unwrap().len(), 1, "only /tmp");
+    let policy = ops::find(&documents, "NetworkPolicy")[0];
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{ "ports": [{ "port": "http", "protocol": "TCP" }] }])
     );
 }

@@ -20,17 +20,20 @@ use ops::{ALL_FEATURES, DASHBOARD, Instance, until};
 use serde_json::{Value, json};
 use support::{TestEnv, create_execution, create_executor, finished, reason, wait_deleted};
 
-/// A stand-in for one of prometheus-operator's CRDs (any content accepted), so that the chart's
-/// ServiceMonitor and PrometheusRule can be applied.
-fn monitoring_crd(kind: &str) -> String {
+/// The chart's APIService (cluster-scoped, one per cluster).
+const API_SERVICE: &str = "v1alpha1.subresources.briq.cloud";
+
+/// A stand-in for one of prometheus-operator's or cert-manager's CRDs (any content accepted), so
+/// that the chart's ServiceMonitor, PrometheusRule, Certificates and Issuers can be applied.
+fn stand_in_crd(group: &str, kind: &str) -> String {
     let plural = format!("{}s", kind.to_lowercase());
     format!(
         r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {{ name: {plural}.monitoring.coreos.com }}
+metadata: {{ name: {plural}.{group} }}
 spec:
-  group: monitoring.coreos.com
+  group: {group}
   names: {{ kind: {kind}, plural: {plural}, singular: {singular} }}
   scope: Namespaced
   versions:
@@ -105,6 +108,11 @@ async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts
     ] {
         assert!(kinds.contains(&wanted), "no {wanted} in {kinds:?}");
     }
+    // No aggregated API: its serving key would be one key, published with the release, for
+    // every cluster; Helm makes one per install.
+    for absent in ["APIService", "Secret"] {
+        assert!(!kinds.contains(&absent), "a {absent} in {kinds:?}");
+    }
     let crds = ops::find(&documents, "CustomResourceDefinition");
     assert_eq!(crds.len(), 4, "every CRD");
     for document in &documents {
@@ -151,14 +159,22 @@ async fn the_release_manifest_holds_the_whole_install_and_the_api_server_accepts
 #[tokio::test]
 async fn rendered_manifests_apply_to_the_api_server() {
     let env = TestEnv::new("chart-apply").await;
-    ops::apply(&env, &monitoring_crd("ServiceMonitor"), "helm-chart-test");
-    ops::apply(&env, &monitoring_crd("PrometheusRule"), "helm-chart-test");
+    for (group, kind) in [
+        ("monitoring.coreos.com", "ServiceMonitor"),
+        ("monitoring.coreos.com", "PrometheusRule"),
+        ("cert-manager.io", "Certificate"),
+        ("cert-manager.io", "Issuer"),
+    ] {
+        ops::apply(&env, &stand_in_crd(group, kind), "helm-chart-test");
+    }
     let (ok, _, stderr) = env.kubectl(&[
         "wait",
         "--for=condition=Established",
         "--timeout=30s",
         "crd/servicemonitors.monitoring.coreos.com",
         "crd/prometheusrules.monitoring.coreos.com",
+        "crd/certificates.cert-manager.io",
+        "crd/issuers.cert-manager.io",
     ]);
     assert!(ok, "{stderr}");
 
@@ -192,26 +208,96 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("validatingadmissionpolicybinding/{fullname}-executor-class"),
         format!("validatingadmissionpolicy/{fullname}-pool-class"),
         format!("validatingadmissionpolicybinding/{fullname}-pool-class"),
+        // The aggregated API, with its certificate from cert-manager (ALL_FEATURES).
+        format!("service/{fullname}-subresources"),
+        format!("certificate/{fullname}-subresources"),
+        format!("certificate/{fullname}-subresources-ca"),
+        format!("issuer/{fullname}-subresources-ca"),
+        format!("issuer/{fullname}-subresources-selfsigned"),
+        format!("clusterrolebinding/{fullname}-auth-delegator"),
+        format!("clusterrole/{fullname}-execution-log"),
+        format!("apiservice/{API_SERVICE}"),
     ] {
         let (ok, _, stderr) = env.kubectl(&["get", &object]);
         assert!(ok, "{object}: {stderr}");
     }
+    let reader = format!("rolebinding/{fullname}-authentication-reader");
+    let (ok, _, stderr) = env.kubectl(&["get", &reader, "--namespace=kube-system"]);
+    assert!(ok, "{reader} in kube-system: {stderr}");
+    let (ok, injected, stderr) = env.kubectl(&[
+        "get",
+        &format!("apiservice/{API_SERVICE}"),
+        "--output=jsonpath={.metadata.annotations.cert-manager\\.io/inject-ca-from}",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        injected,
+        format!("{}/{fullname}-subresources", env.namespace)
+    );
 
     // Scoped to one namespace, the ClusterRole is bound there only.
     let scoped = format!("scoped-{:06x}", rand::random::<u32>() & 0xff_ffff);
     let set = format!("watchNamespace={}", env.namespace);
     let yaml = ops::template_text(&scoped, &env.namespace, &["--set", &set]);
     let documents = ops::documents(&yaml);
-    // Only classes and namespace labels (cluster-scoped) are read cluster-wide.
-    let cluster_bindings = ops::find(&documents, "ClusterRoleBinding");
-    assert_eq!(cluster_bindings.len(), 1);
+    // Only classes and namespace labels (cluster-scoped) are read cluster-wide, and
+    // SubjectAccessReviews (cluster-scoped) created, for the aggregated API.
+    let mut cluster_bindings: Vec<&str> = ops::find(&documents, "ClusterRoleBinding")
+        .iter()
+        .map(|b| b["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    cluster_bindings.sort_unstable();
     assert_eq!(
-        cluster_bindings[0]["roleRef"]["name"],
-        format!("{scoped}-briq-operator-classes")
+        cluster_bindings,
+        [
+            format!("{scoped}-briq-operator-classes").as_str(),
+            "system:auth-delegator"
+        ]
     );
-    assert_eq!(ops::find(&documents, "RoleBinding").len(), 3);
+    // The ClusterRole in the watched namespace, the class keys, the Lease, and the front
+    // proxy's ConfigMap in kube-system.
+    let mut bindings: Vec<String> = ops::find(&documents, "RoleBinding")
+        .iter()
+        .map(|b| {
+            format!(
+                "{}/{}",
+                b["metadata"]["namespace"].as_str().unwrap(),
+                b["roleRef"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    bindings.sort_unstable();
+    let ns = &env.namespace;
+    let mut expected = [
+        "kube-system/extension-apiserver-authentication-reader".to_owned(),
+        format!("{ns}/{scoped}-briq-operator"),
+        format!("{ns}/{scoped}-briq-operator-class-keys"),
+        format!("{ns}/{scoped}-briq-operator-leader-election"),
+    ];
+    expected.sort_unstable();
+    assert_eq!(bindings, expected);
     ops::apply(&env, &yaml, "helm-chart-test");
     ops::admission_policy_effective(&env).await;
+
+    // Without cert-manager the chart's own CA is the caBundle.
+    let secret = ops::find(&documents, "Secret")[0];
+    let (ok, ca_bundle, stderr) = env.kubectl(&[
+        "get",
+        &format!("apiservice/{API_SERVICE}"),
+        "--output=jsonpath={.spec.caBundle}",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(ca_bundle, secret["data"]["ca.crt"].as_str().unwrap());
+    let (ok, _, stderr) = env.kubectl(&[
+        "get",
+        &format!("secret/{scoped}-briq-operator-subresources-tls"),
+    ]);
+    assert!(ok, "{stderr}");
+
+    // No pod serves it here (no kubelet): an unavailable APIService would fail the discovery of
+    // the other tests of this control plane (kubectl, namespace deletion). It applied; remove it.
+    let (ok, _, stderr) = env.kubectl(&["delete", &format!("apiservice/{API_SERVICE}")]);
+    assert!(ok, "{stderr}");
 }
 
 #[test]
@@ -473,6 +559,58 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         ])
     );
     assert_eq!(role["metadata"]["namespace"], "briq-system");
+
+    // The aggregated API: the front proxy's ConfigMap and SubjectAccessReviews, through the
+    // built-in roles kube-apiserver makes for aggregated API servers.
+    let account = json!([{
+        "kind": "ServiceAccount", "name": "rbac-briq-operator", "namespace": "briq-system"
+    }]);
+    let reader = named("RoleBinding", "rbac-briq-operator-authentication-reader");
+    assert_eq!(reader["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        reader["roleRef"],
+        json!({
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": "extension-apiserver-authentication-reader"
+        })
+    );
+    assert_eq!(reader["subjects"], account);
+    let delegator = named("ClusterRoleBinding", "rbac-briq-operator-auth-delegator");
+    assert_eq!(
+        delegator["roleRef"],
+        json!({
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": "system:auth-delegator"
+        })
+    );
+    assert_eq!(delegator["subjects"], account);
+    // No other source of SubjectAccessReviews or ConfigMaps among the chart's own roles.
+    for kind in ["ClusterRole", "Role"] {
+        for role in ops::find(&documents, kind) {
+            assert!(
+                grants(&role["rules"])
+                    .iter()
+                    .all(|(group, resource, _, _)| {
+                        group != "authorization.k8s.io" && resource != "configmaps"
+                    }),
+                "{kind} {}",
+                role["metadata"]["name"]
+            );
+        }
+    }
+    // Users: view, edit and admin get an Execution's output, and nothing else from this role.
+    let log = named("ClusterRole", "rbac-briq-operator-execution-log");
+    assert_eq!(
+        grants(&log["rules"]),
+        set(&[("subresources.briq.cloud", "executions/log", "get", "")])
+    );
+    for aggregate in ["view", "edit", "admin"] {
+        assert_eq!(
+            log["metadata"]["labels"]
+                [format!("rbac.authorization.k8s.io/aggregate-to-{aggregate}")],
+            "true"
+        );
+    }
     assert!(
         ops::find(
             &ops::template(
@@ -634,6 +772,66 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
             "{verb} {group}/{resource} is denied"
         );
     }
+    // The aggregated API: how the front proxy calls (one ConfigMap of kube-system, nothing else
+    // there) and a SubjectAccessReview per request (cluster-scoped).
+    for (allowed, namespace, verb, group, resource, name) in [
+        (
+            true,
+            "kube-system",
+            "get",
+            "",
+            "configmaps",
+            "extension-apiserver-authentication",
+        ),
+        (
+            false,
+            "kube-system",
+            "get",
+            "",
+            "configmaps",
+            "kubeadm-config",
+        ),
+        (
+            false,
+            "kube-system",
+            "update",
+            "",
+            "configmaps",
+            "extension-apiserver-authentication",
+        ),
+        (false, "kube-system", "list", "", "configmaps", ""),
+        (
+            true,
+            "",
+            "create",
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "",
+        ),
+        (
+            false,
+            "",
+            "create",
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            "",
+        ),
+        // It reads Executions itself; it is no user of its own API.
+        (
+            false,
+            ns,
+            "get",
+            "subresources.briq.cloud",
+            "executions/log",
+            "x",
+        ),
+    ] {
+        assert_eq!(
+            support::may(&env.client, &user, namespace, verb, group, resource, name).await,
+            allowed,
+            "{verb} {group}/{resource} {name} in {namespace:?}"
+        );
+    }
 
     // The e2e flow with a client impersonating the ServiceAccount: leader election, an executor
     // whose key is in a Secret, Executions with history pruning, Events, deletion.
@@ -709,4 +907,127 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         );
     }
     operator.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_user_with_the_view_role_may_read_an_executions_output_through_the_aggregated_api() {
+    let env = TestEnv::new("chart-log-view").await;
+    let release = format!("logs-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let documents = ops::template(&release, &env.namespace, &[]);
+    // The chart's role aggregated into view, edit and admin. (This control plane runs no
+    // clusterrole-aggregation controller: the user is bound to the chart's role itself.)
+    let role = ops::find(&documents, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == format!("{release}-briq-operator-execution-log"))
+        .expect("the chart's execution-log ClusterRole");
+    assert_eq!(
+        role["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"],
+        "true"
+    );
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": "viewer", "namespace": env.namespace },
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "viewer" }],
+    });
+    ops::apply(&env, &ops::yaml(&[role, &binding]), "helm-chart-test");
+    let ns = env.namespace.as_str();
+    for (allowed, namespace, verb, group, resource) in [
+        (true, ns, "get", "subresources.briq.cloud", "executions/log"),
+        // Only where the role is bound, only get, only the log.
+        (
+            false,
+            "elsewhere",
+            "get",
+            "subresources.briq.cloud",
+            "executions/log",
+        ),
+        (
+            false,
+            ns,
+            "create",
+            "subresources.briq.cloud",
+            "executions/log",
+        ),
+        (false, ns, "get", "briq.cloud", "executions/log"),
+        (false, ns, "get", "briq.cloud", "executions"),
+        (false, ns, "get", "briq.cloud", "executions/status"),
+    ] {
+        assert_eq!(
+            support::may(
+                &env.client,
+                "viewer",
+                namespace,
+                verb,
+                group,
+                resource,
+                "step-1"
+            )
+            .await,
+            allowed,
+            "{verb} {group}/{resource} in {namespace}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upgrade_keeps_the_charts_serving_certificate_and_the_ca_bundle() {
+    let env = TestEnv::new("chart-keep-cert").await;
+    let release = format!("keep-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    let kubeconfig = env.kubeconfig.to_str().unwrap().to_owned();
+    // What an install or upgrade renders: `lookup` reads the cluster (helm template answers it
+    // with nothing otherwise). A dry run takes nothing over; --take-ownership only skips the
+    // check that existing objects (this Secret, another test's APIService) belong to the release.
+    let render = || {
+        let documents = ops::template(
+            &release,
+            &env.namespace,
+            &[
+                "--dry-run=server",
+                "--kubeconfig",
+                &kubeconfig,
+                "--take-ownership",
+                "--show-only",
+                "templates/subresources.yaml",
+            ],
+        );
+        let secret = ops::find(&documents, "Secret")[0].clone();
+        let ca_bundle = ops::find(&documents, "APIService")[0]["spec"]["caBundle"].clone();
+        assert_eq!(
+            ca_bundle, secret["data"]["ca.crt"],
+            "the caBundle is the Secret's CA"
+        );
+        secret
+    };
+    let installed = render();
+    assert_ne!(
+        render()["data"],
+        installed["data"],
+        "nothing to keep yet: a new CA and certificate"
+    );
+    ops::apply(&env, &ops::yaml(&[&installed]), "helm");
+    let upgraded = render();
+    assert_eq!(
+        upgraded["data"], installed["data"],
+        "an upgrade keeps the CA, the certificate and its key"
+    );
+
+    // A Secret missing a part is made anew, whole.
+    let mut partial = installed.clone();
+    partial["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ca.crt")
+        .unwrap();
+    let name = partial["metadata"]["name"].as_str().unwrap().to_owned();
+    let (ok, _, stderr) = env.kubectl(&["delete", &format!("secret/{name}")]);
+    assert!(ok, "{stderr}");
+    ops::apply(&env, &ops::yaml(&[&partial]), "helm");
+    let renewed = render();
+    for key in ["ca.crt", "tls.crt", "tls.key"] {
+        assert_ne!(renewed["data"][key], installed["data"][key], "{key}");
+    }
 }

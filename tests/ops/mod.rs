@@ -80,6 +80,9 @@ pub const ALL_FEATURES: &[&str] = &[
     "tracing.samplerArg=0.25",
     "--set",
     "tracing.collector.to[0].ipBlock.cidr=10.0.0.9/32",
+    // The aggregated API is on by default; its certificate from cert-manager instead of Helm.
+    "--set",
+    "subresources.certManager.enabled=true",
 ];
 
 /// The chart's Grafana dashboard, relative to the chart's directory.
@@ -250,22 +253,51 @@ pub async fn impersonating(env: &TestEnv, user: &str) -> kube::Client {
 }
 
 /// `kubectl apply --server-side` of `yaml`, as field manager `manager`; panics when it fails.
+/// Objects naming another namespace than the test's (the chart's RoleBinding in kube-system)
+/// are applied there, after the others: kubectl refuses them under the test's `--namespace`.
 pub fn apply(env: &TestEnv, yaml: &str, manager: &str) {
-    let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-    std::fs::write(file.path(), yaml).unwrap();
-    let manager = format!("--field-manager={manager}");
-    let (ok, stdout, stderr) = env.kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        &manager,
-        "-f",
-        file.path().to_str().unwrap(),
-    ]);
-    assert!(
-        ok,
-        "kubectl apply --server-side failed:\n{stdout}\n{stderr}"
-    );
+    let documents = documents(yaml);
+    let mut namespaces: Vec<Option<&str>> = vec![None];
+    for document in &documents {
+        let namespace = document["metadata"]["namespace"]
+            .as_str()
+            .filter(|n| *n != env.namespace);
+        if !namespaces.contains(&namespace) {
+            namespaces.push(namespace);
+        }
+    }
+    for namespace in namespaces {
+        let group: Vec<&Value> = documents
+            .iter()
+            .filter(|d| {
+                d["metadata"]["namespace"]
+                    .as_str()
+                    .filter(|n| *n != env.namespace)
+                    == namespace
+            })
+            .collect();
+        if group.is_empty() {
+            continue;
+        }
+        let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), self::yaml(&group)).unwrap();
+        let manager = format!("--field-manager={manager}");
+        // After the test's namespace, which env.kubectl sets first.
+        let namespace = format!("--namespace={}", namespace.unwrap_or(&env.namespace));
+        let (ok, stdout, stderr) = env.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            &manager,
+            &namespace,
+            "-f",
+            file.path().to_str().unwrap(),
+        ]);
+        assert!(
+            ok,
+            "kubectl apply --server-side {namespace} failed:\n{stdout}\n{stderr}"
+        );
+    }
 }
 
 /// The admission policies and their bindings among `documents`.

@@ -30,3 +30,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "briq-operator.leaseName" -}}
 {{- default (include "briq-operator.fullname" .) .Values.leaderElection.leaseName -}}
 {{- end -}}
+
+{{/* The aggregated API's Service (the APIService names it) and its serving certificate's Secret. */}}
+{{- define "briq-operator.subresourcesService" -}}
+{{- printf "%s-subresources" (include "briq-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "briq-operator.subresourcesSecret" -}}
+{{- printf "%s-subresources-tls" (include "briq-operator.fullname" .) -}}
+{{- end -}}
