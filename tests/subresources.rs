@@ -176,6 +176,16 @@ async fn grant(admin: &Client, namespace: &str, user: &str, group: &str, resourc
         .patch(&name, &apply, &Patch::Apply(&binding))
         .await
         .unwrap();
+    // kube-apiserver's RBAC reads its own watch of roles: ask it until it knows the grant.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let resource = resources[0];
+    while !may(admin, user, namespace, "get", group, resource, "").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the API server never learnt the grant"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn client_as(user: &str) -> Client {
