@@ -661,7 +661,8 @@ fn without_subresources_nothing_of_the_aggregated_api_renders() {
             !name.contains("subresources")
                 && !name.ends_with("-authentication-reader")
                 && !name.ends_with("-auth-delegator")
-                && !name.ends_with("-execution-log"),
+                && !name.ends_with("-execution-log")
+                && !name.ends_with("-executor-files"),
             "{} {name}",
             document["kind"]
         );

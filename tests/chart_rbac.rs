@@ -216,6 +216,7 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("issuer/{fullname}-subresources-selfsigned"),
         format!("clusterrolebinding/{fullname}-auth-delegator"),
         format!("clusterrole/{fullname}-execution-log"),
+        format!("clusterrole/{fullname}-executor-files"),
         format!("apiservice/{API_SERVICE}"),
     ] {
         let (ok, _, stderr) = env.kubectl(&["get", &object]);
@@ -604,6 +605,30 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         grants(&log["rules"]),
         set(&[("subresources.briq.cloud", "executions/log", "get", "")])
     );
+    // Edit and admin (not view) read and write an executor's files.
+    let files = named("ClusterRole", "rbac-briq-operator-executor-files");
+    assert_eq!(
+        grants(&files["rules"]),
+        set(&[
+            ("subresources.briq.cloud", "briqexecutors/files", "get", ""),
+            (
+                "subresources.briq.cloud",
+                "briqexecutors/files",
+                "update",
+                ""
+            ),
+        ])
+    );
+    let labels = &files["metadata"]["labels"];
+    assert_eq!(
+        labels["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert_eq!(
+        labels["rbac.authorization.k8s.io/aggregate-to-admin"],
+        "true"
+    );
+    assert!(labels["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
     for aggregate in ["view", "edit", "admin"] {
         assert_eq!(
             log["metadata"]["labels"]
@@ -953,6 +978,13 @@ async fn a_user_with_the_view_role_may_read_an_executions_output_through_the_agg
             "executions/log",
         ),
         (false, ns, "get", "briq.cloud", "executions/log"),
+        (
+            false,
+            ns,
+            "get",
+            "subresources.briq.cloud",
+            "briqexecutors/files",
+        ),
         (false, ns, "get", "briq.cloud", "executions"),
         (false, ns, "get", "briq.cloud", "executions/status"),
     ] {

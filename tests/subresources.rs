@@ -356,3 +356,136 @@ async fn exec_prints_each_line_while_the_action_runs_and_never_twice() {
     assert!(logs.status.success());
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "first\nsecond\n");
 }
+
+fn files_path(namespace: &str, executor: &str, path: &str) -> String {
+    format!(
+        "/apis/{}/{}/namespaces/{namespace}/briqexecutors/{executor}/files?path={path}",
+        subresources::GROUP,
+        subresources::VERSION
+    )
+}
+
+/// PUT `body` to `path` through kube-apiserver as `client`: (status, body).
+async fn put(client: &Client, path: &str, body: Vec<u8>) -> (u16, String) {
+    let request = http::Request::put(path)
+        .header(http::header::CONTENT_TYPE, "application/octet-stream")
+        .body(body)
+        .unwrap();
+    match client.request_text(request).await {
+        Ok(body) => (201, body),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(error) => panic!("PUT {path}: {error}"),
+    }
+}
+
+async fn briq_cli(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_briq-operator"))
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("RUST_LOG")
+        .args(args)
+        .args(["-n", &env.namespace])
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn cp_moves_a_file_of_several_parts_in_and_out_and_the_kernel_reads_it() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-cp").await;
+    ready_executor(&env).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Larger than one part either way (512 KiB), not a multiple of it.
+    let data: Vec<u8> = (0..1_300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let local = dir.path().join("data.bin");
+    std::fs::write(&local, &data).unwrap();
+    let uploaded = briq_cli(
+        &env,
+        &["cp", local.to_str().unwrap(), "py:/tmp/in/data.bin"],
+    )
+    .await;
+    assert!(uploaded.status.success(), "{uploaded:?}");
+    let read = run(
+        &env,
+        "size",
+        "py",
+        "import hashlib\nb = open('/tmp/in/data.bin', 'rb').read()\nprint(len(b), hashlib.sha256(b).hexdigest())",
+    )
+    .await;
+    let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&data));
+    assert_eq!(output(&read), format!("{} {digest}\n", data.len()));
+    run(
+        &env,
+        "write",
+        "py",
+        "open('/tmp/out.bin', 'wb').write(bytes(range(256)) * 3000)",
+    )
+    .await;
+    let downloaded = briq_cli(
+        &env,
+        &["cp", "py:/tmp/out.bin", dir.path().to_str().unwrap()],
+    )
+    .await;
+    assert!(downloaded.status.success(), "{downloaded:?}");
+    let expected: Vec<u8> = (0..=255u8).cycle().take(256 * 3000).collect();
+    assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), expected);
+}
+
+#[tokio::test]
+async fn a_path_to_the_bridges_own_files_a_missing_file_or_one_over_the_cap_moves_nothing() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-files-bad").await;
+    ready_executor(&env).await;
+    let ns = env.namespace.as_str();
+    let journal = files_path(ns, "py", "/work/.briq/journal");
+    let (code, message) = get(&env.client, &journal).await;
+    assert_eq!(code, 403, "{message}");
+    let bridge = files_path(ns, "py", "/work/.briq/bridge.py");
+    let (code, message) = put(&env.client, &bridge, b"print('owned')".to_vec()).await;
+    assert_eq!(code, 403, "{message}");
+    let (code, message) = get(&env.client, &files_path(ns, "py", "/tmp/absent")).await;
+    assert_eq!(code, 404, "{message}");
+    let (code, message) = get(&env.client, &files_path(ns, "py", "relative/x")).await;
+    assert_eq!(code, 400, "{message}");
+    let over = vec![0u8; subresources::MAX_FILE_BYTES as usize + 1];
+    let (code, message) = put(&env.client, &files_path(ns, "py", "/tmp/big"), over).await;
+    assert_eq!(code, 413, "{message}");
+    let (code, _) = get(&env.client, &files_path(ns, "py", "/tmp/big")).await;
+    assert_eq!(code, 404, "nothing was written");
+    let (code, message) = get(&env.client, &files_path(ns, "absent", "/tmp/x")).await;
+    assert_eq!(code, 404, "{message}");
+}
+
+#[tokio::test]
+async fn a_user_who_may_read_logs_moves_no_file_and_a_suspended_executor_none_either() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-files-rbac").await;
+    ready_executor(&env).await;
+    let ns = env.namespace.as_str();
+    let user = format!("viewer-{:08x}", rand::random::<u32>());
+    grant(
+        &env.client,
+        ns,
+        &user,
+        subresources::GROUP,
+        &["executions/log"],
+    )
+    .await;
+    let viewer = client_as(&user).await;
+    let path = files_path(ns, "py", "/tmp/planted");
+    let (code, message) = put(&viewer, &path, b"x".to_vec()).await;
+    assert_eq!(code, 403, "{message}");
+    let (code, _) = get(&env.client, &path).await;
+    assert_eq!(code, 404, "nothing was written");
+    env.api::<briq_operator::crd::BriqExecutor>()
+        .patch(
+            "py",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    let (code, message) = put(&env.client, &path, b"x".to_vec()).await;
+    assert_eq!(code, 409, "{message}");
+    assert!(message.contains("suspended"), "{message}");
+}

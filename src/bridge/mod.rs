@@ -7,9 +7,11 @@
 mod compat;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod files;
 pub mod session;
 pub mod state;
 
+pub use files::{FileError, FileErrorCode, FileReport};
 pub use state::{StateReport, Unsaved};
 
 use std::time::Duration;
@@ -114,6 +116,26 @@ pub enum Command<'a> {
     /// Give the kernel a claimer's environment, sent on the command's stdin: kept for every
     /// kernel started from then on, and set in the live one within `deadline`.
     SetEnv { deadline: Duration },
+    /// Join the parts uploaded to `staged` (relative to [`WORKDIR`]) into `dest`, written with
+    /// the kernel user's rights, once their size and SHA-256 are the ones given; `staged` goes
+    /// in any case.
+    FileWrite {
+        staged: &'a str,
+        parts: usize,
+        dest: &'a str,
+        size: u64,
+        sha256: &'a str,
+        deadline: Duration,
+    },
+    /// Read `length` bytes of `path` from `offset`, with the kernel user's rights; refused past
+    /// `max_size`.
+    FileRead {
+        path: &'a str,
+        offset: u64,
+        length: u64,
+        max_size: u64,
+        deadline: Duration,
+    },
     /// Print `attempt`'s output as the kernel produces it, one JSON object a line, until the
     /// attempt ends or `deadline` passes; unframed, read by byte offset through an async exec.
     Follow {
@@ -174,6 +196,34 @@ impl Command<'_> {
                 argv.extend(["set-env", "--state-dir", STATE_DIR, "--deadline"].map(String::from));
                 argv.push(seconds(deadline));
             }
+            Command::FileWrite {
+                staged,
+                parts,
+                dest,
+                size,
+                sha256,
+                deadline,
+            } => {
+                argv.extend(["file-write".into(), "--staged".into(), staged.to_string()]);
+                argv.extend(["--parts".into(), parts.to_string()]);
+                argv.extend(["--dest".into(), dest.to_string()]);
+                argv.extend(["--size".into(), size.to_string()]);
+                argv.extend(["--sha256".into(), sha256.to_string()]);
+                argv.extend(["--deadline".into(), seconds(deadline)]);
+            }
+            Command::FileRead {
+                path,
+                offset,
+                length,
+                max_size,
+                deadline,
+            } => {
+                argv.extend(["file-read".into(), "--path".into(), path.to_string()]);
+                argv.extend(["--offset".into(), offset.to_string()]);
+                argv.extend(["--length".into(), length.to_string()]);
+                argv.extend(["--max-size".into(), max_size.to_string()]);
+                argv.extend(["--deadline".into(), seconds(deadline)]);
+            }
             Command::Follow { attempt, deadline } => {
                 argv.extend(["follow".into(), "--attempt".into(), attempt.to_string()]);
                 argv.extend(["--max-seconds".into(), seconds(deadline)]);
@@ -199,6 +249,8 @@ pub enum Envelope {
     State(StateReport),
     /// What `set-env` did ([`EnvReport`]).
     Env(EnvReport),
+    /// What `file-write` or `file-read` did ([`FileReport`]).
+    File(FileReport),
     /// The real envelope was too large for briq's stdout and went to [`spill_file`].
     Spilled(Spill),
 }

@@ -5,8 +5,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use crate::{
     bridge::{
-        self, Command, EnvReport, Envelope, KernelReport, Malformed, Nonce, RunResult, RunStatus,
-        SetupReport, StateReport,
+        self, Command, EnvReport, Envelope, FileReport, KernelReport, Malformed, Nonce, RunResult,
+        RunStatus, SetupReport, StateReport,
     },
     briq::{self, ApiKey, ExecRequest, SandboxApi},
 };
@@ -19,6 +19,8 @@ const SET_ENV_DEADLINE: Duration = Duration::from_secs(10);
 /// Room for the bridge's own start-up and the kernel interrupt grace beyond a command's deadline.
 const BRIDGE_MARGIN: Duration = Duration::from_secs(5);
 const KERNEL_START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long joining an upload's parts (64 MiB at most) or reading a part may take.
+const FILE_DEADLINE: Duration = Duration::from_secs(60);
 /// How long beyond a run's own timeout `recall` may wait for it: the bridge waits for a running
 /// attempt's result until its timeout, interrupt grace and runner margin (3.5 s) have passed.
 const RECALL_MARGIN: Duration = Duration::from_secs(4);
@@ -272,6 +274,50 @@ impl<S: SandboxApi> Session<'_, S> {
             .await
     }
 
+    /// Installs the parts uploaded to `staged` as `dest` ([`Command::FileWrite`]).
+    pub async fn file_write(
+        &self,
+        staged: &str,
+        parts: usize,
+        dest: &str,
+        size: u64,
+        sha256: &str,
+    ) -> Result<FileReport, CallError> {
+        let command = Command::FileWrite {
+            staged,
+            parts,
+            dest,
+            size,
+            sha256,
+            deadline: FILE_DEADLINE,
+        };
+        self.file(&command).await
+    }
+
+    /// Reads a part of `path` ([`Command::FileRead`]).
+    pub async fn file_read(
+        &self,
+        path: &str,
+        offset: u64,
+        max_size: u64,
+    ) -> Result<FileReport, CallError> {
+        let command = Command::FileRead {
+            path,
+            offset,
+            length: bridge::files::READ_PART_BYTES,
+            max_size,
+            deadline: FILE_DEADLINE,
+        };
+        self.file(&command).await
+    }
+
+    async fn file(&self, command: &Command<'_>) -> Result<FileReport, CallError> {
+        match self.call(command, FILE_DEADLINE).await? {
+            Envelope::File(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn state(
         &self,
         command: &Command<'_>,
@@ -329,6 +375,7 @@ fn unexpected(envelope: &Envelope) -> CallError {
         Envelope::Result(_) => "result",
         Envelope::State(_) => "state",
         Envelope::Env(_) => "env",
+        Envelope::File(_) => "file",
         Envelope::Spilled(_) => "spilled",
     })
 }

@@ -42,6 +42,9 @@ pub enum Error {
     #[error("Execution {name} not found in namespace {namespace}")]
     ExecutionNotFound { name: String, namespace: String },
 
+    #[error("cp: {0}")]
+    Copy(String),
+
     #[error("cannot read the code from {}: {source}", path.display())]
     ReadCode {
         path: PathBuf,

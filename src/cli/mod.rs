@@ -8,6 +8,7 @@
 
 mod cancel;
 mod cluster;
+mod cp;
 mod describe;
 mod error;
 mod exec;
@@ -50,6 +51,9 @@ pub enum Command {
     /// Logs, output and final answer on stdout, the error on stderr, as `exec` prints them.
     /// Exit status as for `exec`; 0 while it has not finished.
     Logs(logs::Args),
+    /// Copy a file into or out of a BriqExecutor's sandbox (`cp ./data.csv py:/work/data.csv`,
+    /// `cp py:/work/out.png ./`), its SHA-256 checked end to end.
+    Cp(cp::Args),
     /// List BriqExecutors and/or Executions.
     Get(get::Args),
     /// Show one BriqExecutor: spec, sandbox, conditions, queue, recent Executions and Events.
@@ -101,6 +105,7 @@ pub async fn run(command: Command) -> Exit {
     let result = match command {
         Command::Exec(args) => exec::run(args).await,
         Command::Logs(args) => logs::run(args).await,
+        Command::Cp(args) => cp::run(args).await,
         Command::Get(args) => get::run(args).await,
         Command::Describe(args) => describe::run(args).await,
         Command::Usage(args) => usage::run(args).await,

@@ -7,7 +7,10 @@ pub const GROUP: &str = "subresources.briq.cloud";
 pub const VERSION: &str = "v1alpha1";
 
 /// The subresources served, as `(resource/subresource, kind, verbs)`.
-pub const RESOURCES: &[(&str, &str, &[&str])] = &[("executions/log", "Execution", &["get"])];
+pub const RESOURCES: &[(&str, &str, &[&str])] = &[
+    ("executions/log", "Execution", &["get"]),
+    ("briqexecutors/files", "BriqExecutor", &["get", "update"]),
+];
 
 pub fn group_version() -> String {
     format!("{GROUP}/{VERSION}")
@@ -52,13 +55,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_resource_list_names_the_log_subresource_of_executions_with_get_only() {
+    fn the_resource_list_names_each_subresource_with_its_verbs() {
         let list = resource_list();
         assert_eq!(list["groupVersion"], "subresources.briq.cloud/v1alpha1");
         assert_eq!(
             list["resources"],
-            json!([{"name": "executions/log", "singularName": "", "namespaced": true,
-                    "kind": "Execution", "verbs": ["get"]}])
+            json!([
+                {"name": "executions/log", "singularName": "", "namespaced": true,
+                 "kind": "Execution", "verbs": ["get"]},
+                {"name": "briqexecutors/files", "singularName": "", "namespaced": true,
+                 "kind": "BriqExecutor", "verbs": ["get", "update"]},
+            ])
         );
         assert_eq!(group()["preferredVersion"]["version"], "v1alpha1");
         assert_eq!(group_list()["groups"][0]["name"], GROUP);

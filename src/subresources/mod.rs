@@ -1,6 +1,7 @@
 //! The operator's aggregated API (`subresources.briq.cloud`), which kube-apiserver proxies to
 //! under an `APIService`, as metrics-server's and KubeVirt's are: a running action's output as
-//! it comes (`executions/{name}/log`). kube-apiserver authenticates the caller and names them
+//! it comes (`executions/{name}/log`) and the files of an executor's sandbox
+//! (`briqexecutors/{name}/files`). kube-apiserver authenticates the caller and names them
 //! in headers; this server trusts those headers only over a connection whose client
 //! certificate the front-proxy CA signed, and asks a SubjectAccessReview before it answers.
 //!
@@ -11,10 +12,12 @@
 //! | `authorize` | the SubjectAccessReview of a caller's request |
 //! | `live` | one shared reader of a running action's output per action, however many follow it |
 //! | `log` | `executions/{name}/log`: what to answer for an Execution, pending, running or finished |
+//! | `files` | `briqexecutors/{name}/files`: which paths and executors may move files, uploads in parts |
 //! | `server` | TLS with a required client certificate, the routes, errors as `Status` objects |
 
 mod authorize;
 mod discovery;
+mod files;
 mod front_proxy;
 mod live;
 mod log;
@@ -22,6 +25,7 @@ mod server;
 
 pub use self::{
     discovery::{GROUP, VERSION},
+    files::{MAX_FILE_BYTES, SHA256_HEADER},
     front_proxy::FrontProxy,
     live::Piece,
     server::{Serving, serve},

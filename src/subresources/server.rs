@@ -28,11 +28,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::{
     authorize::{self, Request},
     discovery::{self, GROUP, VERSION},
-    front_proxy::FrontProxy,
+    files::{self, MAX_FILE_BYTES, Refusal, SHA256_HEADER, Upload},
+    front_proxy::{FrontProxy, User},
     live::Readers,
     log,
 };
-use crate::{briq::SandboxApi, controller::ExecutorKeys, crd::Execution};
+use crate::{
+    bridge::{files::WRITE_PART_BYTES, session::Session},
+    briq::{ApiKey, SandboxApi},
+    controller::ExecutorKeys,
+    crd::{BriqExecutor, Execution},
+};
 
 /// How long a client may take over the TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -162,6 +168,10 @@ fn router<S: SandboxApi + Clone + 'static>(served: Arc<Served<S>>) -> Router {
             &format!("{version}/namespaces/{{namespace}}/executions/{{name}}/log"),
             get(execution_log::<S>),
         )
+        .route(
+            &format!("{version}/namespaces/{{namespace}}/briqexecutors/{{name}}/files"),
+            get(read_file::<S>).put(write_file::<S>),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { status(StatusCode::NOT_FOUND, "NotFound", "no such path".into()) })
         .layer(axum::middleware::from_fn_with_state(
@@ -197,9 +207,255 @@ async fn front_proxy_only<S>(
     }
 }
 
+/// `Ok` when `user` may do `request`, else the error to answer.
+async fn authorized<S: SandboxApi + 'static>(
+    served: &Served<S>,
+    user: &User,
+    request: &Request<'_>,
+) -> Result<(), Response> {
+    match authorize::denied(served.keys.client(), user, request).await {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(status(StatusCode::FORBIDDEN, "Forbidden", why)),
+        Err(error) => Err(status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            format!("the authorization could not be asked: {error}"),
+        )),
+    }
+}
+
+fn refused(refusal: Refusal) -> Response {
+    status(refusal.code, refusal.reason, refusal.message)
+}
+
+fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
+    status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailable",
+        format!("{what}: {error}"),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct FileQuery {
+    path: String,
+}
+
+/// The executor, its sandbox and its key, once the caller may do `verb` on its files at
+/// `path`.
+async fn file_target<S: SandboxApi + Clone + 'static>(
+    served: &Served<S>,
+    user: &User,
+    verb: &str,
+    namespace: &str,
+    name: &str,
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(String, String, ApiKey), Response> {
+    let request = Request {
+        verb,
+        namespace,
+        resource: "briqexecutors",
+        subresource: "files",
+        name,
+    };
+    authorized(served, user, &request).await?;
+    let Ok(Query(query)) = query else {
+        return Err(refused(Refusal::bad_request(
+            "the query takes path=<an absolute path in the sandbox>, in UTF-8".into(),
+        )));
+    };
+    let path = files::checked_path(&query.path)
+        .map_err(refused)?
+        .to_owned();
+    let executors: Api<BriqExecutor> = Api::namespaced(served.keys.client().clone(), namespace);
+    let executor = match executors.get_opt(name).await {
+        Ok(Some(executor)) => executor,
+        Ok(None) => {
+            return Err(status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("briqexecutors.briq.cloud \"{name}\" not found"),
+            ));
+        }
+        Err(error) => return Err(unavailable("reading the BriqExecutor", error)),
+    };
+    let sandbox = files::movable(&executor).map_err(refused)?.to_owned();
+    let key = served
+        .keys
+        .key(&executor)
+        .await
+        .map_err(|error| unavailable("the executor's briq key", error))?;
+    Ok((path, sandbox, key))
+}
+
+async fn read_file<S: SandboxApi + Clone + 'static>(
+    State(served): State<Arc<Served<S>>>,
+    Extension(user): Extension<User>,
+    Path((namespace, name)): Path<(String, String)>,
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let (path, sandbox, key) =
+        match file_target(&served, &user, "get", &namespace, &name, query).await {
+            Ok(target) => target,
+            Err(response) => return response,
+        };
+    let session = Session {
+        api: served.sandboxes.as_ref(),
+        key: &key,
+        sandbox_id: &sandbox,
+    };
+    let first = match session.file_read(&path, 0, MAX_FILE_BYTES).await {
+        Ok(report) if report.ok => report,
+        Ok(report) => return refused(files::refusal_of(&report)),
+        Err(error) => return unavailable("reading the file in the sandbox", error),
+    };
+    let first_part = match files::part_bytes(&first) {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refused(refusal),
+    };
+    let (size, digest) = (first.size, first.sha256.clone().unwrap_or_default());
+    // One part in flight: a caller that reads slowly holds the reading, never a buffer.
+    let (out, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+    let sandboxes = served.sandboxes.clone();
+    let expected = digest.clone();
+    tokio::spawn(async move {
+        let session = Session {
+            api: sandboxes.as_ref(),
+            key: &key,
+            sandbox_id: &sandbox,
+        };
+        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+        let mut sent = 0u64;
+        let mut part = first_part;
+        loop {
+            sha2::Digest::update(&mut hasher, &part);
+            sent += part.len() as u64;
+            let empty = part.is_empty();
+            if out.send(Ok(part)).await.is_err() {
+                return;
+            }
+            if sent >= size || empty {
+                break;
+            }
+            let next = match session.file_read(&path, sent, MAX_FILE_BYTES).await {
+                Ok(report) if report.ok && report.size == size => files::part_bytes(&report),
+                Ok(report) if report.ok => Err(Refusal::bad_request(
+                    "the file changed size while it was read".into(),
+                )),
+                Ok(report) => Err(files::refusal_of(&report)),
+                Err(error) => Err(Refusal::bad_request(format!("reading a part: {error}"))),
+            };
+            match next {
+                Ok(bytes) => part = bytes,
+                Err(refusal) => {
+                    let _ = out.send(Err(std::io::Error::other(refusal.message))).await;
+                    return;
+                }
+            }
+        }
+        if format!("{:x}", sha2::Digest::finalize(hasher)) != expected || sent != size {
+            // Breaking the body off tells the caller the bytes are not the file it was promised.
+            let _ = out
+                .send(Err(std::io::Error::other(
+                    "the file changed while it was read: its bytes do not match its SHA-256",
+                )))
+                .await;
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            (header::HeaderName::from_static(SHA256_HEADER), digest),
+        ],
+        Body::from_stream(ReceiverStream::new(body)),
+    )
+        .into_response()
+}
+
+async fn write_file<S: SandboxApi + Clone + 'static>(
+    State(served): State<Arc<Served<S>>>,
+    Extension(user): Extension<User>,
+    Path((namespace, name)): Path<(String, String)>,
+    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (path, sandbox, key) =
+        match file_target(&served, &user, "update", &namespace, &name, query).await {
+            Ok(target) => target,
+            Err(response) => return response,
+        };
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let Some(length) = length else {
+        return status(
+            StatusCode::LENGTH_REQUIRED,
+            "BadRequest",
+            "a file is written with its Content-Length".into(),
+        );
+    };
+    if length > MAX_FILE_BYTES {
+        return refused(files::too_large(length));
+    }
+    let claimed = headers
+        .get(SHA256_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_ascii_lowercase);
+    let id = format!("{:032x}", rand::random::<u128>());
+    let mut upload = Upload::new(&id, WRITE_PART_BYTES);
+    let api = served.sandboxes.as_ref();
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = futures::StreamExt::next(&mut frames).await {
+        let chunk = match frame {
+            Ok(chunk) => chunk,
+            Err(error) => {
+                return refused(Refusal::bad_request(format!("reading the body: {error}")));
+            }
+        };
+        for (index, part) in upload.take(&chunk) {
+            if let Err(error) = api
+                .write_file(&key, &sandbox, &upload.part_path(index), &part)
+                .await
+            {
+                return unavailable("uploading a part to the sandbox", error);
+            }
+        }
+    }
+    let (staged, last_path) = (upload.staged.clone(), upload.part_path(upload.parts));
+    let (last, parts, size, digest) = upload.finish();
+    if let Some((_, part)) = last
+        && let Err(error) = api.write_file(&key, &sandbox, &last_path, &part).await
+    {
+        return unavailable("uploading a part to the sandbox", error);
+    }
+    // The caller's digest, when sent, is the one the bridge checks: bytes changed on the way
+    // are then found in the sandbox, and nothing is written.
+    let expected = claimed.unwrap_or(digest);
+    let session = Session {
+        api,
+        key: &key,
+        sandbox_id: &sandbox,
+    };
+    match session
+        .file_write(&staged, parts, &path, size, &expected)
+        .await
+    {
+        Ok(report) if report.ok => (
+            StatusCode::CREATED,
+            Json(json!({"path": report.path, "size": report.size, "sha256": report.sha256})),
+        )
+            .into_response(),
+        Ok(report) => refused(files::refusal_of(&report)),
+        Err(error) => unavailable("installing the file in the sandbox", error),
+    }
+}
+
 async fn execution_log<S: SandboxApi + Clone + 'static>(
     State(served): State<Arc<Served<S>>>,
-    Extension(user): Extension<super::front_proxy::User>,
+    Extension(user): Extension<User>,
     Path((namespace, name)): Path<(String, String)>,
     query: Result<Query<log::Query>, axum::extract::rejection::QueryRejection>,
     _headers: HeaderMap,
@@ -218,16 +474,8 @@ async fn execution_log<S: SandboxApi + Clone + 'static>(
         subresource: "log",
         name: &name,
     };
-    match authorize::denied(served.keys.client(), &user, &request).await {
-        Ok(None) => {}
-        Ok(Some(why)) => return status(StatusCode::FORBIDDEN, "Forbidden", why),
-        Err(error) => {
-            return status(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                format!("the authorization could not be asked: {error}"),
-            );
-        }
+    if let Err(response) = authorized(&served, &user, &request).await {
+        return response;
     }
     let executions: Api<Execution> = Api::namespaced(served.keys.client().clone(), &namespace);
     let execution = match executions.get_opt(&name).await {
