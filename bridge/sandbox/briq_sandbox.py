@@ -6,7 +6,8 @@ This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
     BRIQ_NONCE=NONCE python3 .briq/bridge.py <command> [opts]
 
 with one of the commands setup, start-kernel, probe, run, recall, cancel, save-state,
-restore-state and set-env; ``follow`` relays a running attempt's output (no envelope).
+restore-state, set-env, file-write and file-read; ``follow`` relays a running attempt's output
+(no envelope).
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -61,7 +62,8 @@ USER_DIR = "home"
 # the kernel can open its own connection file in KERNEL_DIR; nothing else there is readable.
 BRIQ_DIR = ".briq"
 ACTIONS_DIR = ".briq/actions"
-PRIVATE_DIRS = (".briq/state", ACTIONS_DIR, ".briq/results", ".briq/journal")
+UPLOADS_DIR = ".briq/uploads"
+PRIVATE_DIRS = (".briq/state", ACTIONS_DIR, ".briq/results", ".briq/journal", UPLOADS_DIR)
 KERNEL_DIR = ".briq/kernel"
 
 # Logs and output together, per action (PROTOCOL.md "Budgets").
@@ -78,6 +80,16 @@ SPILL_THRESHOLD = 32_768
 RESULTS_DIR = ".briq/results"
 # Spill files the operator did not remove are deleted by the next spill after this long.
 SPILL_MAX_AGE_S = 600.0
+
+# Files in and out of the sandbox (PROTOCOL.md "Files"): `file-write` installs a file the
+# operator staged as parts in UPLOADS_DIR/<id>/part-NNNNN; `file-read` reads one range of a file.
+UPLOAD_PATTERN = re.compile(r"\.briq/uploads/([0-9a-f]{16,64})")
+UPLOAD_MAX_PARTS = 100_000
+FILE_READ_MAX = 524_288
+# Bytes moved through the pipe between the bridge and its child at once.
+FILE_CHUNK = 65_536
+# How long after the deadline (when the child stops itself) the bridge kills the child.
+FILE_KILL_GRACE_S = 2.0
 
 # The result journal (PROTOCOL.md "Attempts"): one record per attempt id, written before the
 # code runs ("accepted") and once it has run ("finished"), so that an attempt delivered twice
@@ -239,6 +251,27 @@ def state_envelope(
 
 def env_envelope(ok: bool, message: str, names: list[str] | None = None) -> dict:
     return {"kind": "env", "ok": ok, "names": names or [], "message": message}
+
+
+def file_envelope(
+    path: str,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+    offset: int | None = None,
+    data_base64: str | None = None,
+    error: dict | None = None,
+) -> dict:
+    return {
+        "kind": "file",
+        "ok": error is None,
+        "path": path,
+        "size": size,
+        "sha256": sha256,
+        "offset": offset,
+        "data_base64": data_base64,
+        "error": error,
+    }
 
 
 def result_envelope(
@@ -3235,6 +3268,457 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# Files in and out of the sandbox (file-write / file-read; PROTOCOL.md "Files")
+# --------------------------------------------------------------------------------------------
+# The bridge runs as root, user code as KERNEL_UID and hostile: every file operation on a path
+# the operator was given happens in a forked child that drops to KERNEL_UID (no supplementary
+# groups) before it resolves or opens anything, so the kernel user's permissions decide what it
+# may read or write, and a symlink or rename by user code can lead it only where the kernel user
+# could go anyway. The child also refuses the bridge's own directory and file by path, checked
+# on the resolved path and again on the path of what it actually opened (/proc/self/fd), which
+# covers the files a bridge that is not root shares with user code.
+
+
+class FileProblem(Exception):
+    """Why a file command answers ok false; `code` is the envelope's error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def file_error(code: str, message: str) -> dict:
+    return {"code": code, "message": clip(message, 1_000)}
+
+
+def os_problem(exc: OSError, what: str) -> FileProblem:
+    """The FileProblem for an OSError of `what` (a path)."""
+    import errno
+
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        code = "permission"
+    elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        code = "not_found"
+    elif exc.errno == errno.EISDIR:
+        code = "is_directory"
+    elif exc.errno == errno.ELOOP:  # a symlink where O_NOFOLLOW allows none: it was swapped in
+        code = "refused"
+    else:
+        code = "failed"
+    return FileProblem(code, f"{what}: {exc.strerror or exc}")
+
+
+def path_problem(path: str) -> str | None:
+    """Why the text of `path` is refused, or None."""
+    if "\0" in path:
+        return "the path contains NUL"
+    if not path.startswith("/"):
+        return "the path is not absolute"
+    if ".." in path.split("/"):
+        return "the path contains '..'"
+    return None
+
+
+def protected_paths() -> tuple[str, str]:
+    """The bridge's directory and its own file, resolved (as root, before any fork)."""
+    return os.path.realpath(BRIQ_DIR), os.path.realpath(__file__)
+
+
+def is_protected(path: str, protected: tuple[str, str]) -> bool:
+    briq, own = protected
+    return path in (briq, own) or path.startswith(briq.rstrip("/") + "/")
+
+
+def opened_path(fd: int, fallback: str) -> str:
+    """Where the kernel says `fd` is (race-free, unlike the name it was opened by)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return fallback
+
+
+def refuse_protected(path: str, protected: tuple[str, str], given: str) -> None:
+    if is_protected(path, protected):
+        raise FileProblem("refused", f"{given} is the bridge's own ({path})")
+
+
+def become_kernel_user() -> None:
+    """Drop to KERNEL_UID/KERNEL_GID for good (a forked child only). The process is then not
+    dumpable (it changed its uids), so the kernel user cannot trace it or read its memory."""
+    os.setgroups([])
+    os.setresgid(KERNEL_GID, KERNEL_GID, KERNEL_GID)
+    os.setresuid(KERNEL_UID, KERNEL_UID, KERNEL_UID)
+
+
+def child_deadline(signum: int, frame: Any) -> None:
+    raise FileProblem("timeout", "the deadline passed")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_answer(fd: int, until: float, limit: int) -> bytes | None:
+    """What the child writes to `fd` until it closes it; None when `until` passes first."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        remaining = until - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, FILE_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > limit:
+            raise FileProblem("failed", "the file child's answer is too large")
+        chunks.append(chunk)
+
+
+def feed_pipe(fd: int, chunks: Iterator[bytes], until: float) -> None:
+    """Write `chunks` to the non-blocking pipe `fd` by `until` (FileProblem timeout)."""
+    os.set_blocking(fd, False)
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            remaining = until - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                raise FileProblem("timeout", "the deadline passed")
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                continue
+
+
+def in_file_child(
+    work: Callable[[int | None], dict],
+    until: float,
+    feed: Iterator[bytes] | None = None,
+    answer_limit: int = FILE_CHUNK,
+) -> dict:
+    """Run `work` in a forked child, as KERNEL_UID when users are split, and return what it
+    answers (a dict, or {"error": ...}). With `feed`, the child reads those bytes from the fd
+    `work` gets. The child stops itself at `until`; it is killed FILE_KILL_GRACE_S later."""
+    answer_r, answer_w = os.pipe()
+    data_r, data_w = os.pipe() if feed is not None else (None, None)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 1
+        try:
+            os.close(answer_r)
+            if data_w is not None:
+                os.close(data_w)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)  # never the bridge's stdout
+            signal.signal(signal.SIGALRM, child_deadline)
+            signal.setitimer(signal.ITIMER_REAL, max(until - time.monotonic(), 0.001))
+            try:
+                if split_users():
+                    become_kernel_user()
+                answer = work(data_r)
+            except FileProblem as exc:
+                answer = {"error": file_error(exc.code, str(exc))}
+            except OSError as exc:
+                answer = {"error": file_error("failed", f"{type(exc).__name__}: {exc}")}
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            write_all(answer_w, json.dumps(answer).encode("utf-8"))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(answer_w)
+    if data_r is not None:
+        os.close(data_r)
+    reaped = False
+    try:
+        # A feed that fails (the deadline) ends the child's input early: it then writes nothing.
+        feed_problem = None
+        if feed is not None and data_w is not None:
+            try:
+                feed_pipe(data_w, feed, until)
+            except BrokenPipeError:
+                pass  # the child stopped reading: its answer says why
+            except FileProblem as exc:
+                feed_problem = exc
+            finally:
+                os.close(data_w)
+        raw = read_answer(answer_r, until + FILE_KILL_GRACE_S, answer_limit)
+        if raw is not None:
+            os.waitpid(pid, 0)
+            reaped = True
+        if feed_problem is not None:
+            raise feed_problem
+        if raw is None:
+            raise FileProblem("timeout", "the deadline passed")
+    finally:
+        os.close(answer_r)
+        if not reaped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise FileProblem("failed", "the file child ended without an answer")
+    return answer
+
+
+def install_file(
+    dest: str, size: int, sha256: str, protected: tuple[str, str], data_fd: int | None
+) -> dict:
+    """In the file child: write what `data_fd` holds to `dest` whole (a temporary file in its
+    directory, fsync, rename), once it is exactly `size` bytes with digest `sha256`."""
+    import hashlib
+    import secrets
+
+    real = os.path.realpath(dest)
+    refuse_protected(real, protected, dest)
+    parent, name = os.path.split(real)
+    if not name:
+        raise FileProblem("is_directory", f"{dest} is a directory")
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        problem = os_problem(exc, f"cannot create the directory {parent}")
+        if problem.code != "permission":
+            problem.code = "not_found"
+        raise problem from None
+    try:
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise os_problem(exc, parent) from None
+    try:
+        # Where the directory really is now, whatever was renamed or linked since realpath.
+        where = opened_path(dir_fd, parent)
+        refuse_protected(where, protected, dest)
+        refuse_protected(os.path.join(where, name), protected, dest)
+        try:
+            old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise FileProblem("is_directory", f"{dest} is a directory")
+        tmp = f".{name[:100]}.{secrets.token_hex(8)}.briq-tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o666, dir_fd=dir_fd)
+        except OSError as exc:
+            raise os_problem(exc, f"cannot create a file in {where}") from None
+        renamed = False
+        try:
+            digest = hashlib.sha256()
+            count = 0
+            with os.fdopen(fd, "wb") as handle:
+                while count <= size and (chunk := os.read(data_fd, FILE_CHUNK)):
+                    digest.update(chunk)
+                    count += len(chunk)
+                    handle.write(chunk)
+                if old is not None and stat.S_ISREG(old.st_mode):
+                    os.fchmod(handle.fileno(), stat.S_IMODE(old.st_mode))
+                handle.flush()
+                os.fsync(handle.fileno())
+            if count != size or digest.hexdigest() != sha256:
+                raise FileProblem("mismatch", "the bytes received are not the staged file")
+            try:
+                os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError as exc:
+                raise os_problem(exc, dest) from None
+            renamed = True
+        finally:
+            if not renamed:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return {"size": count, "sha256": digest.hexdigest()}
+
+
+def read_file_range(
+    path: str,
+    offset: int,
+    length: int,
+    max_size: int | None,
+    protected: tuple[str, str],
+    _: int | None,
+) -> dict:
+    """In the file child: bytes [offset, offset+length) of `path`, its size, and its digest
+    when offset is 0 (then size is what was hashed)."""
+    import base64
+    import hashlib
+
+    real = os.path.realpath(path)
+    refuse_protected(real, protected, path)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # no FIFO blocks us
+    try:
+        fd = os.open(real, flags)
+    except OSError as exc:
+        raise os_problem(exc, path) from None
+    try:
+        refuse_protected(opened_path(fd, real), protected, path)
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise FileProblem("is_directory", f"{path} is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileProblem("refused", f"{path} is not a regular file")
+        if max_size is not None and st.st_size > max_size:
+            raise FileProblem("too_large", f"{path} has {st.st_size} bytes, over {max_size}")
+        data = bytearray()
+        digest = hashlib.sha256() if offset == 0 else None
+        position = offset
+        size = st.st_size
+        while digest is not None or len(data) < length:
+            chunk = os.pread(fd, FILE_CHUNK, position)
+            if not chunk:
+                break
+            if len(data) < length:
+                data += chunk[: length - len(data)]
+            if digest is not None:
+                digest.update(chunk)
+            position += len(chunk)
+        if digest is not None:
+            size = position
+    finally:
+        os.close(fd)
+    return {
+        "size": size,
+        "sha256": digest.hexdigest() if digest is not None else None,
+        "data_base64": base64.b64encode(bytes(data)).decode("ascii"),
+    }
+
+
+def staged_part_chunks(directory: Path, parts: int) -> Iterator[bytes]:
+    """The staged parts' bytes in order (as root: the staging directory is root-only). Raises
+    FileProblem mismatch for a missing part or one that is not a regular file."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        dir_fd = os.open(directory, flags)
+    except OSError as exc:
+        raise FileProblem("mismatch", f"no staged parts in {directory}: {exc.strerror}") from None
+    try:
+        st = os.fstat(dir_fd)
+        if st.st_uid != os.geteuid():
+            raise FileProblem("refused", f"{directory} is not the bridge's")
+        for index in range(parts):
+            name = f"part-{index:05d}"
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError as exc:
+                raise FileProblem("mismatch", f"{directory}/{name}: {exc.strerror}") from None
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise FileProblem("mismatch", f"{directory}/{name} is not a regular file")
+                while chunk := handle.read(FILE_CHUNK):
+                    yield chunk
+    finally:
+        os.close(dir_fd)
+
+
+def remove_staged(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        st = os.lstat(directory)
+        if stat.S_ISDIR(st.st_mode):
+            import shutil
+
+            shutil.rmtree(directory, ignore_errors=True)  # fd-based: follows no symlink
+        else:
+            os.unlink(directory)
+
+
+def prune_uploads(keep: Path, now: float) -> None:
+    """Remove staging directories an operator left behind (untouched for an hour)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(UPLOADS_DIR):
+            if entry.name == keep.name:
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime > JOURNAL_MAX_AGE_S:
+                    remove_staged(Path(entry.path))
+
+
+def cmd_file_write(args: argparse.Namespace) -> tuple[dict, int]:
+    if not UPLOAD_PATTERN.fullmatch(args.staged):
+        problem = f"--staged must be {UPLOADS_DIR}/<16 to 64 lowercase hex digits>"
+        return file_envelope(args.dest, error=file_error("refused", problem)), 1
+    staged = Path(args.staged)
+    try:
+        envelope = file_write(args, staged, time.monotonic() + args.deadline)
+    finally:
+        remove_staged(staged)
+    return envelope, 0 if envelope["ok"] else 1
+
+
+def file_write(args: argparse.Namespace, staged: Path, until: float) -> dict:
+    import hashlib
+
+    dest = args.dest
+    problem = path_problem(dest)
+    if problem is not None:
+        return file_envelope(dest, error=file_error("refused", problem))
+    if split_users():
+        private_dir(UPLOADS_DIR)
+    else:
+        Path(UPLOADS_DIR).mkdir(parents=True, exist_ok=True)
+    prune_uploads(staged, time.time())
+    try:
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in staged_part_chunks(staged, args.parts):
+            digest.update(chunk)
+            size += len(chunk)
+            if time.monotonic() > until:
+                raise FileProblem("timeout", "the deadline passed")
+        if size != args.size or digest.hexdigest() != args.sha256:
+            message = f"the {args.parts} staged parts are not {args.size} bytes with that SHA-256"
+            return file_envelope(
+                dest,
+                size=size,
+                sha256=digest.hexdigest(),
+                error=file_error("mismatch", message),
+            )
+        work = functools.partial(install_file, dest, size, args.sha256, protected_paths())
+        answer = in_file_child(work, until, staged_part_chunks(staged, args.parts))
+    except FileProblem as exc:
+        return file_envelope(dest, error=file_error(exc.code, str(exc)))
+    if answer.get("error") is not None:
+        return file_envelope(dest, error=answer["error"])
+    return file_envelope(dest, size=answer["size"], sha256=answer["sha256"])
+
+
+def cmd_file_read(args: argparse.Namespace) -> tuple[dict, int]:
+    path, offset = args.path, args.offset
+    problem = path_problem(path)
+    if problem is None and args.length > FILE_READ_MAX:
+        problem = f"--length is at most {FILE_READ_MAX}"
+    if problem is not None:
+        return file_envelope(path, offset=offset, error=file_error("refused", problem)), 1
+    work = functools.partial(
+        read_file_range, path, offset, args.length, args.max_size, protected_paths()
+    )
+    until = time.monotonic() + args.deadline
+    try:
+        answer = in_file_child(work, until, answer_limit=2 * FILE_READ_MAX)
+    except FileProblem as exc:
+        answer = {"error": file_error(exc.code, str(exc))}
+    if answer.get("error") is not None:
+        return file_envelope(path, offset=offset, error=answer["error"]), 1
+    envelope = file_envelope(
+        path,
+        size=answer["size"],
+        sha256=answer["sha256"],
+        offset=offset,
+        data_base64=answer["data_base64"],
+    )
+    return envelope, 0
+
+
+# --------------------------------------------------------------------------------------------
 # CLI
 # --------------------------------------------------------------------------------------------
 
@@ -3259,6 +3743,26 @@ def offset_type(value: str) -> int:
     return offset
 
 
+def bytes_type(value: str) -> int:
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError("a number of bytes, 0 or more")
+    return count
+
+
+def parts_type(value: str) -> int:
+    parts = int(value)
+    if not 0 <= parts <= UPLOAD_MAX_PARTS:
+        raise argparse.ArgumentTypeError(f"a number of parts, 0 to {UPLOAD_MAX_PARTS}")
+    return parts
+
+
+def sha256_type(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise argparse.ArgumentTypeError("a SHA-256 is 64 hex digits")
+    return value.lower()
+
+
 def bridge_failure(kind: str, message: str) -> dict:
     """An envelope of the expected kind for when the bridge itself broke."""
     if kind == "setup":
@@ -3269,6 +3773,8 @@ def bridge_failure(kind: str, message: str) -> dict:
         return state_envelope(False, message)
     if kind == "env":
         return env_envelope(False, message)
+    if kind == "file":
+        return file_envelope("", error={"code": "failed", "message": message})
     return result_envelope("error", error=error_info("BridgeError", message))
 
 
@@ -3315,6 +3821,21 @@ def build_parser() -> argparse.ArgumentParser:
     set_env = command("set-env", cmd_set_env, "env")
     set_env.add_argument("--state-dir", default=".briq/state")
     set_env.add_argument("--deadline", type=seconds_type, default=10.0)
+
+    file_write = command("file-write", cmd_file_write, "file")
+    file_write.add_argument("--staged", required=True)
+    file_write.add_argument("--parts", type=parts_type, required=True)
+    file_write.add_argument("--dest", required=True)
+    file_write.add_argument("--size", type=bytes_type, required=True)
+    file_write.add_argument("--sha256", type=sha256_type, required=True)
+    file_write.add_argument("--deadline", type=seconds_type, default=30.0)
+
+    file_read = command("file-read", cmd_file_read, "file")
+    file_read.add_argument("--path", required=True)
+    file_read.add_argument("--offset", type=bytes_type, default=0)
+    file_read.add_argument("--length", type=bytes_type, default=FILE_READ_MAX)
+    file_read.add_argument("--max-size", type=bytes_type)
+    file_read.add_argument("--deadline", type=seconds_type, default=30.0)
 
     # A running attempt's output as it comes: raw lines, no nonce, no envelope (the operator
     # reads its stdout as a byte stream).

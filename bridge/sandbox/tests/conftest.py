@@ -45,6 +45,7 @@ ENVELOPE_FIELDS = {
     "kernel": {"kind", "alive", "started", "pid", "message"},
     "state": {"kind", "ok", "saved", "unsaved", "bytes", "message"},
     "env": {"kind", "ok", "names", "message"},
+    "file": {"kind", "ok", "path", "size", "sha256", "offset", "data_base64", "error"},
     "result": {
         "kind",
         "status",
