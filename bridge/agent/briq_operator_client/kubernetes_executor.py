@@ -333,9 +333,10 @@ class KubernetesExecutor(RemotePythonExecutor):
         ready_timeout: how long to wait for the BriqExecutor to be Ready, in seconds.
         api_client: a `kubernetes.client.ApiClient` to use instead of loading a configuration.
         live_output: while a step runs, relay what its code prints to `logger` as it comes (at
-            INFO; stderr in red), from the operator's aggregated API. A view only: the step's
-            result is the same without it, and where the API is not served or not allowed
-            (403/404) the executor stops asking and runs steps as before.
+            INFO, so not when the logger is quieter; stderr in red), from the operator's
+            aggregated API. A view only: the step's result is the same without it, and where
+            the API is not served or not allowed (403/404) the executor stops asking and runs
+            steps as before.
 
     One executor serves one agent; calls are serialized.
     """
@@ -816,6 +817,8 @@ class KubernetesExecutor(RemotePythonExecutor):
     def _follow_live(self, execution: str, wait_seconds: float) -> _LiveOutput | None:
         if not self.live_output or self._live_unavailable is not None:
             return None
+        if getattr(self.logger, "level", LogLevel.INFO) < LogLevel.INFO:
+            return None  # it would show nothing: no stream to hold open
         return _LiveOutput(self, execution, wait_seconds)
 
     def _outcome(self, name: str, obj: dict) -> CodeOutput:
@@ -1088,7 +1091,8 @@ class _LiveOutput:
                 elif "cut" in piece:
                     logger.log(
                         Text(
-                            f"\n… [live output stops after {piece['cut']} characters] …\n",
+                            f"\n… [live output stops after {piece['cut']} characters; the status "
+                            "keeps the head and the tail] …\n",
                             style="dim",
                         ),
                         level=LogLevel.INFO,
