@@ -30,20 +30,30 @@ How failures surface:
   answers again (`WaitingForBriq`), and this client waits meanwhile.
 - anything else the cluster refuses (RBAC, a missing CRD, an invalid object, a full queue):
   `KubernetesExecutorError`.
+
+Live output: while a step's Execution runs, what its code prints is relayed to the executor's
+logger as it comes (`live_output=True`), read from the operator's aggregated API
+(`executions/{name}/log` in `subresources.briq.cloud`). It is a view only: the step's result
+still comes from the status, and without that API (an older operator, no RBAC for
+`executions/log`) or when the stream breaks, steps run exactly as without it.
+`stream_output()` reads the same stream for other callers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from rich.text import Text
 from smolagents.local_python_executor import CodeOutput
 from smolagents.monitoring import AgentLogger, LogLevel
 from smolagents.remote_executors import RemotePythonExecutor
@@ -87,11 +97,25 @@ RESULT_SLACK_SECONDS = 60.0
 PIP_ACTION_TIMEOUT_SECONDS = MAX_TIMEOUT_SECONDS
 PIP_SUBPROCESS_TIMEOUT_SECONDS = 34
 
+# The operator's aggregated API, served through kube-apiserver (absent before it, or turned off):
+# an Execution's output, one JSON object a line with `format=json` ({"stream", "text"}, at most
+# one {"cut"}, last {"end"}).
+SUBRESOURCES_GROUP = "subresources.briq.cloud"
+SUBRESOURCES_VERSION = "v1alpha1"
+LOG_PATH = "/apis/{group}/{version}/namespaces/{namespace}/executions/{name}/log"
+# After a step's result: how long its live output may take to finish on the logger.
+LIVE_JOIN_SECONDS = 2.0
+# How stderr's live text is shown (stdout's is plain).
+LIVE_STDERR_STYLE = "red"
+
 
 class KubernetesExecutorError(RuntimeError):
     """The cluster refused or failed a request; the executor itself may still be fine.
 
     A `RuntimeError`, as DockerExecutor's and BlaxelExecutor's failures to start are."""
+
+    #: The HTTP status the API server answered, where one is the cause (`stream_output`).
+    status: int | None = None
 
 
 class ExecutorNotFoundError(KubernetesExecutorError):
@@ -308,6 +332,11 @@ class KubernetesExecutor(RemotePythonExecutor):
             labelled `briq.cloud/claim-env: "true"` (the value never appears in any object).
         ready_timeout: how long to wait for the BriqExecutor to be Ready, in seconds.
         api_client: a `kubernetes.client.ApiClient` to use instead of loading a configuration.
+        live_output: while a step runs, relay what its code prints to `logger` as it comes (at
+            INFO, so not when the logger is quieter; stderr in red), from the operator's
+            aggregated API. A view only: the step's result is the same without it, and where
+            the API is not served or not allowed (403/404) the executor stops asking and runs
+            steps as before.
 
     One executor serves one agent; calls are serialized.
     """
@@ -328,6 +357,7 @@ class KubernetesExecutor(RemotePythonExecutor):
         pool_env: dict[str, str | dict[str, str]] | None = None,
         ready_timeout: float = 300.0,
         api_client: client.ApiClient | None = None,
+        live_output: bool = True,
     ):
         if allow_pickle:
             raise ValueError(
@@ -366,6 +396,9 @@ class KubernetesExecutor(RemotePythonExecutor):
         self.last_execution: str | None = None
         # The Execution the current step waits on, for `cancel` from another thread.
         self._running: str | None = None
+        self.live_output = live_output
+        # Why live output stopped for good (the API not served, or not allowed), once it did.
+        self._live_unavailable: str | None = None
 
         if create_executor:
             body = {
@@ -621,6 +654,7 @@ class KubernetesExecutor(RemotePythonExecutor):
                 return {"deleted_executor": succeeded.get("message", "")}
             return None
 
+        live = self._follow_live(name, wait_seconds)
         self._running = name
         try:
             result = self._wait(
@@ -647,6 +681,8 @@ class KubernetesExecutor(RemotePythonExecutor):
             ) from None
         finally:
             self._running = None
+            if live is not None:
+                live.finish(LIVE_JOIN_SECONDS)
         if "deleted" in result:
             raise self._poison(
                 "ExecutionDeleted",
@@ -685,6 +721,105 @@ class KubernetesExecutor(RemotePythonExecutor):
             ) from error
         self.logger.log(f"Execution {self.namespace}/{name} cancel requested", level=LogLevel.INFO)
         return True
+
+    # --- live output ------------------------------------------------------------------------
+
+    def stream_output(
+        self, execution: str, follow: bool = True, *, read_timeout: float | None = None
+    ) -> Iterator[tuple[str, str]]:
+        """The output of Execution `execution` (in this executor's namespace) as
+        `(stream, text)` pairs, `stream` being `"stdout"` or `"stderr"`, from the operator's
+        aggregated API. With `follow`, pieces come while the action runs and the iterator ends
+        with the action (its Succeeded reason is the generator's return value, for
+        `yield from`); without it, what there is now. A running action relays its first 16,384
+        characters live; after a cut the rest of what the status keeps comes once it ends, as
+        stdout. A finished action's output is its status's logs, as one stdout piece.
+
+        The request is made here: raises `KubernetesExecutorError` (its `status` 404 or 403)
+        when the API is not served (an older operator) or the Execution does not exist, or when
+        RBAC does not allow `get` on `executions/log` in `subresources.briq.cloud`; while
+        iterating, when the stream breaks before its end. `read_timeout` (seconds) bounds each
+        wait for more. Exhaust or `close()` the iterator to free the connection."""
+        response = self._open_log(execution, follow, read_timeout)
+        return self._output_pieces(response, execution, follow)
+
+    def _output_pieces(self, response, execution: str, follow: bool):
+        what = f"reading the output of Execution {self.namespace}/{execution}"
+        try:
+            for piece in _log_pieces(response):
+                if "end" in piece:
+                    return str(piece["end"])
+                if "text" in piece:
+                    yield str(piece.get("stream") or "stdout"), str(piece["text"])
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+            raise KubernetesExecutorError(f"{what}: {error}") from error
+        finally:
+            _close(response)
+        if follow:
+            raise KubernetesExecutorError(f"{what}: the stream ended before the action did")
+        return None
+
+    def _open_log(self, execution: str, follow: bool, read_timeout: float | None):
+        """The streaming response of `executions/{execution}/log` (JSON lines), through this
+        executor's API client (its server, credentials and TLS)."""
+        api_client = self._api.api_client
+        what = f"reading the output of Execution {self.namespace}/{execution}"
+        method, url, headers, _, _ = api_client.param_serialize(
+            "GET",
+            LOG_PATH,
+            path_params={
+                "group": SUBRESOURCES_GROUP,
+                "version": SUBRESOURCES_VERSION,
+                "namespace": self.namespace,
+                "name": execution,
+            },
+            query_params=[("follow", "true" if follow else "false"), ("format", "json")],
+            header_params={"Accept": "application/x-ndjson, application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = api_client.call_api(
+                method, url, header_params=headers, _request_timeout=(30, read_timeout)
+            ).response
+        except ApiException as error:
+            raise KubernetesExecutorError(f"{what}: {error.reason}") from error
+        except urllib3.exceptions.HTTPError as error:
+            raise KubernetesExecutorError(f"{what}: {error}") from error
+        if 200 <= response.status <= 299:
+            return response
+        try:
+            body = response.data.decode("utf-8", errors="replace")
+        except Exception:  # noqa: BLE001 - the status is what matters
+            body = ""
+        finally:
+            _close(response)
+        try:
+            message = json.loads(body).get("message") or body
+        except (ValueError, AttributeError):
+            message = body
+        if response.status == 404:
+            hint = (
+                f"not found: either the operator's aggregated API ({SUBRESOURCES_GROUP}) is "
+                "not served (an operator before it, or subresources turned off) or the "
+                "Execution does not exist"
+            )
+        elif response.status == 403:
+            hint = (
+                f"forbidden: reading output needs `get` on `executions/log` in API group "
+                f"{SUBRESOURCES_GROUP}"
+            )
+        else:
+            hint = f"{response.status} {response.reason}"
+        error = KubernetesExecutorError(f"{what}: {hint}: {message.strip()}")
+        error.status = response.status
+        raise error
+
+    def _follow_live(self, execution: str, wait_seconds: float) -> _LiveOutput | None:
+        if not self.live_output or self._live_unavailable is not None:
+            return None
+        if getattr(self.logger, "level", LogLevel.INFO) < LogLevel.INFO:
+            return None  # it would show nothing: no stream to hold open
+        return _LiveOutput(self, execution, wait_seconds)
 
     def _outcome(self, name: str, obj: dict) -> CodeOutput:
         status = obj.get("status") or {}
@@ -883,3 +1018,88 @@ class KubernetesExecutor(RemotePythonExecutor):
 
 class _DeadlinePassed(Exception):
     pass
+
+
+def _log_pieces(response) -> Iterator[dict]:
+    """The JSON objects of a streaming response, one a line, each as soon as its line is
+    complete (`read1` returns what has arrived, chunked or not)."""
+    buffer = b""
+    while True:
+        data = response.read1(65536)
+        if not data:
+            break
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if buffer.strip():
+        yield json.loads(buffer)
+
+
+def _close(response) -> None:
+    with contextlib.suppress(Exception):
+        response.close()
+    with contextlib.suppress(Exception):
+        response.release_conn()
+
+
+class _LiveOutput:
+    """Relays one Execution's live output to its executor's logger, on a daemon thread of its
+    own, until the end piece, an error (which only ends the view) or `finish`."""
+
+    def __init__(self, executor: KubernetesExecutor, execution: str, read_timeout: float):
+        self._executor = executor
+        self._execution = execution
+        self._read_timeout = read_timeout
+        self._response = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._relay, name=f"briq-live-{execution}", daemon=True
+        )
+        self._thread.start()
+
+    def finish(self, wait: float) -> None:
+        """Lets the rest of the output arrive for up to `wait` seconds, then stops reading."""
+        self._thread.join(wait)
+        self._stopped.set()
+        response = self._response
+        if self._thread.is_alive() and response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()  # wakes the thread's blocked read
+
+    def _relay(self) -> None:
+        executor, logger = self._executor, self._executor.logger
+        try:
+            response = executor._open_log(self._execution, True, self._read_timeout)
+        except Exception as error:  # noqa: BLE001 - a view only: never the step's business
+            if getattr(error, "status", None) in (403, 404):
+                executor._live_unavailable = str(error)
+                logger.log(f"No live output: {error}", level=LogLevel.DEBUG)
+            return
+        self._response = response
+        try:
+            if self._stopped.is_set():
+                return
+            for piece in _log_pieces(response):
+                if self._stopped.is_set() or "end" in piece:
+                    return
+                if "text" in piece:
+                    stderr = piece.get("stream") == "stderr"
+                    text = Text(str(piece["text"]), style=LIVE_STDERR_STYLE if stderr else "")
+                    logger.log(text, level=LogLevel.INFO, end="")
+                elif "cut" in piece:
+                    logger.log(
+                        Text(
+                            f"\n… [live output stops after {piece['cut']} characters; the status "
+                            "keeps the head and the tail] …\n",
+                            style="dim",
+                        ),
+                        level=LogLevel.INFO,
+                        end="",
+                    )
+        except Exception as error:  # noqa: BLE001 - a broken stream only ends the view
+            if not self._stopped.is_set():
+                logger.log(f"Live output stopped: {error}", level=LogLevel.DEBUG)
+        finally:
+            _close(response)
