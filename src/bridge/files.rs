@@ -15,9 +15,9 @@ pub const UPLOADS_DIR: &str = ".briq/uploads";
 pub struct FileReport {
     pub ok: bool,
     pub path: String,
-    /// The whole file's size.
+    /// The whole file's size (none when the bridge failed before knowing it).
     #[serde(default)]
-    pub size: u64,
+    pub size: Option<u64>,
     /// The whole file's SHA-256 (hex): written, or read from offset 0.
     #[serde(default)]
     pub sha256: Option<String>,

@@ -313,7 +313,10 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
         Ok(bytes) => bytes,
         Err(refusal) => return refused(refusal),
     };
-    let (size, digest) = (first.size, first.sha256.clone().unwrap_or_default());
+    let (size, digest) = (
+        first.size.unwrap_or(0),
+        first.sha256.clone().unwrap_or_default(),
+    );
     // One part in flight: a caller that reads slowly holds the reading, never a buffer.
     let (out, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     let sandboxes = served.sandboxes.clone();
@@ -338,7 +341,7 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
                 break;
             }
             let next = match session.file_read(&path, sent, MAX_FILE_BYTES).await {
-                Ok(report) if report.ok && report.size == size => files::part_bytes(&report),
+                Ok(report) if report.ok && report.size == Some(size) => files::part_bytes(&report),
                 Ok(report) if report.ok => Err(Refusal::bad_request(
                     "the file changed size while it was read".into(),
                 )),
