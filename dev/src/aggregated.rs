@@ -12,7 +12,7 @@ use briq_operator::{
     subresources::{self, FrontProxy, Serving},
 };
 use k8s_openapi::{
-    api::core::v1::Service, kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+    api::core::v1::{Namespace, Service}, kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api, Client,
@@ -22,7 +22,7 @@ use kube::{
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use crate::{control_plane::ControlPlane, local_server::LocalServer, stack::create_namespace};
+use crate::{control_plane::ControlPlane, local_server::LocalServer};
 
 /// Where the APIService's Service lives.
 pub const NAMESPACE: &str = "briq-subresources";
@@ -83,8 +83,14 @@ impl AggregatedApi {
 }
 
 async fn register(admin: &Client, port: u16, ca_pem: &str) -> anyhow::Result<()> {
-    create_namespace(admin, NAMESPACE).await?;
     let apply = PatchParams::apply("briq-dev").force();
+    let namespace: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE},
+    }))?;
+    Api::<Namespace>::all(admin.clone())
+        .patch(NAMESPACE, &apply, &Patch::Apply(&namespace))
+        .await
+        .context("the aggregated API's namespace")?;
     let service: Service = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": SERVICE, "namespace": NAMESPACE},
