@@ -12,7 +12,8 @@ use briq_operator::{
     subresources::{self, FrontProxy, Serving},
 };
 use k8s_openapi::{
-    api::core::v1::{Namespace, Service}, kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+    api::core::v1::{Namespace, Service},
+    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
 };
 use kube::{
     Api, Client,
