@@ -312,10 +312,7 @@ async fn exec_prints_each_line_while_the_action_runs_and_never_twice() {
     let env = TestEnv::new("sub-cli").await;
     ready_executor(&env).await;
     let gate = Gate::new();
-    let code = format!(
-        "print('first', flush=True)\n{}",
-        gate.code("print('second')")
-    );
+    let code = format!("print('first')\n{}", gate.code("print('second')"));
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_briq-operator"));
     command
         .env("KUBECONFIG", &env.kubeconfig)
