@@ -445,6 +445,9 @@ async fn a_path_to_the_bridges_own_files_a_missing_file_or_one_over_the_cap_move
     assert_eq!(code, 404, "{message}");
     let (code, message) = get(&env.client, &files_path(ns, "py", "relative/x")).await;
     assert_eq!(code, 400, "{message}");
+    // A name that is not UTF-8 (a lone 0xFF byte, percent-encoded).
+    let (code, message) = get(&env.client, &files_path(ns, "py", "/tmp/%FF")).await;
+    assert_eq!(code, 400, "{message}");
     let over = vec![0u8; subresources::MAX_FILE_BYTES as usize + 1];
     let (code, message) = put(&env.client, &files_path(ns, "py", "/tmp/big"), over).await;
     assert_eq!(code, 413, "{message}");
@@ -486,4 +489,50 @@ async fn a_user_who_may_read_logs_moves_no_file_and_a_suspended_executor_none_ei
     let (code, message) = put(&env.client, &path, b"x".to_vec()).await;
     assert_eq!(code, 409, "{message}");
     assert!(message.contains("suspended"), "{message}");
+}
+
+#[tokio::test]
+async fn a_flood_of_output_is_cut_live_and_ends_with_the_tail_the_status_keeps() {
+    let _ = aggregated();
+    let env = TestEnv::new("sub-flood").await;
+    ready_executor(&env).await;
+    // 100 MB of output, then a last line: the live view stops early, the status keeps head and
+    // tail, and a follower reads the live head, the cut, then the status's tail.
+    let code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\nprint('\\nlast line')";
+    create_execution(&env, "flood", "py", code).await;
+    let request = http::Request::get(log_path(&env.namespace, "flood", "follow=true&format=json"))
+        .body(Vec::new())
+        .unwrap();
+    let lines = env
+        .client
+        .request_stream(request)
+        .await
+        .expect("the log stream")
+        .lines();
+    let pieces: Vec<Value> =
+        tokio::time::timeout(Duration::from_secs(180), lines.try_collect::<Vec<String>>())
+            .await
+            .expect("the stream ends with the action")
+            .expect("a readable stream")
+            .iter()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect();
+    let text: usize = pieces
+        .iter()
+        .filter_map(|p| p["text"].as_str())
+        .map(|t| t.chars().count())
+        .sum();
+    let cut = pieces
+        .iter()
+        .position(|p| p.get("cut").is_some())
+        .expect("a cut");
+    assert_eq!(pieces.last(), Some(&json!({"end": "Completed"})));
+    let tail = pieces[pieces.len() - 2]["text"].as_str().unwrap();
+    assert!(
+        tail.ends_with("\nlast line\n"),
+        "the status's tail comes last"
+    );
+    assert!(cut < pieces.len() - 2);
+    // The live head (16,384) and the status's tail (under half the 65,536 budget): bounded.
+    assert!(text <= 16_384 + 32_768, "{text} characters streamed");
 }

@@ -47,6 +47,26 @@ impl Refusal {
     }
 }
 
+/// The `path` of a query string, strictly decoded: a name that is not UTF-8 is refused rather
+/// than read with replacement characters (which would name another file).
+pub fn query_path(query: Option<&str>) -> Result<String, Refusal> {
+    let malformed = || {
+        Refusal::bad_request(
+            "the query takes path=<an absolute path in the sandbox>, in UTF-8".into(),
+        )
+    };
+    let value = query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("path="))
+        .ok_or_else(malformed)?
+        .replace('+', "%20");
+    percent_encoding::percent_decode_str(&value)
+        .decode_utf8()
+        .map(|path| path.into_owned())
+        .map_err(|_| malformed())
+}
+
 /// Whether `path` is one a caller may ask for: absolute, plain, and not the bridge's.
 pub fn checked_path(path: &str) -> Result<&str, Refusal> {
     if !path.starts_with('/') || path.contains('\0') {
@@ -231,6 +251,20 @@ pub fn part_bytes(report: &FileReport) -> Result<Bytes, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_path_is_decoded_strictly() {
+        assert_eq!(
+            query_path(Some("path=%2Ftmp%2Fa+b.csv")),
+            Ok("/tmp/a b.csv".into())
+        );
+        assert_eq!(
+            query_path(Some("x=1&path=/tmp/%C3%A9")),
+            Ok("/tmp/é".into())
+        );
+        assert!(query_path(Some("path=/tmp/%FF")).is_err());
+        assert!(query_path(None).is_err());
+    }
 
     #[test]
     fn paths_into_the_bridges_directory_or_not_plain_are_refused() {

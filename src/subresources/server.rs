@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use axum::{
     Extension, Json, Router,
     body::Body,
-    extract::{Path, Query, State},
+    extract::{Path, Query, RawQuery, State},
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
@@ -236,11 +236,6 @@ fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
     )
 }
 
-#[derive(serde::Deserialize)]
-struct FileQuery {
-    path: String,
-}
-
 /// The executor, its sandbox and its key, once the caller may do `verb` on its files at
 /// `path`.
 async fn file_target<S: SandboxApi + Clone + 'static>(
@@ -249,7 +244,7 @@ async fn file_target<S: SandboxApi + Clone + 'static>(
     verb: &str,
     namespace: &str,
     name: &str,
-    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    query: Option<&str>,
 ) -> Result<(String, String, ApiKey), Response> {
     let request = Request {
         verb,
@@ -259,14 +254,8 @@ async fn file_target<S: SandboxApi + Clone + 'static>(
         name,
     };
     authorized(served, user, &request).await?;
-    let Ok(Query(query)) = query else {
-        return Err(refused(Refusal::bad_request(
-            "the query takes path=<an absolute path in the sandbox>, in UTF-8".into(),
-        )));
-    };
-    let path = files::checked_path(&query.path)
-        .map_err(refused)?
-        .to_owned();
+    let path = files::query_path(query).map_err(refused)?;
+    let path = files::checked_path(&path).map_err(refused)?.to_owned();
     let executors: Api<BriqExecutor> = Api::namespaced(served.keys.client().clone(), namespace);
     let executor = match executors.get_opt(name).await {
         Ok(Some(executor)) => executor,
@@ -292,10 +281,10 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
     State(served): State<Arc<Served<S>>>,
     Extension(user): Extension<User>,
     Path((namespace, name)): Path<(String, String)>,
-    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     let (path, sandbox, key) =
-        match file_target(&served, &user, "get", &namespace, &name, query).await {
+        match file_target(&served, &user, "get", &namespace, &name, query.as_deref()).await {
             Ok(target) => target,
             Err(response) => return response,
         };
@@ -380,15 +369,23 @@ async fn write_file<S: SandboxApi + Clone + 'static>(
     State(served): State<Arc<Served<S>>>,
     Extension(user): Extension<User>,
     Path((namespace, name)): Path<(String, String)>,
-    query: Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (path, sandbox, key) =
-        match file_target(&served, &user, "update", &namespace, &name, query).await {
-            Ok(target) => target,
-            Err(response) => return response,
-        };
+    let (path, sandbox, key) = match file_target(
+        &served,
+        &user,
+        "update",
+        &namespace,
+        &name,
+        query.as_deref(),
+    )
+    .await
+    {
+        Ok(target) => target,
+        Err(response) => return response,
+    };
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
