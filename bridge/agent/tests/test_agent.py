@@ -95,6 +95,9 @@ def test_the_demo_script_prints_the_answer(shared_executor, kubeconfig):
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"answer: {FIRST_20}" in done.stdout
     assert "step 2: Execution" in done.stdout
+    # The first step's prints came while it ran: before the line printed once it ended.
+    live = done.stdout.find("live | numbers 1 to 5: [0, 1, 1, 2, 3]")
+    assert 0 <= live < done.stdout.find("step 1: Execution"), done.stdout
 
 
 def install_logs(custom_objects, executor) -> list[str]:

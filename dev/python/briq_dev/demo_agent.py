@@ -6,7 +6,8 @@
 Runs `CodeAgent(tools=[], model=model, executor=KubernetesExecutor(...))` on "Calculate the
 first 20 Fibonacci numbers." against an existing, Ready BriqExecutor (`--executor`), or on one
 it creates from a BriqExecutorPool (`--pool`: it takes a warm member's kernel, and is deleted at
-the end), printing one line per step and then `answer: <JSON>`. The model is a deterministic
+the end), printing what each step's code prints while it runs (`live |`), one line per step,
+and then `answer: <JSON>`. The model is a deterministic
 scripted one (no API key needed) unless `BRIQ_DEMO_MODEL` names a real smolagents model:
 
 - `hf:<model id>` — `InferenceClientModel` (token from `HF_TOKEN`)
@@ -37,9 +38,13 @@ def scripted_model():
             action(
                 "I will build the sequence iteratively and print it to check it.",
                 """
+import time
 fib = [0, 1]
 while len(fib) < 20:
     fib.append(fib[-1] + fib[-2])
+for start in range(0, 20, 5):
+    print(f"numbers {start + 1} to {start + 5}:", fib[start : start + 5])
+    time.sleep(0.5)
 print(len(fib), "numbers:", fib)
 """,
             ),
@@ -72,6 +77,30 @@ def real_model(spec: str):
 
         return LiteLLMModel(model_id=model_id)
     sys.exit(f"BRIQ_DEMO_MODEL={spec!r}: unknown provider {provider!r} (hf, openai, litellm)")
+
+
+def live_prints_logger():
+    """A logger that shows only what the code prints while a step runs (the executor relays it
+    as it comes, as rich text), each line marked `live |`; smolagents' own messages stay quiet."""
+    from rich.text import Text
+    from smolagents.monitoring import AgentLogger, LogLevel
+
+    class LivePrints(AgentLogger):
+        def __init__(self) -> None:
+            super().__init__(level=LogLevel.INFO)
+            self.line_start = True
+
+        def log(self, *args, level=LogLevel.INFO, **kwargs) -> None:
+            if not (args and isinstance(args[0], Text)):
+                return
+            for char in str(args[0]):
+                if self.line_start:
+                    sys.stdout.write("  live | ")
+                sys.stdout.write(char)
+                self.line_start = char == "\n"
+            sys.stdout.flush()
+
+    return LivePrints()
 
 
 def one_line(text: str, limit: int = 100) -> str:
@@ -117,7 +146,7 @@ def main() -> int:
     level = LogLevel.INFO if args.verbose else LogLevel.OFF
     with KubernetesExecutor(
         [],
-        AgentLogger(level=level),
+        AgentLogger(level=level) if args.verbose else live_prints_logger(),
         executor_name=args.executor,
         pool=args.pool,
         namespace=args.namespace,
