@@ -166,12 +166,12 @@ pub async fn produce<S: SandboxApi + 'static>(
         Source::Running { attempt } => attempt,
         Source::NotStarted => unreachable!("waited for its start"),
     };
-    let Some(mut follower) = follow(&keys, sandboxes, &readers, &execution, attempt).await else {
-        send(vec![Piece::End {
-            end: "its sandbox cannot be read".into(),
-        }])
-        .await;
-        return;
+    let mut follower = match follow(&keys, sandboxes, &readers, &execution, attempt).await {
+        Ok(follower) => follower,
+        Err(why) => {
+            send(vec![Piece::End { end: why }]).await;
+            return;
+        }
     };
     let mut cut = false;
     loop {
@@ -230,29 +230,39 @@ pub async fn produce<S: SandboxApi + 'static>(
     send(pieces).await;
 }
 
-/// A follower of `execution`'s running `attempt`, read from its executor's sandbox.
+/// A follower of `execution`'s running `attempt`, read from its executor's sandbox; or why
+/// there is none.
 async fn follow<S: SandboxApi + 'static>(
     keys: &ExecutorKeys<S>,
     sandboxes: Arc<S>,
     readers: &Readers,
     execution: &Execution,
     attempt: String,
-) -> Option<Follower> {
+) -> Result<Follower, String> {
     let namespace = execution.metadata.namespace.clone().unwrap_or_default();
+    let name = &execution.spec.executor_ref.name;
     let executors: Api<BriqExecutor> = Api::namespaced(keys.client().clone(), &namespace);
     let executor = executors
-        .get_opt(&execution.spec.executor_ref.name)
+        .get_opt(name)
         .await
-        .ok()??;
-    let sandbox = executor.status.as_ref()?.sandbox_id.clone()?;
-    let key = keys.key(&executor).await.ok()?;
+        .map_err(|error| format!("reading BriqExecutor {name}: {error}"))?
+        .ok_or_else(|| format!("BriqExecutor {name} is gone"))?;
+    let sandbox = executor
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox_id.clone())
+        .ok_or_else(|| format!("BriqExecutor {name} has no sandbox"))?;
+    let key = keys
+        .key(&executor)
+        .await
+        .map_err(|error| format!("the briq key of BriqExecutor {name}: {error}"))?;
     let seconds = execution
         .spec
         .timeout_seconds
         .unwrap_or(DEFAULT_EXECUTION_TIMEOUT_SECONDS);
     let deadline = Duration::from_secs(u64::from(seconds)) + RESULT_WAIT;
     let live = readers.live(sandboxes, key, Action { sandbox, attempt }, deadline);
-    Some(live.follow())
+    Ok(live.follow())
 }
 
 /// `name` once `condition` holds of it, within `limit`; `None` when it is gone or the time ran
