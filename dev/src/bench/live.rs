@@ -106,8 +106,11 @@ pub struct Followers {
     /// VmRSS of this process before the followers came and once they all ended.
     pub rss_before_kib: u64,
     pub rss_after_kib: u64,
-    /// `follow` readers seen per action (processes of the bridge's `follow` of its attempt).
+    /// `follow` readers started per action (processes of the bridge's `follow` of its attempt,
+    /// seen on the host every 250 ms), and the most that ran at once. A reader that starts
+    /// before the sandbox knows the attempt exits at once and is started again 250 ms later.
     pub readers_per_action: Vec<usize>,
+    pub readers_at_once_per_action: Vec<usize>,
     /// Print → read, over every follower's lines.
     pub lag_ms: Option<Summary>,
 }
@@ -429,18 +432,21 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Notes, every 250 ms until stopped, which processes run the bridge's `follow` of each attempt.
+/// Notes, every 250 ms until stopped, which processes run the bridge's `follow` of each
+/// attempt: how many were started per attempt, and the most that ran at once.
 fn watch_readers(
     attempts: Vec<String>,
     stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<usize>> {
+) -> tokio::task::JoinHandle<(Vec<usize>, Vec<usize>)> {
     tokio::task::spawn_blocking(move || {
         let needles: Vec<Vec<u8>> = attempts
             .iter()
             .map(|a| format!("follow\0--attempt\0{a}\0").into_bytes())
             .collect();
         let mut seen: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); attempts.len()];
+        let mut at_once = vec![0usize; attempts.len()];
         while !stop.load(Ordering::SeqCst) {
+            let mut now = vec![0usize; attempts.len()];
             for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
                 let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok())
                 else {
@@ -449,15 +455,20 @@ fn watch_readers(
                 let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
                     continue;
                 };
-                for (needle, seen) in needles.iter().zip(seen.iter_mut()) {
+                for (i, needle) in needles.iter().enumerate() {
                     if cmdline.windows(needle.len()).any(|w| w == needle.as_slice()) {
-                        seen.insert(pid);
+                        seen[i].insert(pid);
+                        now[i] += 1;
                     }
                 }
             }
+            for (most, now) in at_once.iter_mut().zip(now) {
+                *most = (*most).max(now);
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
-        seen.iter().map(BTreeSet::len).collect()
+        let started = seen.iter().map(BTreeSet::len).collect();
+        (started, at_once)
     })
 }
 
@@ -469,7 +480,7 @@ struct Round {
     wall_ms: f64,
     rss_before_kib: u64,
     rss_after_kib: u64,
-    readers: Vec<usize>,
+    readers: (Vec<usize>, Vec<usize>),
     ticks: Vec<Ticks>,
 }
 
@@ -562,15 +573,19 @@ async fn followers(
         unfollowed_wall_ms: unfollowed.wall_ms,
         rss_before_kib: followed.rss_before_kib,
         rss_after_kib: followed.rss_after_kib,
-        readers_per_action: followed.readers,
+        readers_per_action: followed.readers.0,
+        readers_at_once_per_action: followed.readers.1,
         lag_ms: Summary::of_millis(&lags),
     };
-    if unfollowed.readers.iter().any(|&r| r > 0) {
+    if unfollowed.readers.0.iter().any(|&r| r > 0) {
         bail!("follow readers ran with no follower: {:?}", unfollowed.readers);
     }
     progress.step(format!(
-        "14: CPU {:.0} ms followed, {:.0} ms unfollowed; readers per action {:?}",
-        measured.followed_cpu_ms, measured.unfollowed_cpu_ms, measured.readers_per_action
+        "14: CPU {:.0} ms followed, {:.0} ms unfollowed; readers per action {:?}, at once {:?}",
+        measured.followed_cpu_ms,
+        measured.unfollowed_cpu_ms,
+        measured.readers_per_action,
+        measured.readers_at_once_per_action
     ));
     Ok(measured)
 }

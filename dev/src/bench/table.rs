@@ -535,14 +535,15 @@ fn live_rows(rows: &mut Vec<Row>, l: &super::live::LiveFiles) {
     }
     if let Some(f) = &l.followers {
         let cores = |cpu: f64, wall: f64| if wall > 0.0 { cpu / wall } else { f64::NAN };
-        let readers = match (
-            f.readers_per_action.iter().min(),
-            f.readers_per_action.iter().max(),
-        ) {
+        let range = |counts: &[usize]| match (counts.iter().min(), counts.iter().max()) {
             (Some(min), Some(max)) if min == max => format!("{min}"),
             (Some(min), Some(max)) => format!("{min} to {max}"),
             _ => "n/a".into(),
         };
+        let (readers, at_once) = (
+            range(&f.readers_per_action),
+            range(&f.readers_at_once_per_action),
+        );
         rows.push(plain(
             "14",
             &format!(
@@ -574,8 +575,9 @@ fn live_rows(rows: &mut Vec<Row>, l: &super::live::LiveFiles) {
             "14",
             "`follow` readers started per action",
             format!(
-                "**{readers}** (bridge `follow` processes of each attempt seen on the host; \
-                 target 1)"
+                "**{readers}** started, **{at_once}** at once (bridge `follow` processes of \
+                 each attempt seen on the host every 250 ms; one that starts before the sandbox \
+                 knows the attempt exits and is started again; target 1)"
             ),
         ));
         rows.push(timing(
