@@ -54,6 +54,7 @@ pub struct Builder {
     sandbox_server: bool,
     simulated_sandbox_server: bool,
     controllers: bool,
+    aggregated_api: bool,
     /// A release whose CRDs to install instead of this tree's (`compat/<version>/`).
     released_crds: Option<String>,
     progress: Progress,
@@ -109,6 +110,15 @@ impl Builder {
     pub fn controllers(mut self) -> Self {
         self.sandbox_server = true;
         self.controllers = true;
+        self
+    }
+
+    /// The operator's aggregated API (live output, files) on the sandbox server for all
+    /// namespaces, without the controllers (which [`Builder::controllers`] serves it with); needs
+    /// a control plane of our own.
+    pub fn aggregated_api(mut self) -> Self {
+        self.sandbox_server = true;
+        self.aggregated_api = true;
         self
     }
 
@@ -217,6 +227,20 @@ impl Builder {
                 stack.progress.step("operator running");
             }
         }
+        if self.aggregated_api && stack.aggregated.is_none() {
+            let plane = stack
+                .plane
+                .as_ref()
+                .context("the aggregated API needs a control plane of our own")?;
+            let server = stack.server();
+            let aggregated =
+                AggregatedApi::start(&stack.admin, plane, server, settings(None, server)).await?;
+            stack.progress.step(format!(
+                "the operator's aggregated API at {}",
+                aggregated.address
+            ));
+            stack.aggregated = Some(aggregated);
+        }
         Ok(stack)
     }
 }
@@ -254,6 +278,7 @@ impl Stack {
             sandbox_server: false,
             simulated_sandbox_server: false,
             controllers: false,
+            aggregated_api: false,
             released_crds: None,
             progress: Progress::quiet(),
         }

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{demand, pools, scaling};
+use super::{demand, live, pools, scaling};
 
 /// How much each scenario does.
 #[derive(Debug, Clone, Serialize)]
@@ -59,6 +59,14 @@ pub struct Counts {
     /// one-line actions of another, one at a time.
     pub fairness_noisy: usize,
     pub fairness_quiet: usize,
+    /// Scenario 14: lines each followed action prints (one every 200 ms); executors with an
+    /// action each and followers of each action; file sizes (MB, 10^6 bytes) and round trips
+    /// at each.
+    pub live_lines: usize,
+    pub live_executors: usize,
+    pub live_followers_each: usize,
+    pub file_sizes_mb: Vec<usize>,
+    pub file_runs: usize,
 }
 
 impl Counts {
@@ -97,6 +105,11 @@ impl Counts {
                 demand_claim_spacing_ms: 100,
                 fairness_noisy: 300,
                 fairness_quiet: 5,
+                live_lines: 25,
+                live_executors: 2,
+                live_followers_each: 5,
+                file_sizes_mb: vec![1, 50],
+                file_runs: 1,
             }
         } else {
             Counts {
@@ -132,6 +145,11 @@ impl Counts {
                 demand_claim_spacing_ms: 100,
                 fairness_noisy: 300,
                 fairness_quiet: 20,
+                live_lines: 50,
+                live_executors: 10,
+                live_followers_each: 10,
+                file_sizes_mb: vec![1, 50],
+                file_runs: 3,
             }
         }
     }
@@ -169,6 +187,16 @@ impl Counts {
             window: std::time::Duration::from_secs(self.demand_window_seconds),
             spacing: std::time::Duration::from_millis(self.demand_claim_spacing_ms),
             bound: std::time::Duration::from_secs(self.pool_bound_seconds),
+        }
+    }
+
+    pub(super) fn live(&self) -> live::Sizes {
+        live::Sizes {
+            lines: self.live_lines,
+            executors: self.live_executors,
+            followers_each: self.live_followers_each,
+            file_sizes_mb: self.file_sizes_mb.clone(),
+            file_runs: self.file_runs,
         }
     }
 }

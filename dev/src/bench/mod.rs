@@ -3,7 +3,7 @@
 //! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
 //! sandboxes, claims from warm pools against cold creates, what exporting traces costs,
 //! fairness between namespaces, cancels of running actions, suspend and resume, and pools sized
-//! by demand (scenarios 1 to 13), prints the figures as a Markdown table and writes them as JSON
+//! by demand, and live output and files through the aggregated API (scenarios 1 to 14), prints the figures as a Markdown table and writes them as JSON
 //! (`--out`), so two runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
@@ -25,6 +25,7 @@ mod counts;
 mod demand;
 mod fairness;
 mod latency;
+mod live;
 mod memory;
 mod objects;
 mod pools;
@@ -66,7 +67,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-13, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-14, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -90,6 +91,8 @@ enum Outcome {
     /// Scenario 8's phases, and the labelled errors of those that failed.
     Pools(Box<pools::Pools>, Vec<(String, String)>),
     Demand(Box<demand::Demand>),
+    /// Scenario 14's figures, and the labelled errors of its parts that failed.
+    Live(Box<live::LiveFiles>, Vec<(String, String)>),
     Traces(traces::Traces),
     Fairness(fairness::Fairness),
 }
@@ -97,8 +100,8 @@ enum Outcome {
 /// The order scenarios run in. Fairness watches every namespace: it comes first, while no other
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
-/// Warm pools, demand-sized pools and cancel delete what they made.
-const ORDER: [u8; 12] = [10, 1, 2, 6, 11, 12, 8, 13, 9, 7, 5, 3];
+/// Warm pools, demand-sized pools, cancel and live output delete what they made.
+const ORDER: [u8; 13] = [10, 1, 2, 6, 11, 12, 8, 13, 14, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -188,6 +191,10 @@ async fn scenario(
         13 => Outcome::Demand(Box::new(
             demand::run(stack, progress, counts.demand()).await?,
         )),
+        14 => {
+            let (live, failures) = live::run(stack, progress, &counts.live()).await;
+            Outcome::Live(Box::new(live), failures)
+        }
         9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
         10 => Outcome::Fairness(
             fairness::run(
@@ -241,6 +248,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cold_start: None,
         cancel: None,
         suspend: None,
+        live: None,
         simulated: None,
         api_ceiling: None,
         pools: None,
@@ -304,6 +312,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.errors.extend(failures);
             }
             Ok(Outcome::Demand(demand)) => report.demand = Some(*demand),
+            Ok(Outcome::Live(live, failures)) => {
+                report.live = Some(*live);
+                report.errors.extend(failures);
+            }
             Err(error) => {
                 progress.step(format!("scenario {label} failed: {error:#}"));
                 report.errors.insert(label, format!("{error:#}"));

@@ -13,13 +13,14 @@ pub const OPERATOR_USER: &str = "briq-operator";
 
 /// What every scenario stands on: a local control plane with an audit log and a kubeconfig of
 /// [`OPERATOR_USER`], the local sandbox server on the default venv, and one with simulated
-/// sandboxes.
+/// sandboxes; the operator's aggregated API (live output, files) served in this process.
 pub(super) async fn start_stack(progress: &Progress) -> anyhow::Result<Stack> {
     Stack::builder()
         .audit_log()
         .user(OPERATOR_USER, &["system:masters"])
         .sandbox_server()
         .simulated_sandbox_server()
+        .aggregated_api()
         .progress(progress)
         .start()
         .await

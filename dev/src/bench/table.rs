@@ -301,6 +301,9 @@ pub fn table(report: &Report) -> String {
             target,
         ));
     }
+    if let Some(l) = &report.live {
+        live_rows(&mut rows, l);
+    }
     if let Some(t) = &report.traces {
         rows.push(timing(
             "9",
@@ -500,4 +503,120 @@ pub fn table(report: &Report) -> String {
         let _ = writeln!(out, "{}", line(row));
     }
     out
+}
+
+/// Scenario 14's rows: each figure beside its floor, measured in the same run.
+fn live_rows(rows: &mut Vec<Row>, l: &super::live::LiveFiles) {
+    let p99 = |s: Option<&super::stats::Summary>| s.map_or("n/a".into(), |s| ms(s.p99));
+    if let Some(lag) = &l.lag {
+        rows.push(timing(
+            "14",
+            "print → line read, follower of the log subresource (kube-apiserver, aggregated API)",
+            lag.operator_ms.as_ref(),
+            format!(
+                "p99 {}; target p50 ≤ {:.0} ms; a line every 200 ms",
+                p99(lag.operator_ms.as_ref()),
+                super::live::TARGET_LAG_P50_MS
+            ),
+        ));
+        rows.push(timing(
+            "14",
+            "… floor: the same lines read directly (bridge `follow`, briq async exec)",
+            lag.direct_ms.as_ref(),
+            format!("p99 {}", p99(lag.direct_ms.as_ref())),
+        ));
+        rows.push(Row {
+            scenario: "14",
+            figure: "ratio follower / direct read (p50)".into(),
+            median: times(lag.ratio_p50),
+            p95: String::new(),
+            notes: format!("p99 ratio {}", times(lag.ratio_p99)),
+        });
+    }
+    if let Some(f) = &l.followers {
+        let cores = |cpu: f64, wall: f64| if wall > 0.0 { cpu / wall } else { f64::NAN };
+        let range = |counts: &[usize]| match (counts.iter().min(), counts.iter().max()) {
+            (Some(min), Some(max)) if min == max => format!("{min}"),
+            (Some(min), Some(max)) => format!("{min} to {max}"),
+            _ => "n/a".into(),
+        };
+        let (readers, at_once) = (
+            range(&f.readers_per_action),
+            range(&f.readers_at_once_per_action),
+        );
+        rows.push(plain(
+            "14",
+            &format!(
+                "{} followers of {} actions ({} each, {} lines): this process's CPU and RSS",
+                f.executors * f.followers_each,
+                f.executors,
+                f.followers_each,
+                f.lines
+            ),
+            format!(
+                "CPU **{:.0} ms** over {:.1} s ({:.2} cores) against {:.0} ms over {:.1} s ({:.2} \
+                 cores) for the same actions unfollowed (floor); RSS {} → {} ({:+.1} MiB); \
+                 everything in-process counts (controllers, aggregated API, local sandbox \
+                 server, the followers' clients); {} of {} followers read every line",
+                f.followed_cpu_ms,
+                f.followed_wall_ms / 1000.0,
+                cores(f.followed_cpu_ms, f.followed_wall_ms),
+                f.unfollowed_cpu_ms,
+                f.unfollowed_wall_ms / 1000.0,
+                cores(f.unfollowed_cpu_ms, f.unfollowed_wall_ms),
+                mib(f.rss_before_kib),
+                mib(f.rss_after_kib),
+                (f.rss_after_kib as f64 - f.rss_before_kib as f64) / 1024.0,
+                f.complete,
+                f.executors * f.followers_each,
+            ),
+        ));
+        rows.push(plain(
+            "14",
+            "`follow` readers started per action",
+            format!(
+                "**{readers}** started, **{at_once}** at once (bridge `follow` processes of \
+                 each attempt seen on the host every 250 ms; one that starts before the sandbox \
+                 knows the attempt exits and is started again; target 1)"
+            ),
+        ));
+        rows.push(timing(
+            "14",
+            "… print → line read, over every follower",
+            f.lag_ms.as_ref(),
+            format!("p99 {}", p99(f.lag_ms.as_ref())),
+        ));
+    }
+    for p in &l.files {
+        let size = format!("{:.0} MB", p.bytes as f64 / 1e6);
+        let rate = |s: Option<&super::stats::Summary>| {
+            p.mb_per_second(s)
+                .map_or("n/a".into(), |r| format!("{r:.1} MB/s"))
+        };
+        let pairs = [
+            ("PUT", &p.put_ms, "write", &p.direct_write_ms),
+            ("GET", &p.get_ms, "read", &p.direct_read_ms),
+        ];
+        for (verb, operator, direct_verb, direct) in pairs {
+            let ratio = super::stats::ratio(
+                operator.as_ref().map(|s| s.median),
+                direct.as_ref().map(|s| s.median),
+            );
+            rows.push(Row {
+                scenario: "14",
+                figure: format!("file {verb} via the files subresource, {size} random bytes"),
+                median: rate(operator.as_ref()),
+                p95: String::new(),
+                notes: format!(
+                    "median {}, n={}; floor: direct briq {direct_verb} of the same bytes in 512 \
+                     KiB parts {} ({}); **{}** the floor's time",
+                    operator.as_ref().map_or("n/a".into(), |s| ms(s.median)),
+                    operator.as_ref().map_or(0, |s| s.n),
+                    rate(direct.as_ref()),
+                    direct.as_ref().map_or("n/a".into(), |s| ms(s.median)),
+                    times(ratio),
+                ),
+            });
+        }
+    }
 }
