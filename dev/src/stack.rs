@@ -209,25 +209,11 @@ impl Builder {
             let server = stack.server();
             let controllers =
                 Controllers::start(stack.admin.clone(), server, settings(None, server))?;
-            let aggregated = match &stack.plane {
-                Some(plane) => Some(
-                    AggregatedApi::start(&stack.admin, plane, server, settings(None, server))
-                        .await?,
-                ),
-                None => None,
-            };
             stack.controllers = Some(controllers);
-            if let Some(aggregated) = aggregated {
-                stack.progress.step(format!(
-                    "operator running, its aggregated API at {}",
-                    aggregated.address
-                ));
-                stack.aggregated = Some(aggregated);
-            } else {
-                stack.progress.step("operator running");
-            }
+            stack.progress.step("operator running");
         }
-        if self.aggregated_api && stack.aggregated.is_none() {
+        // The controllers come with their aggregated API wherever it can be registered.
+        if self.aggregated_api || (self.controllers && stack.plane.is_some()) {
             let plane = stack
                 .plane
                 .as_ref()

@@ -347,7 +347,9 @@ async fn start(
     code: &str,
 ) -> anyhow::Result<String> {
     let execution = objects::execution_of(name, executor, code)?;
-    executions.create(&PostParams::default(), &execution).await?;
+    executions
+        .create(&PostParams::default(), &execution)
+        .await?;
     let attempt = |e: &Execution| e.status.as_ref().and_then(|s| s.attempt_id.clone());
     let started = wait::for_object(executions, name, BOUND, |e| {
         attempt(e).is_some() || objects::finished(e)
@@ -376,7 +378,9 @@ async fn lag(
     let sandbox = sandbox_of(&executor)?;
     let name = "lag".to_owned();
     let execution = objects::execution_of(&name, &executor, &printer(lines))?;
-    executions.create(&PostParams::default(), &execution).await?;
+    executions
+        .create(&PostParams::default(), &execution)
+        .await?;
     // The log follower waits for the start itself.
     let through_operator = tokio::spawn(follow_operator(stack.admin().clone(), name.clone()));
     let attempt = |e: &Execution| e.status.as_ref().and_then(|s| s.attempt_id.clone());
@@ -392,7 +396,10 @@ async fn lag(
     // lines are.
     let (operator, _) = through_operator?;
     let (direct, _) = direct?;
-    for (who, ticks) in [("the log follower", &operator), ("the direct reader", &direct)] {
+    for (who, ticks) in [
+        ("the log follower", &operator),
+        ("the direct reader", &direct),
+    ] {
         if ticks.lags.len() != lines {
             bail!("{who} read {} of {lines} lines", ticks.lags.len());
         }
@@ -448,7 +455,10 @@ fn watch_readers(
         while !stop.load(Ordering::SeqCst) {
             let mut now = vec![0usize; attempts.len()];
             for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok())
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|p| p.parse::<u32>().ok())
                 else {
                     continue;
                 };
@@ -456,7 +466,10 @@ fn watch_readers(
                     continue;
                 };
                 for (i, needle) in needles.iter().enumerate() {
-                    if cmdline.windows(needle.len()).any(|w| w == needle.as_slice()) {
+                    if cmdline
+                        .windows(needle.len())
+                        .any(|w| w == needle.as_slice())
+                    {
                         seen[i].insert(pid);
                         now[i] += 1;
                     }
@@ -511,8 +524,8 @@ async fn round(
         .flat_map(|name| std::iter::repeat_n(name, each))
         .map(|name| tokio::spawn(follow_operator(stack.admin().clone(), name.clone())))
         .collect();
-    let ends = futures::future::try_join_all(names.iter().map(|n| finished(&executions, n, lines)))
-        .await;
+    let ends =
+        futures::future::try_join_all(names.iter().map(|n| finished(&executions, n, lines))).await;
     let mut ticks = Vec::new();
     let mut failed = Vec::new();
     for follower in followers {
@@ -521,13 +534,20 @@ async fn round(
             Err(error) => failed.push(format!("{error:#}")),
         }
     }
-    let (cpu_ms, wall_ms) = (cpu_ms() - cpu_before, started.elapsed().as_secs_f64() * 1000.0);
+    let (cpu_ms, wall_ms) = (
+        cpu_ms() - cpu_before,
+        started.elapsed().as_secs_f64() * 1000.0,
+    );
     let rss_after_kib = rss_kib();
     stop.store(true, Ordering::SeqCst);
     let readers = readers.await?;
     ends?;
     if let Some(first) = failed.first() {
-        bail!("{} of {} followers failed: {first}", failed.len(), names.len() * each);
+        bail!(
+            "{} of {} followers failed: {first}",
+            failed.len(),
+            names.len() * each
+        );
     }
     Ok(Round {
         cpu_ms,
@@ -552,8 +572,7 @@ async fn followers(
         names.len()
     ));
     let api: Api<BriqExecutor> = Api::namespaced(stack.admin().clone(), NAMESPACE);
-    let executors =
-        futures::future::try_join_all(names.iter().map(|name| api.get(name))).await?;
+    let executors = futures::future::try_join_all(names.iter().map(|name| api.get(name))).await?;
     let unfollowed = round(stack, &executors, "unfollowed", lines, 0).await?;
     let followed = round(stack, &executors, "followed", lines, each).await?;
     let complete = followed
@@ -578,7 +597,10 @@ async fn followers(
         lag_ms: Summary::of_millis(&lags),
     };
     if unfollowed.readers.0.iter().any(|&r| r > 0) {
-        bail!("follow readers ran with no follower: {:?}", unfollowed.readers);
+        bail!(
+            "follow readers ran with no follower: {:?}",
+            unfollowed.readers
+        );
     }
     progress.step(format!(
         "14: CPU {:.0} ms followed, {:.0} ms unfollowed; readers per action {:?}, at once {:?}",
@@ -637,7 +659,10 @@ async fn file_point(
             .await?;
         get.push(sent.elapsed());
         if body != content {
-            bail!("the GET of {mb} MB answered other bytes ({} of them)", body.len());
+            bail!(
+                "the GET of {mb} MB answered other bytes ({} of them)",
+                body.len()
+            );
         }
         drop(body);
 
@@ -646,7 +671,9 @@ async fn file_point(
         let sent = Instant::now();
         for (part, chunk) in content.chunks(WRITE_PART_BYTES).enumerate() {
             let part_path = format!("{scratch}/part-{part:04}");
-            sandboxes.write_file(key, &sandbox, &part_path, chunk).await?;
+            sandboxes
+                .write_file(key, &sandbox, &part_path, chunk)
+                .await?;
         }
         write.push(sent.elapsed());
         let sent = Instant::now();
