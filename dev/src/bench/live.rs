@@ -8,7 +8,7 @@
 //!   bridge's `follow` itself through briq's async exec (a second follower of the attempt);
 //! - many followers of a few actions: this process's CPU time and RSS while they follow,
 //!   against the same actions run without followers, and how many `follow` readers each action
-//!   got (processes on the host whose argv is the bridge's `follow` of its attempt);
+//!   got (Python processes on the host whose argv is the bridge's `follow` of its attempt);
 //! - a file's round trip through `briqexecutors/{name}/files` (PUT, then GET), against the
 //!   direct briq calls for the same bytes (`briq_files_put` / `briq_files_get`, in the same
 //!   512 KiB parts, to a scratch path).
@@ -465,6 +465,12 @@ fn watch_readers(
                 let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
                     continue;
                 };
+                // The reader itself: not the `timeout` the exec's prelude runs it under, whose
+                // argv holds the same words.
+                let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+                if !program.ends_with(b"python3") && !program.ends_with(b"python") {
+                    continue;
+                }
                 for (i, needle) in needles.iter().enumerate() {
                     if cmdline
                         .windows(needle.len())
