@@ -42,6 +42,8 @@ use crate::{
 
 /// How long a client may take over the TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+/// The pause after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// Where and as whom the aggregated API serves.
 pub struct Serving {
@@ -129,8 +131,14 @@ pub async fn serve<S: SandboxApi + Clone + 'static>(
     });
     let router = router(served);
     loop {
-        let Ok((stream, _)) = serving.listener.accept().await else {
-            continue;
+        let stream = match serving.listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of file descriptors, say: accepting again at once would only spin.
+                tracing::warn!(%error, "the aggregated API could not accept a connection");
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
+            }
         };
         let (acceptor, router) = (acceptor.clone(), router.clone());
         tokio::spawn(async move {
