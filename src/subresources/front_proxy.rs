@@ -128,7 +128,12 @@ impl FrontProxy {
             });
             if let (Some(key), Ok(value)) = (key, value.to_str()) {
                 extra
-                    .entry(percent_decoded(key).to_ascii_lowercase())
+                    .entry(
+                        // The front proxy percent-encodes an extra's key in the header name.
+                        percent_encoding::percent_decode_str(key)
+                            .decode_utf8_lossy()
+                            .to_ascii_lowercase(),
+                    )
                     .or_default()
                     .push(value.to_owned());
             }
@@ -139,30 +144,6 @@ impl FrontProxy {
             extra,
         })
     }
-}
-
-/// An extra's key as the front proxy escapes it in a header name (percent-encoded).
-fn percent_decoded(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -466,7 +466,6 @@ async fn execution_log<S: SandboxApi + Clone + 'static>(
     Extension(user): Extension<User>,
     Path((namespace, name)): Path<(String, String)>,
     query: Result<Query<log::Query>, axum::extract::rejection::QueryRejection>,
-    _headers: HeaderMap,
 ) -> Response {
     let Ok(Query(query)) = query else {
         return status(
