@@ -1463,3 +1463,46 @@ async fn calls_made_at_once_with_a_new_key_share_one_interface_check() {
     assert_eq!(h.calls(Operation::Get).await, 20);
     h.finish().await;
 }
+
+#[tokio::test]
+async fn a_fork_runs_under_its_own_name_and_a_lost_answer_leaves_one_to_find_by_it() {
+    let h = harness().await;
+    let source = h.sandbox("source").await;
+    let fork = h
+        .client
+        .fork_sandbox(&h.key, &source.id, "bqe-ns-fork-1", "30m")
+        .await
+        .unwrap();
+    assert_ne!(fork.id, source.id);
+    assert_eq!(
+        (fork.name.as_str(), fork.state),
+        ("bqe-ns-fork-1", SandboxState::Running)
+    );
+    assert_eq!(h.calls(Operation::Fork).await, 1);
+    // The fork is made, then its answer lost: never retried, and found by its name.
+    h.admin
+        .add_fault(&FaultRule::on(Operation::Fork, Fault::DropAfterEffect))
+        .await
+        .unwrap();
+    let lost = h
+        .client
+        .fork_sandbox(&h.key, &source.id, "bqe-ns-fork-2", "30m")
+        .await;
+    expect_class(lost, ErrorClass::Uncertain);
+    assert_eq!(h.calls(Operation::Fork).await, 2, "never retried");
+    let found = h
+        .client
+        .find_sandboxes_by_name(&h.key, "bqe-ns-fork-2")
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    let missing = h
+        .client
+        .fork_sandbox(&h.key, "bq_none", "bqe-ns-fork-3", "30m")
+        .await;
+    expect_class(missing, ErrorClass::NotFound);
+    for id in [&source.id, &fork.id, &found[0].id] {
+        h.destroy(id).await;
+    }
+    h.finish().await;
+}

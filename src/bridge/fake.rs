@@ -17,7 +17,7 @@ use crate::briq::{
 };
 
 /// The bridge's subcommands, as they appear in a command's argv.
-const SUBCOMMANDS: [&str; 10] = [
+const SUBCOMMANDS: [&str; 12] = [
     "setup",
     "start-kernel",
     "probe",
@@ -28,12 +28,19 @@ const SUBCOMMANDS: [&str; 10] = [
     "restore-state",
     "set-env",
     "follow",
+    "fork-save",
+    "fork-load",
 ];
 
 /// One call the code under test made, as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
     Create {
+        name: String,
+    },
+    /// `briq_fork` of `source` under `name`.
+    Fork {
+        source: String,
         name: String,
     },
     FindByName {
@@ -274,6 +281,11 @@ pub fn default_envelope(command: &str) -> Value {
             json!({"kind": "state", "ok": true, "saved": ["x"], "unsaved": [], "bytes": 10, "message": ""})
         }
         "set-env" => json!({"kind": "env", "ok": true, "names": [], "message": ""}),
+        "fork-save" | "fork-load" => json!({
+            "kind": "fork", "ok": true, "message": "", "snapshot": "", "parts": 1, "size": 10,
+            "sha256": "0".repeat(64), "files": 1, "skipped": 0, "saved": ["x"], "unsaved": [],
+            "state_bytes": 10, "error": null,
+        }),
         "cancel" => {
             let mut cancelled = result("cancelled", "");
             cancelled["output"] = Value::Null;
@@ -307,6 +319,27 @@ impl SandboxApi for FakeBriq {
         let created = sandbox(&id, &request.name);
         state.sandboxes.insert(id, created.clone());
         Ok(created)
+    }
+
+    async fn fork_sandbox(
+        &self,
+        _key: &ApiKey,
+        source: &str,
+        name: &str,
+        _sleep: &str,
+    ) -> briq::Result<Sandbox> {
+        self.record(Call::Fork {
+            source: source.to_owned(),
+            name: name.to_owned(),
+        });
+        let mut state = self.state();
+        if !state.sandboxes.contains_key(source) {
+            return Err(not_found(source));
+        }
+        let id = format!("bq_{}", state.sandboxes.len() + 1);
+        let forked = sandbox(&id, name);
+        state.sandboxes.insert(id, forked.clone());
+        Ok(forked)
     }
 
     async fn find_sandboxes_by_name(

@@ -63,6 +63,7 @@ pub mod tools {
     pub const DESTROY: &str = "briq_destroy";
     pub const EXEC_RESULT: &str = "briq_exec_result";
     pub const EXEC_STOP: &str = "briq_exec_stop";
+    pub const FORK: &str = "briq_fork";
 }
 
 /// Every tool the operator calls with every argument it may send: what the conformance check
@@ -85,6 +86,7 @@ pub const SENT: &[(&str, &[&str])] = &[
     (tools::STOP, &["briq"]),
     (tools::START, &["briq"]),
     (tools::DESTROY, &["briq"]),
+    (tools::FORK, &["briq", "name", "sleep", "wait"]),
 ];
 
 /// Lifecycle states of a briq (published names).
@@ -153,6 +155,23 @@ pub struct CreateSandbox {
 pub struct RunArgs {
     #[serde(flatten)]
     pub create: CreateSandbox,
+    pub wait: bool,
+}
+
+/// Arguments of `briq_fork` for one briq (published names; the answer is assumed to describe
+/// the fork as `briq_run`'s does). A fork keeps its source's config, credentials and boot
+/// files; its disk is copied only from a volume, so what a briq without one wrote stays with
+/// the source (published).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkArgs {
+    /// The source, `bq_…`.
+    pub briq: String,
+    /// The fork's name: the operator's deterministic name, so that a fork made just before a
+    /// crash is found again.
+    pub name: String,
+    /// Idle time before the fork sleeps, as `briq_run`'s `sleep`.
+    pub sleep: String,
+    /// Block until the fork runs.
     pub wait: bool,
 }
 
@@ -667,6 +686,15 @@ mod tests {
             (tools::STOP, serialized_names(briq())),
             (tools::START, serialized_names(briq())),
             (tools::DESTROY, serialized_names(briq())),
+            (
+                tools::FORK,
+                serialized_names(ForkArgs {
+                    briq: "bq_1".into(),
+                    name: "n".into(),
+                    sleep: "1h".into(),
+                    wait: true,
+                }),
+            ),
         ]);
         let declared: BTreeMap<&str, BTreeSet<String>> = SENT
             .iter()

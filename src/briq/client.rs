@@ -11,8 +11,8 @@ use url::Url;
 use super::api::{
     AsyncExecArgs, BriqArgs, BriqList, CreateSandbox, DEFAULT_WAIT_MS, ExecAnswer, ExecArgs,
     ExecOutput, ExecRequest, ExecResult, ExecResultArgs, ExecStarted, ExecStopArgs, FilesGetAnswer,
-    FilesGetArgs, FilesPutAnswer, FilesPutArgs, ListArgs, MAX_EXEC_TIMEOUT, RunArgs, Sandbox,
-    SandboxState, decode_base64, tools,
+    FilesGetArgs, FilesPutAnswer, FilesPutArgs, ForkArgs, ListArgs, MAX_EXEC_TIMEOUT, RunArgs,
+    Sandbox, SandboxState, decode_base64, tools,
 };
 use super::conformance::{self, Mismatch};
 use super::error::{Error, ErrorClass};
@@ -341,6 +341,28 @@ impl SandboxApi for BriqClient {
             .await?
             .decode()?;
         self.wait_running(key, created).await
+    }
+
+    async fn fork_sandbox(
+        &self,
+        key: &ApiKey,
+        source: &str,
+        name: &str,
+        sleep: &str,
+    ) -> Result<Sandbox, Error> {
+        let arguments = ForkArgs {
+            briq: source.to_owned(),
+            name: name.to_owned(),
+            sleep: sleep.to_owned(),
+            wait: true,
+        };
+        // `wait` blocks until the fork is ready, as `briq_run`'s does.
+        let timeout = self.options.ready_timeout + self.options.request_timeout;
+        let forked: Sandbox = self
+            .call(key, tools::FORK, &arguments, timeout)
+            .await?
+            .decode()?;
+        self.wait_running(key, forked).await
     }
 
     async fn find_sandboxes_by_name(

@@ -24,6 +24,18 @@ pub trait SandboxApi: Send + Sync {
         request: &CreateSandbox,
     ) -> impl Future<Output = Result<Sandbox>> + Send;
 
+    /// Forks sandbox `source` under `name` and waits until the fork runs: the source's image,
+    /// size, environment and boot files, its own address, fresh processes; what the source wrote
+    /// to its own disk stays with it. Never retried: on an `Uncertain` or `Malformed` error the
+    /// fork may exist.
+    fn fork_sandbox(
+        &self,
+        key: &ApiKey,
+        source: &str,
+        name: &str,
+        sleep: &str,
+    ) -> impl Future<Output = Result<Sandbox>> + Send;
+
     /// Sandboxes named exactly `name`; names are not unique.
     fn find_sandboxes_by_name(
         &self,

@@ -35,6 +35,8 @@ pub enum Operation {
     Stop,
     /// `briq_start`.
     Start,
+    /// `briq_fork`.
+    Fork,
 }
 
 /// Which operations a fault applies to.

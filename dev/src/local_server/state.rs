@@ -233,6 +233,31 @@ impl Shared {
         Ok(answer)
     }
 
+    /// Forks sandbox `source` as briq does for a briq without a volume: a new sandbox with the
+    /// source's image, size, environment and sleep (`sleep` when given), named `name` (else
+    /// `<name>-fork`), its processes fresh and its disk new: what the source wrote stays with it.
+    pub(crate) async fn fork(
+        &self,
+        source: &str,
+        name: Option<String>,
+        sleep: Option<String>,
+        waited: bool,
+    ) -> Result<Sandbox, ApiError> {
+        let entry = self.entry(source)?;
+        if entry.destroyed.load(Ordering::SeqCst) {
+            return Err(ApiError::not_found(format!("no sandbox {source}")));
+        }
+        let of = lock(&entry.sandbox).clone();
+        let request = CreateSandbox {
+            name: name.unwrap_or_else(|| format!("{}-fork", of.name)),
+            image: of.image,
+            size: of.size,
+            sleep: sleep.unwrap_or(of.sleep),
+            env: entry.env.clone(),
+        };
+        self.create(request, waited).await
+    }
+
     pub(crate) fn entry(&self, id: &str) -> Result<Arc<Entry>, ApiError> {
         lock(&self.sandboxes)
             .get(id)

@@ -434,6 +434,32 @@ pub(crate) const DECLARED: &[Tool] = &[
             .unsupported(),
         ]),
     },
+    Tool {
+        name: tools::FORK,
+        title: "Fork a briq or a whole stack",
+        description: "Forks one briq: the fork keeps its source's config, credentials and boot \
+                      files, gets its own address, and its processes start fresh. Its disk is \
+                      copied only from a volume: what a briq without one wrote to its own disk \
+                      stays with the source (the local server's sandboxes have none).",
+        annotations: hints(None, None, None, None),
+        parameters: Cow::Borrowed(&[
+            Parameter::new("briq", Kind::String, BRIQ_ID),
+            Parameter::new(
+                "into",
+                Kind::String,
+                "Stack fork only: name of the new stack (not supported by the local server)",
+            )
+            .unsupported(),
+            Parameter::new("name", Kind::String, "Single fork only: name of the fork"),
+            Parameter::new("wait", Kind::Boolean, "Wait until the forks are ready")
+                .default(DefaultValue::Boolean(true)),
+            Parameter::new(
+                "sleep",
+                Kind::String,
+                "Sleep window, as briq_set_sleep takes it; the source's when left out",
+            ),
+        ]),
+    },
 ];
 
 /// Why a call's arguments do not fit the tool's declaration.

@@ -945,3 +945,68 @@ async fn a_sandbox_stopped_under_an_async_exec_reports_it_lost() {
         .await;
     assert_eq!(lost["state"], json!("lost"), "{lost}");
 }
+
+#[tokio::test]
+async fn a_fork_keeps_its_sources_config_and_env_but_not_what_it_wrote_to_its_disk() {
+    let c = client().await;
+    let source = c
+        .answer(
+            tools::RUN,
+            json!({"image": "python:3.12-slim", "name": "src", "size": "small", "sleep": "3h",
+                   "env": {"FROM_SOURCE": "kept"}}),
+        )
+        .await;
+    let source_id = source["id"].as_str().unwrap().to_owned();
+    let put = api::FilesPutArgs::new(&source_id, "/work/state.bin", b"source state");
+    c.answer(tools::FILES_PUT, serde_json::to_value(put).unwrap())
+        .await;
+    let fork = c
+        .answer(
+            tools::FORK,
+            json!({"briq": source_id, "name": "bqe-team-fork-1", "sleep": "30m", "wait": true}),
+        )
+        .await;
+    let fork_id = fork["id"].as_str().unwrap().to_owned();
+    assert_ne!(fork_id, source_id);
+    assert_eq!(
+        (
+            &fork["name"],
+            &fork["image"],
+            &fork["size"],
+            &fork["sleep"],
+            &fork["state"]
+        ),
+        (
+            &json!("bqe-team-fork-1"),
+            &json!("python:3.12-slim"),
+            &json!("small"),
+            &json!("30m"),
+            &json!("running")
+        )
+    );
+    let env = c
+        .answer(
+            tools::EXEC,
+            json!({"briq": fork_id, "cmd": ["sh", "-c", "echo $FROM_SOURCE; ls /work 2>&1 || true"]}),
+        )
+        .await;
+    let stdout = env["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("kept\n"), "{stdout}");
+    assert!(
+        !stdout.contains("state.bin"),
+        "the source's own disk stayed with it: {stdout}"
+    );
+    // Without a name or sleep: briq's defaults.
+    let defaulted = c.answer(tools::FORK, json!({"briq": source_id})).await;
+    assert_eq!(
+        (&defaulted["name"], &defaulted["sleep"]),
+        (&json!("src-fork"), &json!("3h"))
+    );
+    c.answer(tools::DESTROY, json!({"briq": source_id})).await;
+    let gone = c
+        .tool_error(tools::FORK, json!({"briq": source_id, "name": "late"}))
+        .await;
+    assert_eq!(gone.error.code, ErrorCode::NotFound, "{gone:?}");
+    let stack = c.tool_error(tools::FORK, json!({"into": "x"})).await;
+    assert!(stack.error.message.contains("not supported"), "{stack:?}");
+}

@@ -50,6 +50,7 @@ pub(crate) fn operation(tool: &str) -> Option<Operation> {
         tools::STOP => Operation::Stop,
         tools::START => Operation::Start,
         tools::DESTROY => Operation::Destroy,
+        tools::FORK => Operation::Fork,
         _ => return None,
     })
 }
@@ -79,6 +80,24 @@ pub(crate) async fn call(
             fill_run_defaults(&mut arguments);
             let args: RunArgs = parse(name, arguments)?;
             let sandbox = shared.create(args.create, args.wait).await?;
+            Ok(answer::structured(&sandbox)?)
+        }
+        tools::FORK => {
+            let Some(Value::String(source)) = arguments.remove("briq") else {
+                return Err(Refusal::Params(format!(
+                    "{name}: pass `briq` (a stack fork is not supported by the local server)"
+                )));
+            };
+            let wait = arguments.remove("wait").and_then(|w| w.as_bool()) != Some(false);
+            let text = |key: &str| {
+                arguments
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            let sandbox = shared
+                .fork(&source, text("name"), text("sleep"), wait)
+                .await?;
             Ok(answer::structured(&sandbox)?)
         }
         tools::LIST => {
