@@ -6,8 +6,8 @@ This file is uploaded alone as ``.briq/bridge.py`` and run from ``/work`` as::
     BRIQ_NONCE=NONCE python3 .briq/bridge.py <command> [opts]
 
 with one of the commands setup, start-kernel, probe, run, recall, cancel, save-state,
-restore-state, set-env, file-write and file-read; ``follow`` relays a running attempt's output
-(no envelope).
+restore-state, set-env, file-write, file-read, fork-save and fork-load; ``follow`` relays a
+running attempt's output (no envelope).
 
 The nonce comes in the environment, never in argv (any process can read any command line).
 When the bridge runs as root, the kernel (and so all user code) runs as uid/gid 65534 in
@@ -63,7 +63,15 @@ USER_DIR = "home"
 BRIQ_DIR = ".briq"
 ACTIONS_DIR = ".briq/actions"
 UPLOADS_DIR = ".briq/uploads"
-PRIVATE_DIRS = (".briq/state", ACTIONS_DIR, ".briq/results", ".briq/journal", UPLOADS_DIR)
+FORKS_DIR = ".briq/forks"
+PRIVATE_DIRS = (
+    ".briq/state",
+    ACTIONS_DIR,
+    ".briq/results",
+    ".briq/journal",
+    UPLOADS_DIR,
+    FORKS_DIR,
+)
 KERNEL_DIR = ".briq/kernel"
 
 # Logs and output together, per action (PROTOCOL.md "Budgets").
@@ -90,6 +98,20 @@ FILE_READ_MAX = 524_288
 FILE_CHUNK = 65_536
 # How long after the deadline (when the child stops itself) the bridge kills the child.
 FILE_KILL_GRACE_S = 2.0
+# Staging directories and fork snapshots untouched for this long are removed by the next
+# command that makes new ones: the operator moves them on within minutes.
+STAGED_MAX_AGE_S = 3_600.0
+
+# Forks (PROTOCOL.md "Forks"): `fork-save` packs the kernel user's directory as a tar cut into
+# FORK_PART_BYTES parts (one briq get each) in FORKS_DIR/<snapshot>/, with a manifest written
+# last; `fork-load` extracts such a tar, staged by the operator as for `file-write`.
+SNAPSHOT_PATTERN = re.compile(r"[0-9a-f]{16,64}")
+FORK_PART_BYTES = 1_048_576
+FORK_MAX_BYTES = 67_108_864
+FORK_MANIFEST = "manifest.json"
+FORK_MANIFEST_FIELDS = frozenset(
+    ("snapshot", "parts", "size", "sha256", "files", "skipped", "saved", "unsaved", "state_bytes")
+)
 
 # The result journal (PROTOCOL.md "Attempts"): one record per attempt id, written before the
 # code runs ("accepted") and once it has run ("finished"), so that an attempt delivered twice
@@ -274,6 +296,37 @@ def file_envelope(
     }
 
 
+def fork_envelope(
+    message: str,
+    *,
+    snapshot: str = "",
+    parts: int = 0,
+    size: int = 0,
+    sha256: str = "",
+    files: int = 0,
+    skipped: int = 0,
+    saved: list[str] | None = None,
+    unsaved: list[dict] | None = None,
+    state_bytes: int = 0,
+    error: dict | None = None,
+) -> dict:
+    return {
+        "kind": "fork",
+        "ok": error is None,
+        "message": message,
+        "snapshot": snapshot,
+        "parts": parts,
+        "size": size,
+        "sha256": sha256,
+        "files": files,
+        "skipped": skipped,
+        "saved": saved or [],
+        "unsaved": unsaved or [],
+        "state_bytes": state_bytes,
+        "error": error,
+    }
+
+
 def result_envelope(
     status: str,
     *,
@@ -359,10 +412,7 @@ def spill(results_dir: Path, nonce: str, data: bytes) -> dict:
     import hashlib
     import tempfile
 
-    if split_users():
-        private_dir(results_dir)
-    else:
-        results_dir.mkdir(parents=True, exist_ok=True)
+    bridge_dir(results_dir)
     target = results_dir / f"{nonce}.out"
     remove_stale_results(results_dir, target, time.time())
     # Same directory, then rename: the operator sees either no file or the whole file.
@@ -519,6 +569,14 @@ def private_dir(path: str | os.PathLike, mode: int = 0o700) -> None:
         os.chmod(path, mode)
 
 
+def bridge_dir(path: str | os.PathLike) -> None:
+    """Make the bridge's directory `path`: root-only in root mode (see private_dir)."""
+    if split_users():
+        private_dir(path)
+    else:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+
 def secure_layout() -> None:
     """As root: /work (the cwd) and .briq may not be writable by anyone else (who could rename
     .briq and plant another bridge.py), and the bridge's files are root-only. Cheap and
@@ -574,6 +632,11 @@ def user_dir() -> Path:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != KERNEL_UID:
         raise UnsafeLayout(f"{path} is not a directory owned by uid {KERNEL_UID}")
     return path
+
+
+def kernel_home() -> Path:
+    """The kernel user's directory: its cwd and HOME (/work/home in root mode, else /work)."""
+    return user_dir() if split_users() else Path.cwd()
 
 
 def kernel_user_env(home: Path) -> dict[str, str]:
@@ -1747,10 +1810,8 @@ def state_expression(operation: str, path: Path) -> str:
 
 
 def state_file() -> Path:
-    """Where the kernel keeps the saved namespace: in the kernel user's directory (its cwd and
-    HOME: /work/home in root mode, else /work)."""
-    home = user_dir() if split_users() else Path.cwd()
-    return home / STATE_FILE
+    """Where the kernel keeps the saved namespace: in the kernel user's directory."""
+    return kernel_home() / STATE_FILE
 
 
 def valid_unicode(text: str) -> bool:
@@ -3360,21 +3421,32 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def drain_pipe(fd: int, sink: Callable[[bytes], None], until: float) -> bool:
+    """Hand what the child writes to `fd` to `sink` until it closes it (True), or until `until`
+    passes first (False)."""
+    while True:
+        remaining = until - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return False
+        chunk = os.read(fd, FILE_CHUNK)
+        if not chunk:
+            return True
+        sink(chunk)
+
+
 def read_answer(fd: int, until: float, limit: int) -> bytes | None:
     """What the child writes to `fd` until it closes it; None when `until` passes first."""
     chunks: list[bytes] = []
     total = 0
-    while True:
-        remaining = until - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-            return None
-        chunk = os.read(fd, FILE_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
+
+    def keep(chunk: bytes) -> None:
+        nonlocal total
         total += len(chunk)
         if total > limit:
             raise FileProblem("failed", "the file child's answer is too large")
         chunks.append(chunk)
+
+    return b"".join(chunks) if drain_pipe(fd, keep, until) else None
 
 
 def feed_pipe(fd: int, chunks: Iterator[bytes], until: float) -> None:
@@ -3397,19 +3469,24 @@ def in_file_child(
     until: float,
     feed: Iterator[bytes] | None = None,
     answer_limit: int = FILE_CHUNK,
+    sink: Callable[[bytes], None] | None = None,
 ) -> dict:
     """Run `work` in a forked child, as KERNEL_UID when users are split, and return what it
     answers (a dict, or {"error": ...}). With `feed`, the child reads those bytes from the fd
-    `work` gets. The child stops itself at `until`; it is killed FILE_KILL_GRACE_S later."""
+    `work` gets; with `sink`, what the child writes to that fd goes to `sink` as it comes (a
+    FileProblem that `sink` raises stops the child). The child stops itself at `until`; it is
+    killed FILE_KILL_GRACE_S later."""
     answer_r, answer_w = os.pipe()
-    data_r, data_w = os.pipe() if feed is not None else (None, None)
+    data_r, data_w = os.pipe() if feed is not None or sink is not None else (None, None)
+    # The child's end of the data pipe and ours: it reads a feed, and writes for a sink.
+    theirs, ours = (data_w, data_r) if sink is not None else (data_r, data_w)
     pid = os.fork()
     if pid == 0:  # the child: never returns
         status = 1
         try:
             os.close(answer_r)
-            if data_w is not None:
-                os.close(data_w)
+            if ours is not None:
+                os.close(ours)
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)  # never the bridge's stdout
@@ -3418,7 +3495,7 @@ def in_file_child(
             try:
                 if split_users():
                     become_kernel_user()
-                answer = work(data_r)
+                answer = work(theirs)
             except FileProblem as exc:
                 answer = {"error": file_error(exc.code, str(exc))}
             except OSError as exc:
@@ -3429,21 +3506,28 @@ def in_file_child(
         finally:
             os._exit(status)
     os.close(answer_w)
-    if data_r is not None:
-        os.close(data_r)
+    if theirs is not None:
+        os.close(theirs)
     reaped = False
     try:
         # A feed that fails (the deadline) ends the child's input early: it then writes nothing.
         feed_problem = None
-        if feed is not None and data_w is not None:
+        if feed is not None and ours is not None:
             try:
-                feed_pipe(data_w, feed, until)
+                feed_pipe(ours, feed, until)
             except BrokenPipeError:
                 pass  # the child stopped reading: its answer says why
             except FileProblem as exc:
                 feed_problem = exc
             finally:
-                os.close(data_w)
+                os.close(ours)
+        elif sink is not None and ours is not None:
+            # The child's own alarm ends its output at the deadline, and then it answers why.
+            try:
+                if not drain_pipe(ours, sink, until + FILE_KILL_GRACE_S):
+                    raise FileProblem("timeout", "the deadline passed")
+            finally:
+                os.close(ours)
         raw = read_answer(answer_r, until + FILE_KILL_GRACE_S, answer_limit)
         if raw is not None:
             os.waitpid(pid, 0)
@@ -3468,13 +3552,24 @@ def in_file_child(
     return answer
 
 
+# A new file, made in the directory it is renamed into later: never an existing one, never
+# through a symlink.
+NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def temporary_name(name: str) -> str:
+    """A fresh temporary name beside `name`, in the directory `name` is renamed into."""
+    import secrets
+
+    return f".{name[:100]}.{secrets.token_hex(8)}.briq-tmp"
+
+
 def install_file(
     dest: str, size: int, sha256: str, protected: tuple[str, str], data_fd: int | None
 ) -> dict:
     """In the file child: write what `data_fd` holds to `dest` whole (a temporary file in its
     directory, fsync, rename), once it is exactly `size` bytes with digest `sha256`."""
     import hashlib
-    import secrets
 
     real = os.path.realpath(dest)
     refuse_protected(real, protected, dest)
@@ -3503,10 +3598,9 @@ def install_file(
             old = None
         if old is not None and stat.S_ISDIR(old.st_mode):
             raise FileProblem("is_directory", f"{dest} is a directory")
-        tmp = f".{name[:100]}.{secrets.token_hex(8)}.briq-tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        tmp = temporary_name(name)
         try:
-            fd = os.open(tmp, flags, 0o666, dir_fd=dir_fd)
+            fd = os.open(tmp, NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd)
         except OSError as exc:
             raise os_problem(exc, f"cannot create a file in {where}") from None
         renamed = False
@@ -3631,56 +3725,80 @@ def remove_staged(directory: Path) -> None:
             os.unlink(directory)
 
 
-def prune_uploads(keep: Path, now: float) -> None:
-    """Remove staging directories an operator left behind (untouched for an hour)."""
+def prune_stale(
+    directory: str, keep: str, now: float, leftover: Callable[[str], bool] | None = None
+) -> None:
+    """Remove what an operator left behind in `directory` (untouched for STAGED_MAX_AGE_S), and
+    whatever `leftover` says was left by a command that died, but never `keep`."""
     with contextlib.suppress(OSError):
-        for entry in os.scandir(UPLOADS_DIR):
-            if entry.name == keep.name:
+        for entry in os.scandir(directory):
+            if entry.name == keep:
                 continue
             with contextlib.suppress(OSError):
-                if now - entry.stat(follow_symlinks=False).st_mtime > JOURNAL_MAX_AGE_S:
+                if (leftover is not None and leftover(entry.name)) or (
+                    now - entry.stat(follow_symlinks=False).st_mtime > STAGED_MAX_AGE_S
+                ):
                     remove_staged(Path(entry.path))
 
 
-def cmd_file_write(args: argparse.Namespace) -> tuple[dict, int]:
+def prepare_uploads(staged: Path) -> None:
+    """The uploads directory as the bridge's, without what earlier operators left there."""
+    bridge_dir(UPLOADS_DIR)
+    prune_stale(UPLOADS_DIR, staged.name, time.time())
+
+
+def staged_digest(staged: Path, parts: int, until: float) -> tuple[int, str]:
+    """The size and SHA-256 of the staged parts joined in order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in staged_part_chunks(staged, parts):
+        digest.update(chunk)
+        size += len(chunk)
+        if time.monotonic() > until:
+            raise FileProblem("timeout", "the deadline passed")
+    return size, digest.hexdigest()
+
+
+def staged_command(
+    args: argparse.Namespace,
+    refused: Callable[[str], dict],
+    body: Callable[[argparse.Namespace, Path, float], dict],
+) -> tuple[dict, int]:
+    """Run `body` on the operator's staging directory `--staged`, which is removed afterwards
+    whatever happened; any other --staged is `refused` and left alone."""
     if not UPLOAD_PATTERN.fullmatch(args.staged):
-        problem = f"--staged must be {UPLOADS_DIR}/<16 to 64 lowercase hex digits>"
-        return file_envelope(args.dest, error=file_error("refused", problem)), 1
+        return refused(f"--staged must be {UPLOADS_DIR}/<16 to 64 lowercase hex digits>"), 1
     staged = Path(args.staged)
     try:
-        envelope = file_write(args, staged, time.monotonic() + args.deadline)
+        envelope = body(args, staged, time.monotonic() + args.deadline)
     finally:
         remove_staged(staged)
     return envelope, 0 if envelope["ok"] else 1
 
 
-def file_write(args: argparse.Namespace, staged: Path, until: float) -> dict:
-    import hashlib
+def cmd_file_write(args: argparse.Namespace) -> tuple[dict, int]:
+    def refused(problem: str) -> dict:
+        return file_envelope(args.dest, error=file_error("refused", problem))
 
+    return staged_command(args, refused, file_write)
+
+
+def file_write(args: argparse.Namespace, staged: Path, until: float) -> dict:
     dest = args.dest
     problem = path_problem(dest)
     if problem is not None:
         return file_envelope(dest, error=file_error("refused", problem))
-    if split_users():
-        private_dir(UPLOADS_DIR)
-    else:
-        Path(UPLOADS_DIR).mkdir(parents=True, exist_ok=True)
-    prune_uploads(staged, time.time())
+    prepare_uploads(staged)
     try:
-        digest = hashlib.sha256()
-        size = 0
-        for chunk in staged_part_chunks(staged, args.parts):
-            digest.update(chunk)
-            size += len(chunk)
-            if time.monotonic() > until:
-                raise FileProblem("timeout", "the deadline passed")
-        if size != args.size or digest.hexdigest() != args.sha256:
-            message = f"the {args.parts} staged parts are not {args.size} bytes with that SHA-256"
+        size, digest = staged_digest(staged, args.parts, until)
+        if size != args.size or digest != args.sha256:
             return file_envelope(
                 dest,
                 size=size,
-                sha256=digest.hexdigest(),
-                error=file_error("mismatch", message),
+                sha256=digest,
+                error=file_error("mismatch", staged_mismatch(args)),
             )
         work = functools.partial(install_file, dest, size, args.sha256, protected_paths())
         answer = in_file_child(work, until, staged_part_chunks(staged, args.parts))
@@ -3689,6 +3807,10 @@ def file_write(args: argparse.Namespace, staged: Path, until: float) -> dict:
     if answer.get("error") is not None:
         return file_envelope(dest, error=answer["error"])
     return file_envelope(dest, size=answer["size"], sha256=answer["sha256"])
+
+
+def staged_mismatch(args: argparse.Namespace) -> str:
+    return f"the {args.parts} staged parts are not {args.size} bytes with that SHA-256"
 
 
 def cmd_file_read(args: argparse.Namespace) -> tuple[dict, int]:
@@ -3716,6 +3838,515 @@ def cmd_file_read(args: argparse.Namespace) -> tuple[dict, int]:
         data_base64=answer["data_base64"],
     )
     return envelope, 0
+
+
+# --------------------------------------------------------------------------------------------
+# Forks
+# --------------------------------------------------------------------------------------------
+
+# A directory opened by fd to walk or list it, never through a symlink.
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def fork_failure(code: str, message: str) -> dict:
+    error = file_error(code, message)
+    return fork_envelope(error["message"], error=error)
+
+
+def child_failure(answer: dict) -> dict | None:
+    """The failure envelope for a file child's answer that is an error, or None."""
+    error = answer.get("error")
+    return None if error is None else fork_envelope(error["message"], error=error)
+
+
+def fork_top() -> tuple[Path, str | None]:
+    """The directory a fork copies (the kernel user's) and the name left out at its top: the
+    bridge's own directory, when the kernel user's is /work itself."""
+    return kernel_home(), None if split_users() else BRIQ_DIR
+
+
+def link_leaves(parts: list[str], target: str) -> bool:
+    """Whether a symlink at `parts` (its path's components under the top) to `target` is
+    absolute or leads out of the top, read as text (what tarfile's data filter refuses)."""
+    if not target or "\0" in target or target.startswith("/"):
+        return True
+    depth = len(parts) - 1
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
+
+
+@contextlib.contextmanager
+def forks_locked(until: float) -> Iterator[None]:
+    """Hold FORKS_DIR's lock: one fork-save at a time, so any temporary found is a leftover and a
+    retried snapshot waits for the first to be complete."""
+    import fcntl
+
+    fd = os.open(FORKS_DIR, DIRECTORY_FLAGS)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    raise FileProblem("timeout", "another fork-save held the lock") from None
+                time.sleep(JOURNAL_POLL_S)
+        yield
+    finally:
+        os.close(fd)
+
+
+class ForkParts:
+    """The tar as the pack child writes it, cut into FORK_PART_BYTES files part-NNNNN in
+    `directory` (the bridge's own), counted and hashed; over `limit` bytes it stops the pack."""
+
+    def __init__(self, directory: Path, limit: int) -> None:
+        import hashlib
+
+        self.directory = directory
+        self.limit = limit
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.parts = 0
+        self.handle: Any = None
+        self.room = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise FileProblem("too_large", f"the directory packs to over {self.limit} bytes")
+        self.digest.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            if not self.room:
+                self.close()
+                self.handle = open_new(self.directory / f"part-{self.parts:05d}")
+                self.parts += 1
+                self.room = FORK_PART_BYTES
+            taken = view[: self.room]
+            self.handle.write(taken)
+            self.room -= len(taken)
+            view = view[len(taken) :]
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
+            self.handle = None
+
+
+def open_new(path: Path) -> Any:
+    """A new file of the bridge's for writing: root-only in root mode, else readable like any
+    other upload (as spill makes it)."""
+    return os.fdopen(os.open(path, NEW_FILE_FLAGS, 0o600 if split_users() else 0o644), "wb")
+
+
+def tar_member(path: str, st: os.stat_result, kind: bytes, linkname: str = "") -> Any:
+    import tarfile
+
+    info = tarfile.TarInfo(path)
+    info.type = kind
+    info.mode = stat.S_IMODE(st.st_mode) & 0o777
+    info.uid, info.gid = st.st_uid, st.st_gid
+    info.mtime = int(st.st_mtime)
+    info.size = st.st_size if kind == tarfile.REGTYPE else 0
+    info.linkname = linkname
+    return info
+
+
+def listed(fd: int) -> list[str]:
+    """The names in directory `fd`, last first (popped in name order)."""
+    return sorted(os.listdir(fd), reverse=True)
+
+
+def pack_entry(tar: Any, dir_fd: int, name: str, path: str, stack: list) -> Any:
+    """Add `name` of directory `dir_fd` to `tar` as `path`, opened without following a symlink
+    (a directory goes on `stack` to be walked); the member added, or None when it is of a kind
+    a fork skips."""
+    import tarfile
+
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        fd = os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
+        try:
+            member = tar_member(path, os.fstat(fd), tarfile.DIRTYPE)
+            tar.addfile(member)
+            stack.append((fd, path + "/", listed(fd)))
+        except BaseException:
+            os.close(fd)
+            raise
+        return member
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(name, dir_fd=dir_fd)
+        # fork-load refuses such a link (tarfile's data filter does): the rest is still a fork.
+        if link_leaves(path.split("/"), target):
+            return None
+        member = tar_member(path, st, tarfile.SYMTYPE, target)
+        tar.addfile(member)
+        return member
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # no FIFO blocks us
+    with os.fdopen(os.open(name, flags, dir_fd=dir_fd), "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return None  # swapped for another kind since it was listed
+        member = tar_member(path, st, tarfile.REGTYPE)
+        tar.addfile(member, handle)
+    return member
+
+
+def pack_tree(top: str, leave_out: str | None, out_fd: int) -> dict:
+    """In the file child: write the tree under `top` to `out_fd` as a PAX tar of its
+    directories, regular files and symlinks (stored as links), in name order, leaving out the
+    top's `leave_out`; other kinds are skipped and counted. `state_bytes` is the size of the
+    saved namespace packed (0 without one)."""
+    import tarfile
+
+    files = skipped = state_bytes = 0
+    stack: list[tuple[int, str, list[str]]] = []
+    with os.fdopen(out_fd, "wb") as out:
+        tar = tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT)
+        try:
+            try:
+                stack.append((os.open(top, DIRECTORY_FLAGS), "", []))
+                stack[0][2].extend(listed(stack[0][0]))
+            except OSError as exc:
+                raise os_problem(exc, top) from None
+            while stack:
+                dir_fd, prefix, names = stack[-1]
+                if not names:
+                    os.close(dir_fd)
+                    stack.pop()
+                    continue
+                name = names.pop()
+                path = prefix + name
+                if not prefix and name == leave_out:
+                    continue
+                try:
+                    member = pack_entry(tar, dir_fd, name, path, stack)
+                except FileNotFoundError:
+                    continue  # removed since it was listed
+                except OSError as exc:
+                    raise os_problem(exc, os.path.join(top, path)) from None
+                if member is None:
+                    skipped += 1
+                    continue
+                files += 1
+                if path == STATE_FILE and member.isreg():
+                    state_bytes = member.size
+        finally:
+            for dir_fd, _, _ in stack:
+                os.close(dir_fd)
+        tar.close()
+    return {"files": files, "skipped": skipped, "state_bytes": state_bytes}
+
+
+def packed_manifest(directory: Path, snapshot: str) -> dict | None:
+    """The manifest of a complete snapshot directory, or None."""
+    try:
+        fd = os.open(directory / FORK_MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            manifest = json.loads(handle.read(FILE_READ_MAX))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or set(manifest) != FORK_MANIFEST_FIELDS:
+        return None
+    return manifest if manifest["snapshot"] == snapshot else None
+
+
+def fork_message(manifest: dict, top: str) -> str:
+    message = (
+        f"packed {manifest['files']} entries of {top} into {FORKS_DIR}/{manifest['snapshot']} "
+        f"({manifest['size']} bytes, parts: {manifest['parts']})"
+    )
+    if manifest["skipped"]:
+        message += f"; skipped {manifest['skipped']} (not a directory, file or inner symlink)"
+    return message
+
+
+def cmd_fork_save(args: argparse.Namespace) -> tuple[dict, int]:
+    if not SNAPSHOT_PATTERN.fullmatch(args.snapshot):
+        return fork_failure("refused", "--snapshot must be 16 to 64 lowercase hex digits"), 1
+    until = time.monotonic() + args.deadline
+    bridge_dir(FORKS_DIR)
+    try:
+        with forks_locked(until):
+            envelope = fork_save(args, until)
+    except FileProblem as exc:
+        envelope = fork_failure(exc.code, str(exc))
+    return envelope, 0 if envelope["ok"] else 1
+
+
+def fork_save(args: argparse.Namespace, until: float) -> dict:
+    import tarfile  # noqa: F401 (imported before the fork, so the child has it loaded)
+    import tempfile
+
+    snapshot = args.snapshot
+    done = Path(FORKS_DIR, snapshot)
+    top, leave_out = fork_top()
+    manifest = packed_manifest(done, snapshot)
+    if manifest is not None:  # a retry: the snapshot stands as it was packed
+        return fork_envelope(f"already {fork_message(manifest, str(top))}", **manifest)
+    prune_stale(FORKS_DIR, snapshot, time.time(), leftover=lambda name: name.startswith("."))
+    # With --saved the kernel is not asked (a suspended executor has none): the namespace saved
+    # earlier is packed as it is, and its size is what the pack found.
+    state = state_envelope(True, "")
+    if not args.saved:
+        left = max(until - time.monotonic(), 0.001)
+        asked = argparse.Namespace(state_dir=args.state_dir, deadline=left)
+        state, _ = state_command(asked, "save")
+        if not state["ok"]:
+            return fork_failure("state", state["message"])
+    building = Path(tempfile.mkdtemp(dir=FORKS_DIR, prefix=f".{snapshot}.", suffix=".tmp"))
+    try:
+        if not split_users():
+            os.chmod(building, 0o755)  # mkdtemp's 0700: readable like the parts, as spills are
+        parts = ForkParts(building, args.max_bytes)
+        work = functools.partial(pack_tree, str(top), leave_out)
+        try:
+            answer = in_file_child(work, until, sink=parts.write)
+        finally:
+            parts.close()
+        failure = child_failure(answer)
+        if failure is not None:
+            return failure
+        manifest = {
+            "snapshot": snapshot,
+            "parts": parts.parts,
+            "size": parts.size,
+            "sha256": parts.digest.hexdigest(),
+            "files": answer["files"],
+            "skipped": answer["skipped"],
+            "saved": state["saved"],
+            "unsaved": state["unsaved"],
+            "state_bytes": answer["state_bytes"] if args.saved else state["bytes"],
+        }
+        with open_new(building / FORK_MANIFEST) as handle:
+            handle.write(json.dumps(manifest).encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        remove_staged(done)  # without a manifest it was never complete
+        os.rename(building, done)
+    finally:
+        remove_staged(building)  # gone once renamed
+    said = state["message"]
+    if args.saved:
+        found = manifest["state_bytes"]
+        saved_file = f"the saved namespace ({found} bytes)" if found else "no saved namespace"
+        said = f"the kernel was not asked (--saved): {saved_file} was there"
+    message = clip(f"{fork_message(manifest, str(top))}; {said}", 4_000)
+    return fork_envelope(message, **manifest)
+
+
+def member_parts(member: Any, leave_out: str | None, seen: dict) -> list[str] | None:
+    """The components of `member`'s path under the top (None for the top itself), after refusing
+    what a fork never holds. `seen` maps the paths of earlier members to their kind."""
+    import tarfile
+
+    name = member.name
+    kind = {
+        tarfile.DIRTYPE: "directory",
+        tarfile.REGTYPE: "file",
+        tarfile.AREGTYPE: "file",
+        tarfile.SYMTYPE: "symlink",
+    }.get(member.type)
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    problem = None
+    if "\0" in name or name.startswith("/"):
+        problem = "is an absolute name"
+    elif ".." in parts:
+        problem = "has a '..' component"
+    elif member.islnk():
+        problem = "is a hard link"
+    elif kind is None:
+        problem = "is not a directory, a regular file or a symlink"
+    elif not parts:
+        problem = None if kind == "directory" else "has no name"
+    elif parts[0] == leave_out:
+        problem = f"is under the bridge's {leave_out}"
+    elif kind == "symlink" and link_leaves(parts, member.linkname):
+        problem = f"links to {member.linkname!r}, out of the directory"
+    else:
+        for depth in range(1, len(parts)):
+            through = seen.get(tuple(parts[:depth]), "directory")
+            if through != "directory":
+                problem = f"passes through the {through} {'/'.join(parts[:depth])!r} before it"
+                break
+    if problem is not None:
+        raise FileProblem("refused", f"the member {name!r} {problem}")
+    if not parts:
+        return None
+    seen[tuple(parts)] = kind
+    return parts
+
+
+def open_dirs(top_fd: int, parts: list[str], shown: str, create: bool) -> int | None:
+    """A new fd of the directory top/parts, walked by fd without following any symlink; missing
+    directories are made when `create`, else None. A symlink or file on the way is refused."""
+    import errno
+
+    fd: int | None = os.dup(top_fd)
+    try:
+        for part in parts:
+            try:
+                following = os.open(part, DIRECTORY_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    fd = None
+                    return None
+                os.mkdir(part, 0o700, dir_fd=fd)
+                following = os.open(part, DIRECTORY_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                problem = f"{shown!r} passes through {part!r}, a symlink or file on disk"
+                raise FileProblem("refused", problem) from None
+            os.close(fd)
+            fd = following
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return fd
+
+
+def place_member(
+    tar: Any, member: Any, parent: int, parts: list[str], directories: list, extract: bool
+) -> None:
+    """Check (and when `extract`, write) `member` as parts[-1] in directory `parent`: an existing
+    file or symlink is replaced by rename, never written through; a directory is never replaced.
+    Directories are listed in `directories` to get their modes once their content is in."""
+    import shutil
+
+    name = parts[-1]
+    try:
+        old = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        old = None
+    if member.isdir():
+        if not extract:
+            return
+        if old is not None and not stat.S_ISDIR(old.st_mode):
+            os.unlink(name, dir_fd=parent)
+            old = None
+        if old is None:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        directories.append((parts, member.mode & 0o755, member.mtime))
+        return
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        raise FileProblem("refused", f"{member.name!r} is a directory on disk")
+    if not extract:
+        return
+    times = (member.mtime, member.mtime)
+    tmp = temporary_name(name)
+    try:
+        if member.issym():
+            os.symlink(member.linkname, tmp, dir_fd=parent)
+            os.utime(tmp, times, dir_fd=parent, follow_symlinks=False)
+        else:
+            # As tarfile's data filter: the owner may read and write, no set-id bits, no write
+            # for others, executable by others only when by the owner.
+            mode = member.mode & 0o755 | 0o600
+            if not mode & 0o100:
+                mode &= ~0o011
+            with os.fdopen(os.open(tmp, NEW_FILE_FLAGS, 0o600, dir_fd=parent), "wb") as out:
+                shutil.copyfileobj(tar.extractfile(member), out, FILE_CHUNK)
+                out.flush()
+                os.fchmod(out.fileno(), mode)
+                os.utime(out.fileno(), times)
+        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=parent)
+        raise
+
+
+def unpack_tree(top: str, leave_out: str | None, extract: bool, data_fd: int) -> dict:
+    """In the file child: check every member of the tar read from `data_fd`, and when `extract`
+    write them under `top`, checking each again (the disk may have changed since)."""
+    import tarfile
+
+    data_filter = getattr(tarfile, "data_filter", None)  # Python 3.12, and 3.11.4 on
+    seen: dict[tuple[str, ...], str] = {}
+    directories: list[tuple[list[str], int, float]] = []
+    count = 0
+    top_fd = os.open(top, DIRECTORY_FLAGS)
+    try:
+        with os.fdopen(data_fd, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                parts = member_parts(member, leave_out, seen)
+                if parts is None:
+                    continue
+                try:
+                    if data_filter is not None:
+                        try:
+                            data_filter(member, top)
+                        except tarfile.TarError as exc:
+                            problem = f"the member {member.name!r}: {exc}"
+                            raise FileProblem("refused", problem) from None
+                    parent = open_dirs(top_fd, parts[:-1], member.name, extract)
+                    if parent is not None:
+                        try:
+                            place_member(tar, member, parent, parts, directories, extract)
+                        finally:
+                            os.close(parent)
+                except OSError as exc:
+                    raise os_problem(exc, os.path.join(top, *parts)) from None
+                count += 1
+        # Deepest first, so that a directory's own mode never keeps its content out.
+        for parts, mode, mtime in reversed(directories):
+            try:
+                fd = open_dirs(top_fd, parts, "/".join(parts), False)
+                if fd is not None:
+                    try:
+                        os.fchmod(fd, mode)
+                        os.utime(fd, (mtime, mtime))
+                    finally:
+                        os.close(fd)
+            except OSError as exc:
+                raise os_problem(exc, os.path.join(top, *parts)) from None
+    except tarfile.TarError as exc:
+        raise FileProblem("refused", f"not a tar archive a fork makes: {exc}") from None
+    finally:
+        os.close(top_fd)
+    return {"files": count}
+
+
+def cmd_fork_load(args: argparse.Namespace) -> tuple[dict, int]:
+    return staged_command(args, functools.partial(fork_failure, "refused"), fork_load)
+
+
+def fork_load(args: argparse.Namespace, staged: Path, until: float) -> dict:
+    import tarfile  # noqa: F401 (imported before the fork, so the child has it loaded)
+
+    prepare_uploads(staged)
+    top, leave_out = fork_top()
+    try:
+        size, digest = staged_digest(staged, args.parts, until)
+        if size != args.size or digest != args.sha256:
+            held = f"they hold {size} bytes with SHA-256 {digest}"
+            return fork_failure("mismatch", f"{staged_mismatch(args)}: {held}")
+        # Every member is checked before anything is written, then checked again as it is.
+        for extract in (False, True):
+            work = functools.partial(unpack_tree, str(top), leave_out, extract)
+            answer = in_file_child(work, until, staged_part_chunks(staged, args.parts))
+            failure = child_failure(answer)
+            if failure is not None:
+                return failure
+    except FileProblem as exc:
+        return fork_failure(exc.code, str(exc))
+    files = answer["files"]
+    message = f"extracted {files} entries into {top} ({size} bytes, parts: {args.parts})"
+    return fork_envelope(message, parts=args.parts, size=size, sha256=digest, files=files)
 
 
 # --------------------------------------------------------------------------------------------
@@ -3775,6 +4406,8 @@ def bridge_failure(kind: str, message: str) -> dict:
         return env_envelope(False, message)
     if kind == "file":
         return file_envelope("", error={"code": "failed", "message": message})
+    if kind == "fork":
+        return fork_failure("failed", message)
     return result_envelope("error", error=error_info("BridgeError", message))
 
 
@@ -3822,13 +4455,16 @@ def build_parser() -> argparse.ArgumentParser:
     set_env.add_argument("--state-dir", default=".briq/state")
     set_env.add_argument("--deadline", type=seconds_type, default=10.0)
 
+    def staged_options(sub: argparse.ArgumentParser, deadline: float) -> None:
+        sub.add_argument("--staged", required=True)
+        sub.add_argument("--parts", type=parts_type, required=True)
+        sub.add_argument("--size", type=bytes_type, required=True)
+        sub.add_argument("--sha256", type=sha256_type, required=True)
+        sub.add_argument("--deadline", type=seconds_type, default=deadline)
+
     file_write = command("file-write", cmd_file_write, "file")
-    file_write.add_argument("--staged", required=True)
-    file_write.add_argument("--parts", type=parts_type, required=True)
     file_write.add_argument("--dest", required=True)
-    file_write.add_argument("--size", type=bytes_type, required=True)
-    file_write.add_argument("--sha256", type=sha256_type, required=True)
-    file_write.add_argument("--deadline", type=seconds_type, default=30.0)
+    staged_options(file_write, 30.0)
 
     file_read = command("file-read", cmd_file_read, "file")
     file_read.add_argument("--path", required=True)
@@ -3836,6 +4472,16 @@ def build_parser() -> argparse.ArgumentParser:
     file_read.add_argument("--length", type=bytes_type, default=FILE_READ_MAX)
     file_read.add_argument("--max-size", type=bytes_type)
     file_read.add_argument("--deadline", type=seconds_type, default=30.0)
+
+    fork_save = command("fork-save", cmd_fork_save, "fork")
+    fork_save.add_argument("--snapshot", required=True)
+    fork_save.add_argument("--saved", action="store_true")
+    fork_save.add_argument("--max-bytes", type=bytes_type, default=FORK_MAX_BYTES)
+    fork_save.add_argument("--state-dir", default=".briq/state")
+    fork_save.add_argument("--deadline", type=seconds_type, default=60.0)
+
+    fork_load = command("fork-load", cmd_fork_load, "fork")
+    staged_options(fork_load, 60.0)
 
     # A running attempt's output as it comes: raw lines, no nonce, no envelope (the operator
     # reads its stdout as a byte stream).
