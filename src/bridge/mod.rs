@@ -8,6 +8,7 @@ mod compat;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod files;
+pub mod fork;
 pub mod session;
 pub mod state;
 
@@ -136,6 +137,24 @@ pub enum Command<'a> {
         max_size: u64,
         deadline: Duration,
     },
+    /// Save the kernel's namespace (unless `saved`: a suspended executor's, saved before, its
+    /// kernel not running) and pack the kernel user's directory as snapshot `snapshot` in
+    /// [`fork::FORKS_DIR`], in parts of [`fork::PART_BYTES`]. A snapshot already there is
+    /// answered again.
+    ForkSave {
+        snapshot: &'a str,
+        saved: bool,
+        deadline: Duration,
+    },
+    /// Join the parts of a snapshot uploaded to `staged` and unpack them into the kernel
+    /// user's directory with its rights, once their size and SHA-256 are the ones given.
+    ForkLoad {
+        staged: &'a str,
+        parts: u64,
+        size: u64,
+        sha256: &'a str,
+        deadline: Duration,
+    },
     /// Print `attempt`'s output as the kernel produces it, one JSON object a line, until the
     /// attempt ends or `deadline` passes; unframed, read by byte offset through an async exec.
     Follow {
@@ -224,6 +243,31 @@ impl Command<'_> {
                 argv.extend(["--max-size".into(), max_size.to_string()]);
                 argv.extend(["--deadline".into(), seconds(deadline)]);
             }
+            Command::ForkSave {
+                snapshot,
+                saved,
+                deadline,
+            } => {
+                argv.extend(["fork-save", "--state-dir", STATE_DIR].map(String::from));
+                argv.extend(["--snapshot".into(), snapshot.to_string()]);
+                if *saved {
+                    argv.push("--saved".into());
+                }
+                argv.extend(["--deadline".into(), seconds(deadline)]);
+            }
+            Command::ForkLoad {
+                staged,
+                parts,
+                size,
+                sha256,
+                deadline,
+            } => {
+                argv.extend(["fork-load".into(), "--staged".into(), staged.to_string()]);
+                argv.extend(["--parts".into(), parts.to_string()]);
+                argv.extend(["--size".into(), size.to_string()]);
+                argv.extend(["--sha256".into(), sha256.to_string()]);
+                argv.extend(["--deadline".into(), seconds(deadline)]);
+            }
             Command::Follow { attempt, deadline } => {
                 argv.extend(["follow".into(), "--attempt".into(), attempt.to_string()]);
                 argv.extend(["--max-seconds".into(), seconds(deadline)]);
@@ -251,6 +295,8 @@ pub enum Envelope {
     Env(EnvReport),
     /// What `file-write` or `file-read` did ([`FileReport`]).
     File(FileReport),
+    /// What `fork-save` or `fork-load` did ([`fork::ForkReport`]).
+    Fork(fork::ForkReport),
     /// The real envelope was too large for briq's stdout and went to [`spill_file`].
     Spilled(Spill),
 }

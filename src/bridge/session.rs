@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, time::Duration};
 use crate::{
     bridge::{
         self, Command, EnvReport, Envelope, FileReport, KernelReport, Malformed, Nonce, RunResult,
-        RunStatus, SetupReport, StateReport,
+        RunStatus, SetupReport, StateReport, fork::ForkReport,
     },
     briq::{self, ApiKey, ExecRequest, SandboxApi},
 };
@@ -311,6 +311,53 @@ impl<S: SandboxApi> Session<'_, S> {
         self.file(&command).await
     }
 
+    /// Saves the namespace (unless `saved`) and packs the kernel user's directory as
+    /// `snapshot` ([`Command::ForkSave`]).
+    pub async fn fork_save(
+        &self,
+        snapshot: &str,
+        saved: bool,
+        deadline: Duration,
+    ) -> Result<ForkReport, CallError> {
+        let command = Command::ForkSave {
+            snapshot,
+            saved,
+            deadline,
+        };
+        self.fork(&command, deadline).await
+    }
+
+    /// Unpacks the snapshot uploaded to `staged` into the kernel user's directory
+    /// ([`Command::ForkLoad`]).
+    pub async fn fork_load(
+        &self,
+        staged: &str,
+        parts: u64,
+        size: u64,
+        sha256: &str,
+        deadline: Duration,
+    ) -> Result<ForkReport, CallError> {
+        let command = Command::ForkLoad {
+            staged,
+            parts,
+            size,
+            sha256,
+            deadline,
+        };
+        self.fork(&command, deadline).await
+    }
+
+    async fn fork(
+        &self,
+        command: &Command<'_>,
+        deadline: Duration,
+    ) -> Result<ForkReport, CallError> {
+        match self.call(command, deadline).await? {
+            Envelope::Fork(report) => Ok(report),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn file(&self, command: &Command<'_>) -> Result<FileReport, CallError> {
         match self.call(command, FILE_DEADLINE).await? {
             Envelope::File(report) => Ok(report),
@@ -376,6 +423,7 @@ fn unexpected(envelope: &Envelope) -> CallError {
         Envelope::State(_) => "state",
         Envelope::Env(_) => "env",
         Envelope::File(_) => "file",
+        Envelope::Fork(_) => "fork",
         Envelope::Spilled(_) => "spilled",
     })
 }

@@ -140,6 +140,10 @@ impl View<'_> {
                     "Pool",
                     or_none(spec.pool_ref.as_ref().map(|p| p.name.clone())),
                 ),
+                (
+                    "Forked From",
+                    or_none(spec.fork_from.as_ref().map(|f| f.name.clone())),
+                ),
                 ("Sleep", spec.sleep.clone()),
                 ("Setup Timeout", format!("{}s", spec.setup_timeout_seconds)),
                 (
@@ -194,6 +198,9 @@ impl View<'_> {
 
         if let Some(suspension) = &status.suspension {
             self.suspension(&mut out, suspension);
+        }
+        if let Some(fork) = &status.fork {
+            self.fork(&mut out, fork);
         }
 
         out.push_str("Conditions:\n");
@@ -343,26 +350,50 @@ impl View<'_> {
                 ),
             ],
         );
-        if suspension.unsaved.is_empty() {
-            return;
-        }
-        out.push_str("  Not Saved:\n");
-        let rows: Vec<Vec<String>> = suspension
-            .unsaved
-            .iter()
-            .map(|u| vec![u.name.clone(), u.why.clone()])
-            .collect();
-        let mut table = String::new();
-        indented_table(&mut table, &["NAME", "WHY"], &rows);
-        for line in table.lines() {
-            out.push_str("  ");
-            out.push_str(line);
-            out.push('\n');
-        }
+        not_saved(out, &suspension.unsaved);
+    }
+
+    /// Where a fork came from: its source, the snapshot it took, and the names that did not come.
+    fn fork(&self, out: &mut String, fork: &crate::crd::ForkOrigin) {
+        out.push_str("Fork:\n");
+        fields(
+            out,
+            "  ",
+            &[
+                ("From", fork.from.clone()),
+                ("Source Sandbox", fork.source_sandbox.clone()),
+                (
+                    "Snapshot",
+                    format!("{} ({} bytes)", fork.snapshot.id, fork.snapshot.size),
+                ),
+                ("Saved", format!("{} names", fork.saved_names)),
+                ("Restored", self.ago(fork.restored_time.as_ref())),
+            ],
+        );
+        not_saved(out, &fork.unsaved);
     }
 
     fn ago(&self, time: Option<&Time>) -> String {
         time.map_or(NONE.into(), |t| format!("{} ago", self.since(t.0)))
+    }
+}
+
+/// The names of a namespace that were not saved or restored, with why, as a table.
+fn not_saved(out: &mut String, unsaved: &[crate::crd::UnsavedName]) {
+    if unsaved.is_empty() {
+        return;
+    }
+    out.push_str("  Not Saved:\n");
+    let rows: Vec<Vec<String>> = unsaved
+        .iter()
+        .map(|u| vec![u.name.clone(), u.why.clone()])
+        .collect();
+    let mut table = String::new();
+    indented_table(&mut table, &["NAME", "WHY"], &rows);
+    for line in table.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
     }
 }
 
@@ -509,6 +540,7 @@ Spec:
   Size:                   <plan default>
   Packages:               pandas==2.2.3, numpy
   Pool:                   <none>
+  Forked From:            <none>
   Sleep:                  30m
   Setup Timeout:          60s
   Execution Timeout:      30s
@@ -576,6 +608,49 @@ Events:
                 "  Suspended:  60s ago",
                 "  Resumed:    <none>",
                 "  Saved:      3 names, 2048 bytes",
+                "  Not Saved:",
+                "    NAME   WHY",
+                "    sock   cannot pickle 'socket' object",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fork_shows_where_it_was_forked_from_and_what_did_not_come() {
+        let mut executor = executor();
+        executor.spec.fork_from = Some(crate::crd::ForkFrom { name: "src".into() });
+        executor.status.as_mut().unwrap().fork = Some(
+            serde_json::from_value(serde_json::json!({
+                "from": "src", "sourceSandbox": "bq_src",
+                "snapshot": {"id": "ab12", "parts": 1, "size": 4096, "sha256": "00"},
+                "savedNames": 2, "restoredTime": "2025-01-01T00:09:30Z",
+                "unsaved": [{ "name": "sock", "why": "cannot pickle 'socket' object" }],
+            }))
+            .unwrap(),
+        );
+        let view = View {
+            executor: &executor,
+            executions: &[],
+            events: None,
+            recent: 1,
+            now: now(),
+        };
+        let shown = view.render();
+        assert!(shown.contains("  Forked From:            src\n"), "{shown}");
+        let block: Vec<&str> = shown
+            .lines()
+            .skip_while(|l| *l != "Fork:")
+            .take_while(|l| *l != "Conditions:")
+            .collect();
+        assert_eq!(
+            block,
+            [
+                "Fork:",
+                "  From:            src",
+                "  Source Sandbox:  bq_src",
+                "  Snapshot:        ab12 (4096 bytes)",
+                "  Saved:           2 names",
+                "  Restored:        30s ago",
                 "  Not Saved:",
                 "    NAME   WHY",
                 "    sock   cannot pickle 'socket' object",

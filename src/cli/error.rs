@@ -45,6 +45,9 @@ pub enum Error {
     #[error("cp: {0}")]
     Copy(String),
 
+    #[error("fork: {0}")]
+    Fork(String),
+
     #[error("cannot read the code from {}: {source}", path.display())]
     ReadCode {
         path: PathBuf,

@@ -198,7 +198,7 @@ fn readiness(executor: &BriqExecutor) -> Readiness {
 
 /// The executor once it is Ready; waits (on a watch, at most `timeout`) while it is getting
 /// ready, saying so unless `quiet`, and fails when it is missing or unusable.
-async fn await_ready(
+pub(super) async fn await_ready(
     cluster: &Cluster,
     name: &str,
     timeout: Duration,

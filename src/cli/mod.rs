@@ -13,6 +13,7 @@ mod describe;
 mod error;
 mod exec;
 mod exit;
+mod fork;
 mod get;
 mod live;
 mod logs;
@@ -70,6 +71,12 @@ pub enum Command {
     /// within a few seconds of the interrupt has its kernel restarted (its state is lost, and the
     /// error says so). With --wait, prints the result and exits as `logs` does.
     Cancel(cancel::Args),
+    /// Fork a BriqExecutor with its Python state: N new executors whose kernels start with the
+    /// source's namespace and working files, from one snapshot taken between two of its
+    /// Executions (the source's Executions wait while it is saved).
+    ///
+    /// Prints each fork's name. With --wait, waits until every fork is Ready.
+    Fork(fork::Args),
 }
 
 /// `kubectl briq ...`: the same commands, at the top level.
@@ -110,6 +117,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Describe(args) => describe::run(args).await,
         Command::Usage(args) => usage::run(args).await,
         Command::Cancel(args) => cancel::run(args).await,
+        Command::Fork(args) => fork::run(args).await,
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {}", printable(&error.to_string()));

@@ -27,6 +27,9 @@
 //! | claimer, a Ready pool member | a member of its pool Ready and unclaimed ([`claimers_to_serve`], [`ExecutorTriggers`]) | [`CLAIM_RECHECK`](super::recheck::CLAIM_RECHECK) until `coldCreateAfterSeconds` |
 //! | pool, its members provisioning | any change of a member ([`ExecutorTriggers`]) | [`POOL_FILLING`](super::recheck::POOL_FILLING) |
 //! | pool, its template's class (`ClassNotFound`) or its class's `maxPoolReplicas` | any change of a class ([`class_events`]) | [`POOL_FILLING`](super::recheck::POOL_FILLING) |
+//! | source with forks waiting (`Forking`), its running Execution finishing | — | [`DRAIN`](super::recheck::DRAIN) |
+//! | source, a fork created or gone; fork, its source created, its snapshot saved | that executor's change ([`fork_links`], [`ExecutorTriggers`]) | [`SAFETY_NET`](super::recheck::SAFETY_NET) |
+//! | suspended source started for its forks, their reads done | the forks' own writes ([`fork_links`]) | [`SAFETY_NET`](super::recheck::SAFETY_NET) |
 //! | deleted executor, its Executions concluding | — | [`DRAIN`](super::recheck::DRAIN), within the drain limit |
 //! | finished Execution, its time to live | its own changes, its executor's (TTL default) | exactly when it ends |
 //! | Ready executor, its idle timeout | its own changes | exactly when it ends, else the probe interval |
@@ -112,7 +115,37 @@ impl ExecutorTriggers {
         for claimer in claimers_to_serve(&executors, executor) {
             (self.wake_executor)(claimer);
         }
+        for linked in fork_links(&executors, executor) {
+            (self.wake_executor)(linked);
+        }
     }
+}
+
+/// The executors a change of `executor` may move along a fork: its source (a fork created,
+/// changed or gone: the source saves for it, or stops waiting) and its forks (a snapshot
+/// saved, a source created or gone).
+pub fn fork_links(
+    executors: &[std::sync::Arc<BriqExecutor>],
+    executor: &BriqExecutor,
+) -> Vec<ObjectRef<BriqExecutor>> {
+    let namespace = executor.namespace().unwrap_or_default();
+    let source = executor
+        .spec
+        .fork_from
+        .as_ref()
+        .map(|from| ObjectRef::new(&from.name).within(&namespace));
+    let forks = executors
+        .iter()
+        .filter(|fork| {
+            fork.namespace().as_deref() == Some(namespace.as_str())
+                && fork
+                    .spec
+                    .fork_from
+                    .as_ref()
+                    .is_some_and(|from| from.name == executor.name_any())
+        })
+        .map(|fork| ObjectRef::from_obj(fork.as_ref()));
+    source.into_iter().chain(forks).collect()
 }
 
 /// The one watch of executors (`watch`): each event is compacted into the executor cache

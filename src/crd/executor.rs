@@ -28,7 +28,8 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     && (has(self.env) ? has(oldSelf.env) && self.env == oldSelf.env : !has(oldSelf.env)) \
     && (has(self.apiKeySecretRef) ? has(oldSelf.apiKeySecretRef) && self.apiKeySecretRef == oldSelf.apiKeySecretRef : !has(oldSelf.apiKeySecretRef)) \
     && (has(self.poolRef) ? has(oldSelf.poolRef) && self.poolRef == oldSelf.poolRef : !has(oldSelf.poolRef)) \
-    && (has(self.className) ? has(oldSelf.className) && self.className == oldSelf.className : !has(oldSelf.className))";
+    && (has(self.className) ? has(oldSelf.className) && self.className == oldSelf.className : !has(oldSelf.className)) \
+    && (has(self.forkFrom) ? has(oldSelf.forkFrom) && self.forkFrom == oldSelf.forkFrom : !has(oldSelf.forkFrom))";
 
 /// A sandboxed Python executor: the operator creates one briq sandbox for it, installs the
 /// bridge and its Python dependencies, starts a Jupyter kernel on loopback inside the sandbox and
@@ -51,8 +52,11 @@ const SANDBOX_FIELDS_IMMUTABLE: &str = "self.image == oldSelf.image && self.slee
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(SANDBOX_FIELDS_IMMUTABLE).message(
-    "image, size, sleep, setupTimeoutSeconds, packages, env, apiKeySecretRef, poolRef and className are \
-     immutable: the sandbox already exists; create a new BriqExecutor instead"
+    "image, size, sleep, setupTimeoutSeconds, packages, env, apiKeySecretRef, poolRef, className and forkFrom \
+     are immutable: the sandbox already exists; create a new BriqExecutor instead"
+))]
+#[x_kube(validation = Rule::new("!(has(self.forkFrom) && has(self.poolRef))").message(
+    "forkFrom and poolRef exclude each other: a fork takes its source's state, a claimer a pool member's sandbox"
 ))]
 #[x_kube(validation = Rule::new("!(has(self.className) && has(self.apiKeySecretRef))").message(
     "className and apiKeySecretRef exclude each other: a class brings its own briq key"
@@ -179,6 +183,23 @@ pub struct BriqExecutorSpec {
     /// could not be saved, expires instead: the idle timeout always ends the running sandbox.
     #[serde(default, skip_serializing_if = "IdleAction::is_expire")]
     pub idle_action: IdleAction,
+
+    /// Start as a fork of another executor of this namespace: its kernel's namespace and its
+    /// kernel user's working files, as they were between two of its Executions, are copied
+    /// into this executor's own new sandbox and restored into its kernel (what could not be
+    /// saved is listed in `status.fork`). The source pauses its Executions while it saves
+    /// (`Ready=False`, reason `Forking`); a suspended source is not resumed. The fork must use
+    /// its source's class or key, and a pool member can neither fork nor be forked. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_from: Option<ForkFrom>,
+}
+
+/// The executor a fork starts from.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct ForkFrom {
+    /// The source `BriqExecutor`, in this namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// What becomes of an executor idle for its `idleTimeoutSeconds`.
@@ -284,6 +305,82 @@ pub struct BriqExecutorStatus {
     /// the kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspension: Option<Suspension>,
+
+    /// A fork's origin (`spec.forkFrom`): the snapshot of its source it took, and what of the
+    /// source's namespace came into its kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
+
+    /// The last snapshot this executor saved inside its sandbox for its forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Snapshot>,
+}
+
+/// Where a fork came from and what it took.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkOrigin {
+    /// The source executor.
+    pub from: String,
+    /// The source's sandbox, from which the fork was made and its snapshot read.
+    pub source_sandbox: String,
+    /// The snapshot taken.
+    pub snapshot: SnapshotParts,
+    /// How many names of the source's namespace were saved.
+    #[serde(default)]
+    pub saved_names: u32,
+    /// Names that could not be saved, or restored in the fork, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub unsaved: Vec<UnsavedName>,
+    /// When the fork's kernel had the source's namespace (unset until then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_time: Option<Time>,
+}
+
+/// A snapshot inside a source's sandbox: its id, and the parts it is read in.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotParts {
+    #[schemars(length(max = 64))]
+    pub id: String,
+    /// Parts of at most 1 MiB.
+    pub parts: u64,
+    /// Size in bytes: the kernel user's directory packed, the saved namespace included.
+    pub size: u64,
+    /// SHA-256 (hex) of the whole.
+    #[schemars(length(max = 64))]
+    pub sha256: String,
+}
+
+/// A snapshot an executor saved for its forks.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    #[serde(flatten)]
+    pub parts: SnapshotParts,
+    /// When it was saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_time: Option<Time>,
+    /// How many names of the namespace were saved.
+    #[serde(default)]
+    pub saved_names: u32,
+    /// Names that could not be saved, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub unsaved: Vec<UnsavedName>,
+    /// Why it could not be saved, if it could not: its forks fail with this (`ForkFailed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub failure: Option<String>,
+    /// The uids of the forks it was saved for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub forks: Vec<String>,
+    /// The sandbox of a suspended executor was started for this snapshot, and is stopped again
+    /// once its forks have read it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sandbox_started: bool,
 }
 
 /// A suspension of an executor, as its status records it.

@@ -255,6 +255,22 @@ reasons! {
         /// On the `Suspended` condition, False: the executor was resumed (`status.suspension`
         /// says what came back).
         Resumed,
+        /// Saving the kernel's namespace and working files for forks (`spec.forkFrom` of other
+        /// executors); Executions wait until it is saved.
+        Forking,
+        /// A fork waits for its source to save a snapshot for it (the source finishes its
+        /// running Execution first).
+        WaitingForSnapshot,
+        /// The fork's source (`spec.forkFrom`) does not exist in this namespace: the fork waits
+        /// for it and creates nothing.
+        ForkSourceNotFound,
+        /// The fork's source cannot be forked into it: a pool member, another class or key, or
+        /// an executor that is unusable, stalled or being deleted (the message says which);
+        /// nothing is created (final).
+        ForkRefused,
+        /// The source's snapshot could not be saved or read into the fork (the message says
+        /// why); the fork's sandbox was destroyed (final).
+        ForkFailed,
     }
 }
 

@@ -26,7 +26,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let fresh;
         let executor = if step.needs_fresh_read() {
             fresh = self.api.get(&cached.name_any()).await?;
-            step = decide(&status_of(&fresh), fresh.annotations(), self.asked(&fresh));
+            step = decide(&status_of(&fresh), fresh.annotations(), &self.asked(&fresh));
             &fresh
         } else {
             cached
@@ -78,6 +78,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: None,
                     suspension: None,
                     claimed_member: None,
+                    fork: sandbox_fields(executor).fork,
+                    snapshot: None,
                 };
                 Box::pin(self.provision(executor, &key, sandbox, Some(create))).await
             }
@@ -103,6 +105,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: current.ready,
                     suspension: current.suspension,
                     claimed_member: current.claimed_member,
+                    fork: current.fork,
+                    snapshot: current.snapshot,
                 };
                 Box::pin(self.provision(executor, &key, fields, None)).await
             }
@@ -125,6 +129,28 @@ impl<S: SandboxApi> Actor<'_, S> {
             Step::Resume { sandbox } => Box::pin(self.resume(executor, &sandbox)).await,
             // Its own changes and its Executions' creation (wake.rs) wake it.
             Step::StaySuspended => Ok(Action::await_change()),
+            Step::Snapshot { sandbox } => Box::pin(self.snapshot(executor, &sandbox)).await,
+            Step::SnapshotSuspended { sandbox } => {
+                Box::pin(self.snapshot_suspended(executor, &sandbox)).await
+            }
+            Step::AwaitSnapshot { reason, message } => {
+                self.await_snapshot(executor, reason, message).await
+            }
+            Step::RecordFork { origin } => self.record_fork(executor, origin).await,
+            Step::RefuseFork { reason, message } => {
+                let refused = state("False", true, reason, message.clone());
+                self.report(executor, refused, sandbox_fields(executor))
+                    .await?;
+                self.event(
+                    executor,
+                    kube::runtime::events::EventType::Warning,
+                    reason.as_str(),
+                    "Fork",
+                    message,
+                )
+                .await;
+                Ok(Action::await_change())
+            }
             Step::Probe { sandbox } => {
                 let recheck = match self.idleness(executor) {
                     Idleness::Expired { .. } => return self.expire(executor).await,

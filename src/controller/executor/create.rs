@@ -151,7 +151,17 @@ impl<S: SandboxApi> Actor<'_, S> {
                 .collect(),
         };
         // On any error the pending marker stays, and the next attempt looks before it creates.
-        let sandbox = match self.shared.sandboxes.create_sandbox(key, &request).await {
+        // A fork is briq's fork of its source's sandbox, under the fork's own name.
+        let made = match status_of(executor).fork {
+            Some(origin) => {
+                self.shared
+                    .sandboxes
+                    .fork_sandbox(key, &origin.source_sandbox, &request.name, &request.sleep)
+                    .await
+            }
+            None => self.shared.sandboxes.create_sandbox(key, &request).await,
+        };
+        let sandbox = match made {
             Ok(sandbox) => sandbox,
             Err(error) if error.class() == ErrorClass::Terminal => {
                 let reason = match &error {
@@ -169,6 +179,15 @@ impl<S: SandboxApi> Actor<'_, S> {
                 self.report(executor, refused, sandbox_fields(executor))
                     .await?;
                 return Err(error.into());
+            }
+            Err(error)
+                if error.class() == ErrorClass::NotFound && status_of(executor).fork.is_some() =>
+            {
+                let failure = format!("briq could not fork the source's sandbox: {error}");
+                let failed = state("False", true, ExecutorReason::ForkFailed, failure);
+                self.report(executor, failed, sandbox_fields(executor))
+                    .await?;
+                return Ok(Created::Not(CONFLICT_RECHECK));
             }
             Err(error) => return Err(error.into()),
         };

@@ -109,7 +109,7 @@ impl<S: SandboxApi> Actor<'_, S> {
     pub(super) async fn expire(&self, cached: &BriqExecutor) -> Result<Action> {
         let fresh = self.api.get(&cached.name_any()).await?;
         let still_ready = matches!(
-            decide(&status_of(&fresh), fresh.annotations(), self.asked(&fresh)),
+            decide(&status_of(&fresh), fresh.annotations(), &self.asked(&fresh)),
             Step::Probe { .. }
         );
         let Idleness::Expired { message } = self.idleness(&fresh) else {

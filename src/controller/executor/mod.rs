@@ -37,6 +37,7 @@
 mod actor;
 mod admit;
 mod apply;
+mod asked;
 mod claim;
 mod class_status;
 mod cleanup;
@@ -44,6 +45,7 @@ mod create;
 mod drain;
 #[cfg(test)]
 mod fixtures;
+mod fork;
 mod idle;
 mod pending_create;
 mod probe;
@@ -94,7 +96,7 @@ pub async fn reconcile<S: SandboxApi>(
     let step = step::decide(
         &status_of(&executor),
         executor.annotations(),
-        ctx.asked(&executor),
+        &ctx.asked(&executor),
     );
     let uid = executor.uid().unwrap_or_default();
     let since = ctx.handovers.reported_since(&uid);

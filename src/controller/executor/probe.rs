@@ -211,6 +211,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                     ready: None,
                     suspension: None,
                     claimed_member: None,
+                    fork: sandbox_fields(executor).fork,
+                    snapshot: None,
                 };
                 self.provision(executor, key, fields, None).await
             }

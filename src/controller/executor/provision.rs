@@ -128,8 +128,20 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         match setup_verdict(&outcome) {
             SetupVerdict::Ready(provisioned) => {
+                let fork = match sandbox.fork.clone() {
+                    Some(origin) if origin.restored_time.is_none() => {
+                        match self.load_fork(key, &id, &origin).await? {
+                            Ok(loaded) => Some(loaded),
+                            Err(failure) => {
+                                return self.fork_failed(executor, &id, sandbox, failure).await;
+                            }
+                        }
+                    }
+                    other => other,
+                };
                 let ready = SandboxFields {
                     ready: Some(conditions::now()),
+                    fork,
                     ..sandbox
                 };
                 self.report(executor, kernel_ready_of(executor), ready)
@@ -170,6 +182,35 @@ impl<S: SandboxApi> Actor<'_, S> {
                 Ok(Action::await_change())
             }
         }
+    }
+}
+
+impl<S: SandboxApi> Actor<'_, S> {
+    /// A fork whose snapshot could not be read into its sandbox: it says why, for good, and
+    /// gives the sandbox back.
+    async fn fork_failed(
+        &self,
+        executor: &BriqExecutor,
+        id: &str,
+        sandbox: SandboxFields,
+        failure: String,
+    ) -> Result<Action> {
+        self.event(
+            executor,
+            EventType::Warning,
+            "ForkFailed",
+            "Provision",
+            failure.clone(),
+        )
+        .await;
+        let failed = state("False", true, ExecutorReason::ForkFailed, failure);
+        self.report(executor, failed, sandbox).await?;
+        self.shared
+            .metrics
+            .executor_ended(ExecutorReason::ForkFailed);
+        self.give_back(executor, id, ExecutorReason::ForkFailed)
+            .await?;
+        Ok(Action::await_change())
     }
 }
 

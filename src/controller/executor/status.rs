@@ -20,8 +20,8 @@ use crate::{
         status::{apply_status, apply_status_at, landed},
     },
     crd::{
-        BriqExecutor, BriqExecutorStatus, CREATE_PENDING_ANNOTATION, EXECUTOR_MANAGER, PoolRef,
-        SANDBOX_ID_ANNOTATION, Suspension,
+        BriqExecutor, BriqExecutorStatus, CREATE_PENDING_ANNOTATION, EXECUTOR_MANAGER, ForkOrigin,
+        PoolRef, SANDBOX_ID_ANNOTATION, Snapshot, Suspension,
         conditions::{self, Desired, READY, STALLED, desired},
         reasons::ExecutorReason,
     },
@@ -82,6 +82,10 @@ pub(super) struct SandboxFields {
     pub(super) suspension: Option<Suspension>,
     /// The pool member whose sandbox a claimer took; it goes with the sandbox.
     pub(super) claimed_member: Option<String>,
+    /// A fork's origin; it stays with the executor.
+    pub(super) fork: Option<ForkOrigin>,
+    /// The last snapshot saved for forks; it goes with the sandbox.
+    pub(super) snapshot: Option<Snapshot>,
 }
 
 impl SandboxFields {
@@ -92,6 +96,8 @@ impl SandboxFields {
             ready: status.ready_time.clone(),
             suspension: status.suspension.clone(),
             claimed_member: status.claimed_member.clone(),
+            fork: status.fork.clone(),
+            snapshot: status.snapshot.clone(),
         }
     }
 }
@@ -117,6 +123,8 @@ fn status_update(
         ready_time: sandbox.ready,
         suspension: sandbox.suspension,
         claimed_member: sandbox.claimed_member,
+        fork: sandbox.fork,
+        snapshot: sandbox.snapshot,
         ..Default::default()
     })
 }

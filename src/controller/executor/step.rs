@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::crd::{
-    BriqExecutorStatus, CLAIMED_BY_ANNOTATION, CREATE_PENDING_ANNOTATION, POOL_FALLBACK_ANNOTATION,
-    SANDBOX_ID_ANNOTATION,
+    BriqExecutorStatus, CLAIMED_BY_ANNOTATION, CREATE_PENDING_ANNOTATION, ForkOrigin,
+    POOL_FALLBACK_ANNOTATION, SANDBOX_ID_ANNOTATION,
     conditions::{self, READY, STALLED},
     reasons::ExecutorReason,
 };
@@ -44,16 +44,56 @@ pub(super) enum Step {
     Resume { sandbox: String },
     /// Suspended and still asked to be: nothing to do (no probe: the sandbox is stopped).
     StaySuspended,
+    /// Ready (or forking) with forks waiting for a snapshot: pause Executions, save the
+    /// namespace and pack the working files for them, then be Ready again.
+    Snapshot { sandbox: String },
+    /// Suspended with forks waiting for a snapshot, or done reading the one its sandbox was
+    /// started for: start the sandbox and pack the saved state, or stop it again.
+    SnapshotSuspended { sandbox: String },
+    /// A fork without a sandbox whose source has no snapshot for it yet: wait, saying why.
+    AwaitSnapshot {
+        reason: ExecutorReason,
+        message: String,
+    },
+    /// A fork whose source saved a snapshot for it: record it, then create the sandbox.
+    RecordFork { origin: ForkOrigin },
+    /// A fork that can never be made: say so for good (nothing was created).
+    RefuseFork {
+        reason: ExecutorReason,
+        message: String,
+    },
 }
 
-/// What the executor's spec and its Executions ask of it, beside its status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a fork without a sandbox or a recorded origin finds of its source
+/// ([`fork::source`](super::fork::source)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ForkSource {
+    /// Not in the namespace (yet).
+    Missing,
+    /// It can never be forked into this one.
+    Refused(String),
+    /// It has not saved a snapshot for this fork yet.
+    Waiting,
+    /// It saved one, which failed.
+    Failed(String),
+    /// It saved one for this fork.
+    Taken(ForkOrigin),
+}
+
+/// What the executor's spec, its Executions and its forks ask of it, beside its status.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Asked {
     /// Its spec has a `poolRef`.
     pub(super) claims: bool,
     /// It should be suspended now: `spec.suspend`, and no Execution waits or runs
     /// ([`suspend_wanted`](super::suspend::suspend_wanted)).
     pub(super) suspend: bool,
+    /// A fork of it waits for a snapshot ([`fork::waiting`](super::fork::waiting)).
+    pub(super) forks_waiting: bool,
+    /// A fork of it is still reading its last snapshot.
+    pub(super) forks_reading: bool,
+    /// A fork (`spec.forkFrom`) without a recorded origin: what it finds of its source.
+    pub(super) fork: Option<ForkSource>,
 }
 
 impl Step {
@@ -64,6 +104,9 @@ impl Step {
             self,
             Step::CreateSandbox { .. }
                 | Step::Provision { .. }
+                | Step::Snapshot { .. }
+                | Step::SnapshotSuspended { .. }
+                | Step::RecordFork { .. }
                 | Step::Suspend { .. }
                 | Step::Resume { .. }
                 | Step::Conclude {
@@ -93,10 +136,12 @@ fn stalled_reason(status: &BriqExecutorStatus) -> Option<&str> {
 }
 
 /// The final states that give the sandbox back (the others keep it until deletion).
-const CONCLUSIONS: [ExecutorReason; 3] = [
+const CONCLUSIONS: [ExecutorReason; 5] = [
     ExecutorReason::SetupFailed,
     ExecutorReason::IdleTimeout,
     ExecutorReason::PoolMismatch,
+    ExecutorReason::ForkRefused,
+    ExecutorReason::ForkFailed,
 ];
 
 /// Where a suspension stands, by the `Ready` condition's reason.
@@ -108,6 +153,7 @@ fn suspension_phase(status: &BriqExecutorStatus) -> Option<ExecutorReason> {
         ExecutorReason::Suspending,
         ExecutorReason::Suspended,
         ExecutorReason::Resuming,
+        ExecutorReason::Forking,
     ];
     phases.contains(&reason).then_some(reason)
 }
@@ -117,7 +163,7 @@ fn suspension_phase(status: &BriqExecutorStatus) -> Option<ExecutorReason> {
 pub(super) fn decide(
     status: &BriqExecutorStatus,
     annotations: &BTreeMap<String, String>,
-    asked: Asked,
+    asked: &Asked,
 ) -> Step {
     // A handed-over member's sandbox is its claimer's, whatever its own status says (an idle
     // expiry decided just before the claim, say).
@@ -144,6 +190,38 @@ pub(super) fn decide(
         };
     }
     let Some(sandbox) = recorded_sandbox(status, annotations) else {
+        match asked.fork.clone() {
+            None => {}
+            Some(ForkSource::Taken(origin)) => return Step::RecordFork { origin },
+            Some(ForkSource::Missing) => {
+                return Step::AwaitSnapshot {
+                    reason: ExecutorReason::ForkSourceNotFound,
+                    message: "waiting for spec.forkFrom's executor, which does not exist in this \
+                              namespace"
+                        .into(),
+                };
+            }
+            Some(ForkSource::Waiting) => {
+                return Step::AwaitSnapshot {
+                    reason: ExecutorReason::WaitingForSnapshot,
+                    message: "waiting for the source to save its namespace and working files \
+                              between two of its Executions"
+                        .into(),
+                };
+            }
+            Some(ForkSource::Refused(message)) => {
+                return Step::RefuseFork {
+                    reason: ExecutorReason::ForkRefused,
+                    message,
+                };
+            }
+            Some(ForkSource::Failed(message)) => {
+                return Step::RefuseFork {
+                    reason: ExecutorReason::ForkFailed,
+                    message,
+                };
+            }
+        }
         if asked.claims && !annotations.contains_key(POOL_FALLBACK_ANNOTATION) {
             return Step::Claim;
         }
@@ -151,16 +229,26 @@ pub(super) fn decide(
             pending: annotations.contains_key(CREATE_PENDING_ANNOTATION),
         };
     };
+    let started_for_forks = status.snapshot.as_ref().is_some_and(|s| s.sandbox_started);
     match (suspension_phase(status), asked.suspend) {
         // A resume once begun is finished first: its new kernel may not hold the namespace
         // yet, and a save now would write an empty one over it.
         (Some(ExecutorReason::Resuming), _) => Step::Resume { sandbox },
+        // A snapshot once begun is finished (or its pause ended) before anything else.
+        (Some(ExecutorReason::Forking), _) => Step::Snapshot { sandbox },
         (Some(_), false) => Step::Resume { sandbox },
+        (Some(ExecutorReason::Suspended), true)
+            if asked.forks_waiting || (started_for_forks && !asked.forks_reading) =>
+        {
+            Step::SnapshotSuspended { sandbox }
+        }
         (Some(ExecutorReason::Suspended), true) => Step::StaySuspended,
         (Some(_), true) => Step::Suspend { sandbox },
         (None, suspend) if conditions::is_true(&status.conditions, READY) => {
             if suspend {
                 Step::Suspend { sandbox }
+            } else if asked.forks_waiting {
+                Step::Snapshot { sandbox }
             } else {
                 Step::Probe { sandbox }
             }

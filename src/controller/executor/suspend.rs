@@ -11,16 +11,14 @@
 
 use kube::{
     ResourceExt,
-    runtime::{controller::Action, events::EventType, reflector::Store},
+    runtime::{controller::Action, events::EventType},
 };
 use tracing::info;
 
 use super::{
-    actor::{Actor, Context},
+    actor::Actor,
     admit::key_recheck,
-    idle::{Idleness, idle_policy},
     status::{SandboxFields, kernel_ready_of, sandbox_fields, state, status_of},
-    step::Asked,
 };
 use crate::{
     bridge::{
@@ -29,7 +27,7 @@ use crate::{
     },
     briq::{ApiKey, SandboxApi, SandboxState},
     controller::{
-        context::{Error, Result, Shared},
+        context::{Error, Result},
         index::{self, Activity},
         ownership::{Ownership, ownership},
         recheck,
@@ -37,8 +35,7 @@ use crate::{
         status::mark_unusable,
     },
     crd::{
-        BriqExecutor, BriqExecutorStatus, Execution, POOL_MEMBER_ANNOTATION, Suspension,
-        UnsavedName,
+        BriqExecutor, BriqExecutorStatus, POOL_MEMBER_ANNOTATION, Suspension, UnsavedName,
         conditions::{self, Desired, READY, SUSPENDED, desired},
         reasons::ExecutorReason,
     },
@@ -140,7 +137,7 @@ pub(super) enum Cause {
 }
 
 impl Cause {
-    fn of(executor: &BriqExecutor) -> Cause {
+    pub(super) fn of(executor: &BriqExecutor) -> Cause {
         if executor.spec.suspend {
             Cause::Spec
         } else {
@@ -151,7 +148,7 @@ impl Cause {
 
 /// The state of a suspended executor: `Ready=False` (Executions wait; the next resumes it),
 /// `Suspended=True`.
-fn suspended_state(suspension: &Suspension, cause: Cause) -> [Desired; 3] {
+pub(super) fn suspended_state(suspension: &Suspension, cause: Cause) -> [Desired; 3] {
     let resumes = match cause {
         Cause::Spec => "The next Execution, or spec.suspend: false, resumes it",
         Cause::Idle => {
@@ -200,29 +197,7 @@ fn resumed(last: Option<Suspension>, restored: Option<&StateReport>) -> (Suspens
     (suspension, message)
 }
 
-/// What `executor`'s spec, its class and its Executions in `executions` ask of it.
-fn asked<S>(shared: &Shared<S>, executions: &Store<Execution>, executor: &BriqExecutor) -> Asked {
-    let namespace = executor.namespace().unwrap_or_default();
-    let activity = index::activity(executions, &namespace, &executor.name_any());
-    let (idleness, suspends_when_idle) = idle_policy(shared, executor, activity);
-    let idle_over = suspends_when_idle && matches!(idleness, Idleness::Expired { .. });
-    Asked {
-        claims: executor.spec.pool_ref.is_some(),
-        suspend: suspend_wanted(executor, activity, idle_over),
-    }
-}
-
-impl<S> Context<S> {
-    pub(super) fn asked(&self, executor: &BriqExecutor) -> Asked {
-        asked(&self.shared, &self.executions, executor)
-    }
-}
-
 impl<S: SandboxApi> Actor<'_, S> {
-    pub(super) fn asked(&self, executor: &BriqExecutor) -> Asked {
-        asked(self.shared, self.executions, executor)
-    }
-
     /// Suspends a Ready executor: `Suspending` first (its own write wakes the next step, with
     /// every cache showing that Executions must wait), then, once no Execution runs, the
     /// namespace saved and the sandbox stopped.

@@ -449,8 +449,10 @@ pub(crate) const DECLARED: &[Tool] = &[
                 Kind::String,
                 "Stack fork only: name of the new stack (not supported by the local server)",
             )
-            .unsupported(),
-            Parameter::new("name", Kind::String, "Single fork only: name of the fork"),
+            .unsupported()
+            .default(DefaultValue::String("<stack>-fork")),
+            Parameter::new("name", Kind::String, "Single fork only: name of the fork")
+                .default(DefaultValue::String("<name>-fork")),
             Parameter::new("wait", Kind::Boolean, "Wait until the forks are ready")
                 .default(DefaultValue::Boolean(true)),
             Parameter::new(
@@ -458,6 +460,13 @@ pub(crate) const DECLARED: &[Tool] = &[
                 Kind::String,
                 "Sleep window, as briq_set_sleep takes it; the source's when left out",
             ),
+            Parameter::new(
+                "stack",
+                Kind::String,
+                "Instead of briq: fork every briq of this stack into a new stack (not supported \
+                 by the local server)",
+            )
+            .unsupported(),
         ]),
     },
 ];

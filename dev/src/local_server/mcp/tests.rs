@@ -241,7 +241,8 @@ async fn tools_list_declares_the_implemented_tools_as_published() {
             tools::FILES_GET,
             tools::STOP,
             tools::START,
-            tools::DESTROY
+            tools::DESTROY,
+            tools::FORK
         ]
     );
     for tool in &tools {

@@ -131,6 +131,8 @@ impl<S: SandboxApi> Actor<'_, S> {
                 ready,
                 suspension: None,
                 claimed_member: Some(record.member.clone()),
+                fork: None,
+                snapshot: None,
             };
             match self.report_at_version(&claimer, state, fields).await {
                 Ok(written) => {

@@ -148,7 +148,7 @@ fn decide_table() {
     ];
     for (name, status, annotations, expected) in cases {
         assert_eq!(
-            decide(&status, annotations, Asked::default()),
+            decide(&status, annotations, &Asked::default()),
             expected,
             "{name}"
         );
@@ -230,9 +230,9 @@ fn decide_table_for_pools() {
     for (name, status, annotations, claims, expected) in cases {
         let asked = Asked {
             claims,
-            suspend: false,
+            ..Asked::default()
         };
-        assert_eq!(decide(&status, annotations, asked), expected, "{name}");
+        assert_eq!(decide(&status, annotations, &asked), expected, "{name}");
     }
 }
 
@@ -380,9 +380,9 @@ fn decide_table_for_suspension() {
     ];
     for (name, status, annotations, suspend, expected) in cases {
         let asked = Asked {
-            claims: false,
             suspend,
+            ..Asked::default()
         };
-        assert_eq!(decide(&status, annotations, asked), expected, "{name}");
+        assert_eq!(decide(&status, annotations, &asked), expected, "{name}");
     }
 }
