@@ -585,3 +585,69 @@ async fn the_operators_service_account_sets_annotations_writes_status_and_remove
         .await
         .expect("the operator deletes an execution");
 }
+
+/// A user who may create executors but not read one is refused a fork of it: a fork would hand
+/// them its Python state.
+#[tokio::test]
+async fn a_user_who_may_not_read_an_executor_cannot_fork_it() {
+    let guarded = Guarded::install("adm-fork").await;
+    guarded.tenant_executor("secret-state", json!({})).await;
+    let creator_only = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: { name: create-only }
+rules:
+  - apiGroups: ["briq.cloud"]
+    resources: ["briqexecutors"]
+    verbs: ["create"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: { name: create-only }
+roleRef: { apiGroup: rbac.authorization.k8s.io, kind: Role, name: create-only }
+subjects:
+  - { apiGroup: rbac.authorization.k8s.io, kind: User, name: creator }
+"#;
+    ops::apply(&guarded.env, creator_only, "admission-test");
+    let creator = ops::impersonating(&guarded.env, "creator").await;
+    let fork = |name: &str| {
+        object::<BriqExecutor>(
+            name,
+            json!({}),
+            json!({ "forkFrom": { "name": "secret-state" } }),
+        )
+    };
+    // RBAC lets them create: a plain executor goes through (once the grant is in effect).
+    let plain = object::<BriqExecutor>("plain", json!({}), json!({}));
+    briq_dev::wait::poll(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(100),
+        "the creator's grant is in effect",
+        || async {
+            let created = guarded
+                .api::<BriqExecutor>(&creator)
+                .create(&PostParams::default(), &plain)
+                .await;
+            Ok(created.is_ok())
+        },
+    )
+    .await
+    .unwrap();
+    denied(
+        "a fork of an executor the creator may not get",
+        guarded
+            .api::<BriqExecutor>(&creator)
+            .create(&PostParams::default(), &fork("stolen"))
+            .await,
+        &[
+            "forking briqexecutor secret-state",
+            "creator may not get it",
+        ],
+    );
+    // The tenant, who may read it, forks it.
+    guarded
+        .api::<BriqExecutor>(&guarded.tenant)
+        .create(&PostParams::default(), &fork("mine"))
+        .await
+        .expect("a fork by a user who may read the source");
+}
