@@ -1,6 +1,7 @@
 //! The `BriqExecutor` reconciler: creates the sandbox exactly once (or claims a pool member's),
 //! provisions the bridge and kernel, watches that the sandbox keeps running, suspends and
-//! resumes it, gives it back after the idle timeout, and destroys it when the executor goes.
+//! resumes it, saves snapshots for its forks or starts as a fork, gives it back after the idle
+//! timeout, and destroys it when the executor goes.
 //!
 //! Each reconcile observes the executor (from the cache, and afresh before any step that cannot
 //! be taken back), asks `step::decide` (step.rs) for the next step, and performs it
@@ -31,6 +32,10 @@
 //! | `IdleTimeout` | idle, then conclude | `Actor::expire` (idle.rs); the sandbox given back by `Actor::give_back` (cleanup.rs) |
 //! | `Suspending`, `Suspended` (also on the `Suspended` condition, with `SuspendFailed`) | suspend | `Actor::suspend`, `Actor::save_failed` (suspend.rs) |
 //! | `Resuming` (and `Resumed` on `Suspended`) | resume | `Actor::resume` (suspend.rs) |
+//! | `Forking` | a source's snapshot for its forks | `Actor::snapshot` (fork.rs) |
+//! | `WaitingForSnapshot`, `ForkSourceNotFound` | a fork waiting for its source | `Actor::await_snapshot` (fork.rs) |
+//! | `ForkRefused` | a fork that can never be made | `Step::RefuseFork` in `Actor::apply` (apply.rs) |
+//! | `ForkFailed` | a fork's sandbox or load, then conclude | `Actor::create_sandbox` (create.rs), `Actor::fork_failed` (provision.rs) |
 //! | `Terminating` | drain, clean up | `Actor::drain` (drain.rs), `Actor::cleanup` (cleanup.rs) |
 //! | `DestroyFailed` | clean up | `Actor::cleanup` (cleanup.rs) |
 
