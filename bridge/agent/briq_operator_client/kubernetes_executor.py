@@ -37,6 +37,10 @@ logger as it comes (`live_output=True`), read from the operator's aggregated API
 still comes from the status, and without that API (an older operator, no RBAC for
 `executions/log`) or when the stream breaks, steps run exactly as without it.
 `stream_output()` reads the same stream for other callers.
+
+Forking: `fork(n)` makes n new BriqExecutors (`spec.forkFrom`) whose kernels start with this
+executor's Python state and working files, and returns a KubernetesExecutor on each: agents that
+explore from a common point without redoing its steps.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 EXECUTORS = "briqexecutors"
 EXECUTIONS = "executions"
 ACTION_LABEL = "briq.cloud/action-id"
+# What `kubectl briq fork` puts on a fork (its source's name) and the most forks one call makes.
+FORKED_FROM_LABEL = "briq.cloud/forked-from"
+MAX_FORKS = 100
 
 # Waiting for a result: the action's own deadline plus this, for queueing, the operator's
 # reconcile and the sandbox round trips. Past it the executor's state is uncertain.
@@ -114,7 +121,8 @@ class KubernetesExecutorError(RuntimeError):
 
     A `RuntimeError`, as DockerExecutor's and BlaxelExecutor's failures to start are."""
 
-    #: The HTTP status the API server answered, where one is the cause (`stream_output`).
+    #: The HTTP status the API server answered, where one is the cause (`stream_output`,
+    #: `fork`).
     status: int | None = None
 
 
@@ -124,7 +132,12 @@ class ExecutorNotFoundError(KubernetesExecutorError):
 
 class ExecutorNotReadyError(KubernetesExecutorError):
     """The BriqExecutor cannot become Ready (setup failed, unusable, being deleted, no API
-    key) or did not within the wait: create a new one or fix its spec."""
+    key, a refused or failed fork) or did not within the wait: create a new one or fix its
+    spec."""
+
+    #: The reason of its `Stalled` condition (`SetupFailed`, `ForkRefused`, ...), or of its
+    #: `Ready` condition when the wait ran out; None when it is being deleted.
+    reason: str | None = None
 
 
 class ExecutorClosedError(KubernetesExecutorError):
@@ -291,6 +304,19 @@ def _api_client(kubeconfig: str | None) -> client.ApiClient:
     return config.new_client_from_config(config_file=kubeconfig, persist_config=False)
 
 
+def _fork_spec(source: dict) -> dict:
+    """The spec of a fork of `source`, as `kubectl briq fork` makes it: the source's own (its
+    class or key, image and limits), without what a fork never takes (a pool to claim from, a
+    suspension), with `forkFrom`."""
+    spec = {
+        key: value
+        for key, value in (source.get("spec") or {}).items()
+        if key not in ("poolRef", "suspend")
+    }
+    spec["forkFrom"] = {"name": source["metadata"]["name"]}
+    return spec
+
+
 def _claim_env_var(name: str, value: str | dict[str, str]) -> dict[str, Any]:
     """One `spec.poolRef.env` entry: a value, or `{"secret": NAME, "key": KEY}`."""
     if isinstance(value, str):
@@ -380,25 +406,13 @@ class KubernetesExecutor(RemotePythonExecutor):
             logger if logger is not None else AgentLogger(level=LogLevel.INFO),
             allow_pickle=False,
         )
-        self.namespace = namespace
-        self.timeout_seconds = timeout_seconds
-        self.owns_executor = create_executor
-        # What the agent shows as logs when an action fails (see CodeAgent._step_stream).
-        self.state: dict[str, Any] = {"_print_outputs": ""}
-        self._api = client.CustomObjectsApi(api_client or _api_client(kubeconfig))
-        self._lock = threading.RLock()
-        self._unusable: ExecutorUnusableError | None = None
-        self._closed = False
-        self._deleted = False
-        self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
-        self._executor_uid: str | None = None
-        #: Name of the latest Execution this executor created.
-        self.last_execution: str | None = None
-        # The Execution the current step waits on, for `cancel` from another thread.
-        self._running: str | None = None
-        self.live_output = live_output
-        # Why live output stopped for good (the API not served, or not allowed), once it did.
-        self._live_unavailable: str | None = None
+        self._configure(
+            namespace,
+            client.CustomObjectsApi(api_client or _api_client(kubeconfig)),
+            timeout_seconds,
+            create_executor,
+            live_output,
+        )
 
         if create_executor:
             body = {
@@ -430,6 +444,36 @@ class KubernetesExecutor(RemotePythonExecutor):
         except BaseException:
             self.cleanup()  # deletes what it created; logs, never raises
             raise
+
+    def _configure(
+        self,
+        namespace: str,
+        api: client.CustomObjectsApi,
+        timeout_seconds: int | None,
+        owns_executor: bool,
+        live_output: bool,
+    ) -> None:
+        """Sets what every KubernetesExecutor holds besides smolagents' own attributes and its
+        BriqExecutor's name."""
+        self.namespace = namespace
+        self.timeout_seconds = timeout_seconds
+        self.owns_executor = owns_executor
+        # What the agent shows as logs when an action fails (see CodeAgent._step_stream).
+        self.state: dict[str, Any] = {"_print_outputs": ""}
+        self._api = api
+        self._lock = threading.RLock()
+        self._unusable: ExecutorUnusableError | None = None
+        self._closed = False
+        self._deleted = False
+        self._executor_timeout = DEFAULT_TIMEOUT_SECONDS
+        self._executor_uid: str | None = None
+        #: Name of the latest Execution this executor created.
+        self.last_execution: str | None = None
+        # The Execution the current step waits on, for `cancel` from another thread.
+        self._running: str | None = None
+        self.live_output = live_output
+        # Why live output stopped for good (the API not served, or not allowed), once it did.
+        self._live_unavailable: str | None = None
 
     # --- context manager -------------------------------------------------------------------
 
@@ -570,11 +614,13 @@ class KubernetesExecutor(RemotePythonExecutor):
                 )
             stalled = _condition(obj, "Stalled")
             if stalled and stalled.get("status") == "True":
-                raise ExecutorNotReadyError(
+                error = ExecutorNotReadyError(
                     f"BriqExecutor {namespace}/{name} cannot become ready "
                     f"({stalled.get('reason', 'Stalled')}: {stalled.get('message', '')}); "
                     "create a new BriqExecutor"
                 )
+                error.reason = stalled.get("reason") or "Stalled"
+                raise error
             ready = _condition(obj, "Ready")
             return True if ready and ready.get("status") == "True" else None
 
@@ -585,13 +631,152 @@ class KubernetesExecutor(RemotePythonExecutor):
             self._wait(EXECUTORS, name, None, time.monotonic() + timeout, check, "Ready")
         except _DeadlinePassed:
             ready = _condition(last.get("obj"), "Ready") or {}
-            raise ExecutorNotReadyError(
+            error = ExecutorNotReadyError(
                 f"BriqExecutor {namespace}/{name} was not Ready within {timeout:.0f} s "
                 f"({ready.get('reason', 'no status')}: {ready.get('message', '')})"
-            ) from None
+            )
+            error.reason = ready.get("reason")
+            raise error from None
         spec = (last.get("obj") or {}).get("spec") or {}
         self._executor_timeout = int(spec.get("executionTimeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
         self._executor_uid = ((last.get("obj") or {}).get("metadata") or {}).get("uid")
+
+    # --- forking ----------------------------------------------------------------------------
+
+    def fork(
+        self, n: int = 1, *, wait: bool = True, timeout: float = 300.0
+    ) -> list[KubernetesExecutor]:
+        """Makes `n` forks (1 to 100) of this executor's BriqExecutor and returns a new
+        KubernetesExecutor on each, configured as this one (namespace, API client, logger,
+        `timeout_seconds`, `live_output`, the packages already installed).
+
+        Each fork is a BriqExecutor of its own, `<source>-fork-xxxxx`, labelled
+        `briq.cloud/forked-from: <source>`, with this one's spec (class or key, image, size,
+        packages, env, timeouts, ...) but no `poolRef` or `suspend`, and `spec.forkFrom`. Its
+        kernel starts with this one's Python namespace and the kernel user's working files
+        (what pip installed there included), as they were between two actions; names that
+        could not be saved (a generator, a lock, an open file) are missing, listed with why in
+        the fork's `status.fork.unsaved`. This executor pauses while it saves (`Ready` False,
+        reason `Forking`: its actions wait); one save serves every fork waiting then, so the
+        forks of one call usually cost one. From then on each fork and this executor are
+        independent: a change in one is seen by no other.
+
+        Per-claim variables (`pool_env`) are never carried: a pool member, or an executor
+        claimed from a pool (`pool=`), can neither fork nor be forked (`ForkRefused`).
+
+        The forks belong to the returned executors: each one's `cleanup()` deletes its
+        BriqExecutor, and none is deleted with this one (a fork outlives its source).
+
+        With `wait`, returns once every fork is Ready, within `timeout` seconds for them all;
+        without, at once (a fork's `wait_ready()` then waits for it before its first action).
+
+        Raises, creating nothing: `ValueError` for `n` out of range; `ExecutorClosedError` or
+        `ExecutorUnusableError` when this executor is closed or unusable;
+        `ExecutorNotFoundError` when its BriqExecutor is gone. When a create is refused part way
+        (a ResourceQuota, RBAC), the forks made so far are deleted and `KubernetesExecutorError`
+        says how many had been created and why. With `wait`, when a fork cannot become Ready
+        (reason `ForkRefused`, `ForkFailed`, ...) or is not Ready in time, every fork is
+        deleted and its `ExecutorNotReadyError` is raised, with the fork's `reason`.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORKS:
+            raise ValueError(f"n must be an integer from 1 to {MAX_FORKS}, not {n!r}")
+        source_name, namespace = self.executor_name, self.namespace
+        where = f"BriqExecutor {namespace}/{source_name}"
+        with self._lock:
+            self._check_usable()
+            source = self._call(f"reading {where}", self._get, EXECUTORS, source_name)
+            uid = ((source or {}).get("metadata") or {}).get("uid")
+            if source is None or (self._executor_uid is not None and uid != self._executor_uid):
+                raise ExecutorNotFoundError(f"{where} was deleted: there is nothing to fork")
+            body = {
+                "apiVersion": API_VERSION,
+                "kind": "BriqExecutor",
+                "metadata": {
+                    "generateName": f"{source_name}-fork-",
+                    "labels": {FORKED_FROM_LABEL: source_name},
+                },
+                "spec": _fork_spec(source),
+            }
+            forks: list[KubernetesExecutor] = []
+            try:
+                for _ in range(n):
+                    created = self._call(
+                        f"creating a fork of {where}",
+                        self._api.create_namespaced_custom_object,
+                        GROUP,
+                        VERSION,
+                        namespace,
+                        EXECUTORS,
+                        body,
+                        _request_timeout=30,
+                    )
+                    forks.append(self._forked(created))
+                    self.logger.log(
+                        f"Created BriqExecutor {namespace}/{forks[-1].executor_name}, a fork of "
+                        f"{source_name}",
+                        level=LogLevel.INFO,
+                    )
+            except KubernetesExecutorError as error:
+                raise self._fork_failure(error, forks, n) from error
+            except BaseException:
+                _discard(forks)
+                raise
+        if wait:
+            deadline = time.monotonic() + timeout
+            try:
+                for fork in forks:
+                    # At least a second each, so that a fork Ready by then is still seen Ready.
+                    fork.wait_ready(max(deadline - time.monotonic(), 1.0))
+            except BaseException as error:
+                self.logger.log(
+                    f"Deleting the {n} fork(s) of {where}: {error}", level=LogLevel.INFO
+                )
+                _discard(forks)
+                raise
+        return forks
+
+    def _forked(self, created: dict) -> KubernetesExecutor:
+        """A KubernetesExecutor configured as this one, on `created`: a fork of this one's
+        BriqExecutor that it just made, hence its own; not waited on."""
+        fork = type(self).__new__(type(self))
+        RemotePythonExecutor.__init__(
+            fork, list(self.additional_imports), self.logger, allow_pickle=False
+        )
+        fork._configure(self.namespace, self._api, self.timeout_seconds, True, self.live_output)
+        # The fork's kernel has the source's working files, so what pip put there.
+        fork.installed_packages = list(self.installed_packages)
+        fork._live_unavailable = self._live_unavailable
+        fork.executor_name = created["metadata"]["name"]
+        fork._executor_uid = created["metadata"].get("uid")
+        spec = created.get("spec") or {}
+        fork._executor_timeout = int(spec.get("executionTimeoutSeconds") or DEFAULT_TIMEOUT_SECONDS)
+        return fork
+
+    def _fork_failure(
+        self, error: KubernetesExecutorError, forks: list[KubernetesExecutor], n: int
+    ) -> KubernetesExecutorError:
+        """The error of a create that failed after `forks` were made, once they are deleted."""
+        left = _discard(forks)
+        if left:
+            done = f"; {', '.join(left)} could not be deleted: delete them"
+        elif forks:
+            done = ", deleted again"
+        else:
+            done = ""
+        cause = error.__cause__
+        status = cause.status if isinstance(cause, ApiException) else None
+        if status is None or status >= 500:
+            # The request may have created one more that no answer named.
+            done += (
+                f" (the last create may have made a fork all the same: look for the label "
+                f"{FORKED_FROM_LABEL}={self.executor_name})"
+            )
+        failure = KubernetesExecutorError(
+            f"created {len(forks)} of {n} forks of BriqExecutor "
+            f"{self.namespace}/{self.executor_name}{done}: {error}"
+        )
+        failure.status = status
+        return failure
 
     # --- one action -------------------------------------------------------------------------
 
@@ -1018,6 +1203,13 @@ class KubernetesExecutor(RemotePythonExecutor):
 
 class _DeadlinePassed(Exception):
     pass
+
+
+def _discard(forks: list[KubernetesExecutor]) -> list[str]:
+    """Deletes the BriqExecutors of `forks` (each waited until gone); the names left."""
+    for fork in forks:
+        fork.cleanup()
+    return [fork.executor_name for fork in forks if not fork._deleted]
 
 
 def _log_pieces(response) -> Iterator[dict]:
