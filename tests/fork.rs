@@ -287,3 +287,43 @@ async fn a_fork_of_a_suspended_source_takes_its_saved_state_and_the_source_stays
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn three_forks_made_while_the_source_runs_share_one_save() {
+    let env = TestEnv::new("fork-three").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "src", json!({})).await;
+    wait_ready(&env, "src").await;
+    set_state(&env, "src").await;
+    let gate = Gate::new();
+    create_execution(&env, "busy", "src", &gate.code("y = 1")).await;
+    wait_for(&env.api::<Execution>(), "busy", 60, |e| {
+        reason(e) == "Running"
+    })
+    .await;
+    let names = ["a", "b", "c"];
+    for name in names {
+        create_fork(&env, name, "src").await;
+    }
+    let executors = env.api::<BriqExecutor>();
+    for name in names {
+        wait_for(&executors, name, 30, |e| {
+            ready_reason(e) == "WaitingForSnapshot"
+        })
+        .await;
+    }
+    gate.open();
+
+    let mut uids = Vec::new();
+    for name in names {
+        let fork = wait_ready(&env, name).await;
+        uids.push(fork.metadata.uid.clone().unwrap());
+        let probed = run(&env, &format!("probe-{name}"), name, PROBE).await;
+        assert_eq!(output(&probed), "'[42, \"kept\"]'", "{:?}", probed.status);
+    }
+    let source = executors.get("src").await.unwrap();
+    let mut served = source.status.unwrap().snapshot.expect("a snapshot").forks;
+    served.sort();
+    uids.sort();
+    assert_eq!(served, uids, "one snapshot saved for all three");
+}

@@ -30,7 +30,7 @@ use super::{
     admit::key_recheck,
     status::{SandboxFields, kernel_ready_of, sandbox_fields, state, status_of},
     step::ForkSource,
-    suspend::{Cause, suspended_state},
+    suspend::{Cause, not_saved, suspended_state},
 };
 use crate::{
     bridge::{
@@ -247,11 +247,24 @@ impl<S: SandboxApi> Actor<'_, S> {
             key: &key,
             sandbox_id: id,
         };
-        let report = self
+        let saving = self
             .slot
             .without(session.fork_save(&snapshot_id(), false, STATE_DEADLINE))
-            .await?;
-        let snapshot = snapshot_of(&report, forks, false);
+            .await;
+        let snapshot = match saving {
+            Ok(report) => snapshot_of(&report, forks, false),
+            // A bridge that cannot save (an older one, say) fails its forks rather than keeping
+            // the source paused; briq not carrying the call is tried again.
+            Err(error) => match not_saved(&error) {
+                Some(why) => Snapshot {
+                    failure: Some(why),
+                    forks,
+                    taken_time: Some(conditions::now()),
+                    ..Snapshot::default()
+                },
+                None => return Err(error.into()),
+            },
+        };
         let note = snapshot_note(&snapshot);
         let fields = SandboxFields {
             snapshot: Some(snapshot),

@@ -86,7 +86,7 @@ fn saved(report: &StateReport) -> std::result::Result<Suspension, String> {
 /// bridge answered nothing it could mean (a sandbox adopted from release 0.1.0 runs a bridge
 /// without save-state) or did not finish in time. `None`: briq did not carry the call (an
 /// outage), or the answer was lost; it is tried again.
-fn not_saved(error: &CallError) -> Option<String> {
+pub(super) fn not_saved(error: &CallError) -> Option<String> {
     match error {
         CallError::Malformed(_) | CallError::UnexpectedKind(_) | CallError::TimedOut(_) => {
             Some(format!("the sandbox's bridge did not save it: {error}"))

@@ -8,52 +8,8 @@ use http::Method;
 use kube::runtime::controller::Action;
 use tokio::sync::mpsc;
 
-use super::{
-    api_server::{ApiServer, Seen},
-    world::{
-        EVENTS_PATH, EXECUTOR_PATH, EXECUTOR_STATUS_PATH, SANDBOX, World, briq_with_sandbox,
-        ready_executor, to_json,
-    },
-};
-use crate::{
-    bridge::fake::Call,
-    controller::executor,
-    crd::{BriqExecutor, EXECUTOR_MANAGER},
-};
-
-/// The server's copy of the executor, which its status writes change, as the API server's does.
-struct Served {
-    executor: BriqExecutor,
-    version: u64,
-}
-
-impl Served {
-    /// The fresh read of a step that cannot be taken back.
-    async fn read(&mut self, server: &mut ApiServer) {
-        server
-            .expect(Method::GET, EXECUTOR_PATH)
-            .await
-            .reply(to_json(&self.executor));
-    }
-
-    /// A status write of the executor controller, applied to the server's copy.
-    async fn status_write(&mut self, server: &mut ApiServer) -> Seen {
-        let write = server
-            .expect(Method::PATCH, EXECUTOR_STATUS_PATH)
-            .await
-            .metadata_only("py");
-        write.assert_applied_by(EXECUTOR_MANAGER);
-        self.executor.status =
-            Some(serde_json::from_value(write.body["status"].clone()).expect("a status"));
-        self.bump();
-        write
-    }
-
-    fn bump(&mut self) {
-        self.version += 1;
-        self.executor.metadata.resource_version = Some(self.version.to_string());
-    }
-}
+use super::world::{EVENTS_PATH, SANDBOX, Served, World, briq_with_sandbox, ready_executor};
+use crate::{bridge::fake::Call, controller::executor, crd::BriqExecutor};
 
 #[tokio::test]
 async fn a_suspended_executor_saves_its_namespace_stops_its_sandbox_and_restores_it_on_resume() {

@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use http::Method;
 use kube::runtime::{
     reflector::{self, ObjectRef, store::Writer},
     watcher,
@@ -211,16 +212,55 @@ impl World {
     /// Ends the scenario: drops every client, so that the verifier sees the last request was
     /// the last; propagates the verifier's failure. Returns briq's calls.
     pub(super) async fn finish(self, verifier: JoinHandle<()>) -> Vec<Call> {
+        self.finish_with(verifier).await.0
+    }
+
+    /// [`World::finish`], with what the verifier found.
+    pub(super) async fn finish_with<T>(self, verifier: JoinHandle<T>) -> (Vec<Call>, T) {
         let calls = self.shared.sandboxes.calls();
         drop(self);
         match tokio::time::timeout(VERIFIER_GUARD, verifier).await {
-            Ok(Ok(())) => calls,
+            Ok(Ok(found)) => (calls, found),
             Ok(Err(error)) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
             Ok(Err(error)) => panic!("the verifier failed: {error}"),
             Err(_) => panic!(
                 "the verifier did not end within {VERIFIER_GUARD:?}: is a context still held?"
             ),
         }
+    }
+}
+
+/// The server's copy of the executor, which its status writes change, as the API server's does.
+pub(super) struct Served {
+    pub(super) executor: BriqExecutor,
+    pub(super) version: u64,
+}
+
+impl Served {
+    /// The fresh read of a step that cannot be taken back.
+    pub(super) async fn read(&mut self, server: &mut ApiServer) {
+        server
+            .expect(Method::GET, EXECUTOR_PATH)
+            .await
+            .reply(to_json(&self.executor));
+    }
+
+    /// A status write of the executor controller, applied to the server's copy.
+    pub(super) async fn status_write(&mut self, server: &mut ApiServer) -> Seen {
+        let write = server
+            .expect(Method::PATCH, EXECUTOR_STATUS_PATH)
+            .await
+            .metadata_only("py");
+        write.assert_applied_by(EXECUTOR_MANAGER);
+        self.executor.status =
+            Some(serde_json::from_value(write.body["status"].clone()).expect("a status"));
+        self.bump();
+        write
+    }
+
+    pub(super) fn bump(&mut self) {
+        self.version += 1;
+        self.executor.metadata.resource_version = Some(self.version.to_string());
     }
 }
 
