@@ -43,7 +43,6 @@ use crate::{
     briq::{ApiKey, SandboxApi},
     controller::{
         context::Result,
-        index,
         recheck::{self, STATE_DEADLINE},
     },
     crd::{
@@ -202,9 +201,8 @@ fn snapshot_of(report: &ForkReport, forks: Vec<String>, started: bool) -> Snapsh
 }
 
 impl<S: SandboxApi> Actor<'_, S> {
-    /// The source's side for a Ready (or forking) executor: `Forking` first (its own write wakes
-    /// the next step, with every cache showing that Executions must wait), then, once no
-    /// Execution runs, one snapshot for every fork waiting, and Ready again.
+    /// The source's side for a Ready (or forking) executor: its Executions paused (`Forking`),
+    /// then one snapshot for every fork waiting, and Ready again.
     pub(super) async fn snapshot(&self, executor: &BriqExecutor, id: &str) -> Result<Action> {
         let forks = waiting(executor, &self.executors.state());
         let phase = conditions::find(&status_of(executor).conditions, READY)
@@ -223,21 +221,16 @@ impl<S: SandboxApi> Actor<'_, S> {
             }
             return Ok(Action::requeue(self.shared.settings.probe_interval));
         }
-        if !forking {
-            let message = format!(
-                "saving the kernel's namespace and working files for {} fork(s); Executions \
-                 wait until it is saved",
-                forks.len()
-            );
-            let pause = state("False", false, ExecutorReason::Forking, message);
-            self.report(executor, pause, sandbox_fields(executor))
-                .await?;
-            return Ok(Action::await_change());
-        }
-        // An Execution that took its turn before `Forking` was written finishes first.
-        let namespace = executor.namespace().unwrap_or_default();
-        if index::running(self.executions, &namespace, &executor.name_any()) > 0 {
-            return Ok(Action::requeue(recheck::DRAIN));
+        let message = format!(
+            "saving the kernel's namespace and working files for {} fork(s); Executions wait \
+             until it is saved",
+            forks.len()
+        );
+        if let Some(wait) = self
+            .pause(executor, ExecutorReason::Forking, message)
+            .await?
+        {
+            return Ok(wait);
         }
         let Some(key) = self.credentials(executor).await? else {
             return Ok(key_recheck(executor));

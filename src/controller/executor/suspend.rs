@@ -203,18 +203,12 @@ impl<S: SandboxApi> Actor<'_, S> {
     /// namespace saved and the sandbox stopped.
     pub(super) async fn suspend(&self, executor: &BriqExecutor, id: &str) -> Result<Action> {
         let status = status_of(executor);
-        let phase = conditions::find(&status.conditions, READY).map(|c| c.reason.as_str());
-        if phase != Some(ExecutorReason::Suspending.as_str()) {
-            let message = "saving the kernel's namespace inside the sandbox, then stopping it";
-            let suspending = state("False", false, ExecutorReason::Suspending, message);
-            self.report(executor, suspending, sandbox_fields(executor))
-                .await?;
-            return Ok(Action::await_change());
-        }
-        // An Execution that took its turn before `Suspending` was written finishes first.
-        let namespace = executor.namespace().unwrap_or_default();
-        if index::running(self.executions, &namespace, &executor.name_any()) > 0 {
-            return Ok(Action::requeue(recheck::DRAIN));
+        let message = "saving the kernel's namespace inside the sandbox, then stopping it";
+        if let Some(wait) = self
+            .pause(executor, ExecutorReason::Suspending, message.into())
+            .await?
+        {
+            return Ok(wait);
         }
         let Some(key) = self.credentials(executor).await? else {
             return Ok(key_recheck(executor));
@@ -257,6 +251,31 @@ impl<S: SandboxApi> Actor<'_, S> {
             .await;
         info!(sandbox = %id, bytes = suspension.saved_bytes, "suspended");
         Ok(Action::await_change())
+    }
+
+    /// Pauses `executor`'s Executions for `phase` (`Suspending`, `Forking`): the phase written
+    /// first (its own write wakes the next step, with every cache showing that Executions must
+    /// wait), then an Execution that took its turn before it finishing. `Some`: what to do until
+    /// both hold.
+    pub(super) async fn pause(
+        &self,
+        executor: &BriqExecutor,
+        phase: ExecutorReason,
+        message: String,
+    ) -> Result<Option<Action>> {
+        let status = status_of(executor);
+        let current = conditions::find(&status.conditions, READY).map(|c| c.reason.as_str());
+        if current != Some(phase.as_str()) {
+            let paused = state("False", false, phase, message);
+            self.report(executor, paused, sandbox_fields(executor))
+                .await?;
+            return Ok(Some(Action::await_change()));
+        }
+        let namespace = executor.namespace().unwrap_or_default();
+        if index::running(self.executions, &namespace, &executor.name_any()) > 0 {
+            return Ok(Some(Action::requeue(recheck::DRAIN)));
+        }
+        Ok(None)
     }
 
     /// The namespace could not be saved: the sandbox keeps running, the kernel keeps its
