@@ -717,3 +717,67 @@ async fn exec_progress_shows_queued_then_running_on_stderr_and_stdout_keeps_only
         "{quiet:?}"
     );
 }
+
+#[tokio::test]
+async fn fork_makes_n_executors_with_the_sources_state_and_a_missing_source_makes_none() {
+    let env = TestEnv::new("cli-fork").await;
+    let _operator = Operator::start(&env).await;
+    create_executor(&env, "src").await;
+    let set = briq(&env, &["exec", "src", "-c", "x = 41"]).await;
+    assert_eq!(set.code, 0, "{set:?}");
+
+    let forked = briq(&env, &["fork", "src", "--count", "2", "--wait", "120"]).await;
+    assert_eq!(forked.code, 0, "{forked:?}");
+    let names: Vec<&str> = forked
+        .stdout
+        .lines()
+        .map(|line| line.strip_prefix("briqexecutor/").expect("a name per line"))
+        .collect();
+    assert_eq!(names.len(), 2, "{forked:?}");
+    assert!(
+        forked.stderr.ends_with("2 fork(s) of src Ready\n"),
+        "{forked:?}"
+    );
+    for name in &names {
+        assert!(name.starts_with("src-fork-"), "{name}");
+        let fork = env.api::<BriqExecutor>().get(name).await.unwrap();
+        assert_eq!(fork.labels()["briq.cloud/forked-from"], "src");
+        let probed = briq(&env, &["exec", name, "-c", "x + 1"]).await;
+        assert_eq!(
+            (probed.code, probed.stdout.as_str()),
+            (0, "42\n"),
+            "{probed:?}"
+        );
+    }
+    let described = briq(&env, &["describe", names[0]]).await;
+    assert!(
+        described.stdout.contains("Forked From:            src\n"),
+        "{described:?}"
+    );
+    assert!(
+        described.stdout.contains("Fork:\n  From:            src\n"),
+        "{described:?}"
+    );
+
+    let missing = briq(&env, &["fork", "nope"]).await;
+    assert_eq!(missing.code, 2, "{missing:?}");
+    assert_eq!(
+        missing.stderr,
+        format!(
+            "error: BriqExecutor nope not found in namespace {}\n",
+            env.namespace
+        )
+    );
+    let refused = briq(&env, &["fork", "src", "--count", "101"]).await;
+    assert_eq!(refused.code, 2, "{refused:?}");
+    let executors = env
+        .api::<BriqExecutor>()
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        executors.items.len(),
+        3,
+        "nothing made by the refused forks"
+    );
+}

@@ -3859,6 +3859,11 @@ def child_failure(answer: dict) -> dict | None:
     return None if error is None else fork_envelope(error["message"], error=error)
 
 
+# IPython's own directory (its history database, open in the source's kernel): a fork's kernel
+# starts its own, and a copy of a database another process had open is not one it can write.
+KERNEL_OWN_DIR = ".ipython"
+
+
 def fork_top() -> tuple[Path, str | None]:
     """The directory a fork copies (the kernel user's) and the name left out at its top: the
     bridge's own directory, when the kernel user's is /work itself."""
@@ -4006,8 +4011,8 @@ def pack_entry(tar: Any, dir_fd: int, name: str, path: str, stack: list) -> Any:
 def pack_tree(top: str, leave_out: str | None, out_fd: int) -> dict:
     """In the file child: write the tree under `top` to `out_fd` as a PAX tar of its
     directories, regular files and symlinks (stored as links), in name order, leaving out the
-    top's `leave_out`; other kinds are skipped and counted. `state_bytes` is the size of the
-    saved namespace packed (0 without one)."""
+    top's `leave_out` and KERNEL_OWN_DIR; other kinds are skipped and counted. `state_bytes` is
+    the size of the saved namespace packed (0 without one)."""
     import tarfile
 
     files = skipped = state_bytes = 0
@@ -4028,7 +4033,7 @@ def pack_tree(top: str, leave_out: str | None, out_fd: int) -> dict:
                     continue
                 name = names.pop()
                 path = prefix + name
-                if not prefix and name == leave_out:
+                if not prefix and name in (leave_out, KERNEL_OWN_DIR):
                     continue
                 try:
                     member = pack_entry(tar, dir_fd, name, path, stack)

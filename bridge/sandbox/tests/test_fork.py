@@ -390,6 +390,14 @@ def test_fifos_and_outward_symlinks_are_skipped_and_counted_and_links_are_never_
     assert names["dl"].issym() and names["dl"].linkname == "d"
 
 
+def test_ipythons_own_history_database_stays_with_the_source(sandbox):
+    user_file(sandbox, ".ipython/profile_default/history.sqlite", b"an open database")
+    user_file(sandbox, ".ipythonrc", b"a user's file")
+    envelope = ok(fork_save(sandbox, "--saved"))
+    names = members(b"".join(packed(sandbox, envelope)))
+    assert sorted(names) == [".ipythonrc"]
+
+
 @pytest.mark.skipif(not SPLIT, reason="the kernel user's rights apply only when run as root")
 def test_files_are_packed_with_the_kernel_users_rights(sandbox):
     secret = sandbox.user_dir / "secret"
