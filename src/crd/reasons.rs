@@ -264,9 +264,9 @@ reasons! {
         /// The fork's source (`spec.forkFrom`) does not exist in this namespace: the fork waits
         /// for it and creates nothing.
         ForkSourceNotFound,
-        /// The fork's source cannot be forked into it: a pool member, another class or key, or
-        /// an executor that is unusable, stalled or being deleted (the message says which);
-        /// nothing is created (final).
+        /// The fork's source cannot be forked into it: a pool member, another class or key, an
+        /// executor that is unusable, stalled or being deleted, or the fork itself (the message
+        /// says which); nothing is created (final).
         ForkRefused,
         /// The source's snapshot could not be saved or read into the fork (the message says
         /// why); the fork's sandbox was destroyed (final).

@@ -127,6 +127,9 @@ pub(super) fn source_for(fork: &BriqExecutor, source: Option<&BriqExecutor>) -> 
         return ForkSource::Missing;
     };
     let name = source.name_any();
+    if source.uid() == fork.uid() {
+        return ForkSource::Refused("an executor cannot fork itself".into());
+    }
     if source.annotations().contains_key(POOL_MEMBER_ANNOTATION) || source.spec.pool_ref.is_some() {
         return ForkSource::Refused(format!(
             "{name} is a pool member or takes one: its sandbox is the pool's, never forked"

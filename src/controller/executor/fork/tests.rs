@@ -170,6 +170,11 @@ fn what_a_fork_finds_of_its_source() {
     for (name, source, expected) in cases {
         assert_eq!(source_for(&fork, source.as_ref()), expected, "{name}");
     }
+    let itself = executor("src", "uid-src", Some("src"));
+    assert_eq!(
+        source_for(&itself, Some(&itself)),
+        ForkSource::Refused("an executor cannot fork itself".into())
+    );
     for (name, refused) in [
         ("pool member", member),
         ("claimer", claimer),
