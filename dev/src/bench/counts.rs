@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{demand, live, pools, scaling};
+use super::{demand, fork, live, pools, scaling};
 
 /// How much each scenario does.
 #[derive(Debug, Clone, Serialize)]
@@ -67,6 +67,10 @@ pub struct Counts {
     pub live_followers_each: usize,
     pub file_sizes_mb: Vec<usize>,
     pub file_runs: usize,
+    /// Scenario 15: forks one at a time (each beside a fresh executor and an action on the
+    /// source), and forks created at once.
+    pub fork_runs: usize,
+    pub fork_burst: usize,
 }
 
 impl Counts {
@@ -110,6 +114,8 @@ impl Counts {
                 live_followers_each: 5,
                 file_sizes_mb: vec![1, 50],
                 file_runs: 1,
+                fork_runs: 3,
+                fork_burst: 3,
             }
         } else {
             Counts {
@@ -150,6 +156,8 @@ impl Counts {
                 live_followers_each: 10,
                 file_sizes_mb: vec![1, 50],
                 file_runs: 3,
+                fork_runs: 10,
+                fork_burst: 10,
             }
         }
     }
@@ -197,6 +205,13 @@ impl Counts {
             followers_each: self.live_followers_each,
             file_sizes_mb: self.file_sizes_mb.clone(),
             file_runs: self.file_runs,
+        }
+    }
+
+    pub(super) fn fork(&self) -> fork::Sizes {
+        fork::Sizes {
+            runs: self.fork_runs,
+            burst: self.fork_burst,
         }
     }
 }

@@ -2,8 +2,9 @@
 //! server and the operator, measures per-action latency, agent step overhead, throughput and
 //! scaling, API cost per Execution, the operator's memory and cold start, scale on simulated
 //! sandboxes, claims from warm pools against cold creates, what exporting traces costs,
-//! fairness between namespaces, cancels of running actions, suspend and resume, and pools sized
-//! by demand, and live output and files through the aggregated API (scenarios 1 to 14), prints the figures as a Markdown table and writes them as JSON
+//! fairness between namespaces, cancels of running actions, suspend and resume, pools sized by
+//! demand, live output and files through the aggregated API, and forks of an executor
+//! (scenarios 1 to 15), prints the figures as a Markdown table and writes them as JSON
 //! (`--out`), so two runs can be compared.
 //!
 //! Nothing here asserts a timing: it measures and reports. Every scenario runs in a namespace of
@@ -24,6 +25,7 @@ mod cold_start;
 mod counts;
 mod demand;
 mod fairness;
+mod fork;
 mod latency;
 mod live;
 mod memory;
@@ -67,7 +69,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-14, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-15, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -93,6 +95,8 @@ enum Outcome {
     Demand(Box<demand::Demand>),
     /// Scenario 14's figures, and the labelled errors of its parts that failed.
     Live(Box<live::LiveFiles>, Vec<(String, String)>),
+    /// Scenario 15's figures, and the labelled errors of its parts that failed.
+    Fork(Box<fork::Forks>, Vec<(String, String)>),
     Traces(traces::Traces),
     Fairness(fairness::Fairness),
 }
@@ -100,8 +104,8 @@ enum Outcome {
 /// The order scenarios run in. Fairness watches every namespace: it comes first, while no other
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
-/// Warm pools, demand-sized pools, cancel and live output delete what they made.
-const ORDER: [u8; 13] = [10, 1, 2, 6, 11, 12, 8, 13, 14, 9, 7, 5, 3];
+/// Warm pools, demand-sized pools, cancel, live output and forks delete what they made.
+const ORDER: [u8; 14] = [10, 1, 2, 6, 11, 12, 8, 13, 14, 15, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -195,6 +199,10 @@ async fn scenario(
             let (live, failures) = live::run(stack, progress, &counts.live()).await;
             Outcome::Live(Box::new(live), failures)
         }
+        15 => {
+            let (forks, failures) = fork::run(stack, progress, &counts.fork()).await;
+            Outcome::Fork(Box::new(forks), failures)
+        }
         9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
         10 => Outcome::Fairness(
             fairness::run(
@@ -249,6 +257,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cancel: None,
         suspend: None,
         live: None,
+        fork: None,
         simulated: None,
         api_ceiling: None,
         pools: None,
@@ -314,6 +323,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(Outcome::Demand(demand)) => report.demand = Some(*demand),
             Ok(Outcome::Live(live, failures)) => {
                 report.live = Some(*live);
+                report.errors.extend(failures);
+            }
+            Ok(Outcome::Fork(forks, failures)) => {
+                report.fork = Some(*forks);
                 report.errors.extend(failures);
             }
             Err(error) => {

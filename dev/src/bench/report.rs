@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    agent, cancel, cold_start, counts::Counts, demand, fairness, latency, live, memory, pools,
-    scaling, simulated, suspend, traces,
+    agent, cancel, cold_start, counts::Counts, demand, fairness, fork, latency, live, memory,
+    pools, scaling, simulated, suspend, traces,
 };
 
 /// Everything one run measured (the JSON of `--out`).
@@ -29,6 +29,8 @@ pub struct Report {
     pub suspend: Option<Vec<suspend::SuspendPoint>>,
     /// Scenario 14: live output and files through the aggregated API, beside their floors.
     pub live: Option<live::LiveFiles>,
+    /// Scenario 15: forks of an executor holding 10 MB of state, beside their floors.
+    pub fork: Option<fork::Forks>,
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,

@@ -1,10 +1,11 @@
 //! The rows of the bench table: one figure each, and the notes that say what it is measured
 //! against (targets, the load it ran under).
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
     demand::{Demand, PoolRun, TARGET_WARM_SHARE, Tally, Wave},
+    fork::{ApiPer, Forks, TARGET_BURST_FORKS, TARGET_BURST_SECONDS, TARGET_FORK_SECONDS},
     pools::{Claims, TARGET_CLAIM_P50_MS, TARGET_CLAIM_P99_MS},
     scaling::Burst,
     simulated::{
@@ -431,5 +432,170 @@ fn sandbox_row(pool: &PoolRun, d: &Demand) -> Row {
             pool.members_deleted_unclaimed,
             pool.target_drops
         ),
+    }
+}
+
+/// Scenario 15's rows: a fork and its floor (a fresh executor), forks at once, the source's
+/// pause beside one of its actions, and what a fork costs in briq calls and API requests.
+pub(super) fn fork_rows(rows: &mut Vec<Row>, f: &Forks) {
+    let state = format!("{:.0} MiB of state", f.state_bytes as f64 / 1024.0 / 1024.0);
+    let snapshot = match (f.snapshot_bytes, f.snapshot_parts) {
+        (Some(bytes), Some(parts)) => format!("snapshot {bytes} bytes in {parts} parts"),
+        _ => "snapshot size n/a".into(),
+    };
+    if let Some(o) = &f.one {
+        rows.push(timing(
+            "15",
+            &format!(
+                "one fork → first result ({state}; create → `len(blob) + x` Succeeded, created \
+                 right after the fork)"
+            ),
+            o.fork_ms.as_ref(),
+            format!("target p50 ≤ {TARGET_FORK_SECONDS:.0} s; {snapshot}"),
+        ));
+        rows.push(timing(
+            "15",
+            "… floor: a fresh executor → first result (same spec, no `forkFrom`; `1 + 1`)",
+            o.fresh_ms.as_ref(),
+            "what any new executor costs".into(),
+        ));
+        rows.push(Row {
+            scenario: "15",
+            figure: "ratio fork / fresh executor (p50)".into(),
+            median: times(o.fork_over_fresh_p50),
+            p95: String::new(),
+            notes: "what the state adds to a new executor".into(),
+        });
+        rows.push(timing(
+            "15",
+            "the source's pause per fork (`Forking` → `KernelReady`, seen by a watch)",
+            o.pause_ms.as_ref(),
+            format!(
+                "{} pauses for {} forks; the source's Executions wait meanwhile",
+                o.pauses, o.runs
+            ),
+        ));
+        rows.push(timing(
+            "15",
+            "… beside: one action on the source (`len(blob)`, create → Succeeded)",
+            o.source_action_ms.as_ref(),
+            String::new(),
+        ));
+        rows.push(Row {
+            scenario: "15",
+            figure: "ratio pause / one action on the source (p50)".into(),
+            median: times(o.pause_over_action_p50),
+            p95: String::new(),
+            notes: "a fork costs the source this many of its actions' time".into(),
+        });
+        let calls = |per: &BTreeMap<String, f64>| {
+            let named: Vec<String> = per
+                .iter()
+                .filter(|(_, n)| **n > 0.0)
+                .map(|(op, n)| format!("{op} {n:.1}"))
+                .collect();
+            if named.is_empty() {
+                "none".into()
+            } else {
+                named.join(", ")
+            }
+        };
+        rows.push(plain(
+            "15",
+            "briq calls per fork, create → first result (+1 s)",
+            format!(
+                "{}; a fresh executor: {}",
+                calls(&o.calls_per_fork),
+                calls(&o.calls_per_fresh)
+            ),
+        ));
+        let api = |a: &ApiPer| {
+            let mut by: Vec<(&String, &f64)> = a.by_request.iter().collect();
+            by.sort_by(|x, y| y.1.total_cmp(x.1).then(x.0.cmp(y.0)));
+            let by: Vec<String> = by
+                .iter()
+                .filter(|(what, _)| !what.starts_with("watch "))
+                .map(|(what, n)| format!("{what} {n:.1}"))
+                .collect();
+            format!(
+                "writes **{:.1}**, reads {:.1} (all requests {:.1}: {})",
+                a.writes,
+                a.reads,
+                a.requests,
+                by.join(", ")
+            )
+        };
+        let figure =
+            "the operator's API requests per fork, create → first result (+1 s; audit log)";
+        match (&o.api_per_fork, &o.api_per_fresh, &o.api_unmeasured) {
+            (Some(fork), Some(fresh), _) => rows.push(plain(
+                "15",
+                figure,
+                format!(
+                    "{}; a fresh executor: {}; each with its first Execution",
+                    api(fork),
+                    api(fresh)
+                ),
+            )),
+            (_, _, why) => rows.push(plain(
+                "15",
+                figure,
+                format!(
+                    "not measured ({})",
+                    why.as_deref().unwrap_or("no audit log")
+                ),
+            )),
+        }
+    }
+    if let Some(b) = &f.burst {
+        let target = if b.forks == TARGET_BURST_FORKS {
+            format!("target ≤ {TARGET_BURST_SECONDS:.0} s; ")
+        } else {
+            format!("target ≤ {TARGET_BURST_SECONDS:.0} s for {TARGET_BURST_FORKS}; ")
+        };
+        let each = b.each_ms.as_ref().map_or("n/a".into(), |s| {
+            format!(
+                "each fork create → result p50 {}, max {}",
+                ms(s.median),
+                ms(s.max)
+            )
+        });
+        rows.push(Row {
+            scenario: "15",
+            figure: format!(
+                "{} forks at once → every fork's first result (first create → last result)",
+                b.forks
+            ),
+            median: ms(b.all_ms),
+            p95: String::new(),
+            notes: format!(
+                "{target}**{} snapshot(s)** saved for them (forks each served: {:?}; {} pause(s) of \
+                 the source); {each}; **{}** one fork's p50",
+                b.snapshots,
+                b.forks_per_snapshot,
+                b.pauses,
+                times(b.over_one_p50)
+            ),
+        });
+        let each = b.fresh_each_ms.as_ref().map_or("n/a".into(), |s| {
+            format!(
+                "each create → result p50 {}, max {}",
+                ms(s.median),
+                ms(s.max)
+            )
+        });
+        rows.push(Row {
+            scenario: "15",
+            figure: format!(
+                "… floor: {} fresh executors at once → every first result (same spec, `1 + 1`)",
+                b.forks
+            ),
+            median: ms(b.fresh_all_ms),
+            p95: String::new(),
+            notes: format!(
+                "{each}; the forks at once took **{}** this",
+                times(b.over_fresh)
+            ),
+        });
     }
 }

@@ -4,7 +4,10 @@ use std::fmt::Write as _;
 
 use super::{
     report::Report,
-    rows::{Row, burst_notes, cpu_notes, demand_rows, mib, ms, plain, pool_rows, times, timing},
+    rows::{
+        Row, burst_notes, cpu_notes, demand_rows, fork_rows, mib, ms, plain, pool_rows, times,
+        timing,
+    },
     simulated::{TARGET_CEILING_SHARE, TARGET_READY_SECONDS},
 };
 
@@ -303,6 +306,9 @@ pub fn table(report: &Report) -> String {
     }
     if let Some(l) = &report.live {
         live_rows(&mut rows, l);
+    }
+    if let Some(f) = &report.fork {
+        fork_rows(&mut rows, f);
     }
     if let Some(t) = &report.traces {
         rows.push(timing(
