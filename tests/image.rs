@@ -617,6 +617,33 @@ async fn pulled_from_a_registry_the_image_runs_the_readme_example_as_install_yam
     .await;
     assert!(ready.is_ok(), "{ready:?}\noperator log:\n{}", log());
 
+    // kube-apiserver serves a policy whose parameters are a custom resource only once its
+    // informer of that resource has synced, moments after the CRD: until then it refuses every
+    // executor ("paramKind … not yet synced"). A user would retry; so does the test, bounded.
+    let plain: BriqExecutor = serde_json::from_value(
+        serde_json::json!({ "metadata": { "name": "policy-probe" }, "spec": {} }),
+    )
+    .unwrap();
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let executors = env.api::<BriqExecutor>();
+    briq_dev::wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        "the class policy's parameters are synced",
+        || async {
+            Ok(match executors.create(&dry_run, &plain).await {
+                Ok(_) => true,
+                Err(kube::Error::Api(status)) if status.message.contains("not yet synced") => false,
+                Err(error) => anyhow::bail!("a plain executor was refused: {error}"),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}\noperator log:\n{}", log()));
+
     // The example of docs/src/concepts.md, as `kubectl apply` / `kubectl create` give it.
     let examples = support::repo_root().join("examples");
     let (ok, _, stderr) = env.kubectl(&[

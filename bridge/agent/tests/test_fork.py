@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 from smolagents import CodeAgent
 from smolagents.monitoring import LogLevel
 
@@ -154,53 +154,37 @@ def test_a_refused_fork_raises_with_its_reason_and_leaves_no_fork(kubeconfig, cu
         assert claimer.run_code_raise_errors("1 + 1").output == "2"
 
 
-@pytest.fixture
-def quota_namespace(kubeconfig):
-    """A namespace of its own whose ResourceQuota allows 3 BriqExecutors, counted already, and
-    a core API client."""
-    core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-    name = "fork-quota"
-    core.create_namespace({"metadata": {"name": name}})
-    quota = {
-        "metadata": {"name": "executors"},
-        "spec": {"hard": {"count/briqexecutors.briq.cloud": "3"}},
-    }
-    core.create_namespaced_resource_quota(name, quota)
-    deadline = time.monotonic() + WAIT
-    # Quota admission refuses what it covers until the quota controller has filled the status.
-    while not (core.read_namespaced_resource_quota("executors", name).status.hard or {}):
-        assert time.monotonic() < deadline, "the ResourceQuota's status was never filled"
-        time.sleep(0.1)
-    yield name, core
-    core.delete_namespace(name)
-
-
-def test_a_quota_stopping_the_creates_deletes_the_forks_made_and_names_the_count(
-    kubeconfig, custom_objects, quota_namespace
+def test_a_create_refused_part_way_deletes_the_forks_made_and_names_the_count(
+    executor, custom_objects
 ):
-    namespace, core = quota_namespace
-    with KubernetesExecutor(
-        [],
-        quiet(),
-        create_executor=True,
-        namespace=namespace,
-        kubeconfig=kubeconfig,
-        executor_spec={"env": NO_NETWORK_ENV},
-    ) as source:
-        source.run_code_raise_errors("x = 41")
+    """The API server refuses the third create (as a ResourceQuota or an admission policy would;
+    injected here, since a quota's own count settles only eventually)."""
+    executor.run_code_raise_errors("x = 41")
+    create = executor._api.create_namespaced_custom_object
+    made = []
+
+    def refuse_the_third(group, version, namespace, plural, body, **kwargs):
+        if plural == "briqexecutors" and len(made) == 2:
+            raise ApiException(status=403, reason="Forbidden: exceeded quota: executors")
+        created = create(group, version, namespace, plural, body, **kwargs)
+        made.append(created["metadata"]["name"])
+        return created
+
+    executor._api.create_namespaced_custom_object = refuse_the_third
+    try:
         with pytest.raises(KubernetesExecutorError, match="created 2 of 3 forks") as raised:
-            source.fork(3)
-        assert raised.value.status == 403
-        assert "exceeded quota" in str(raised.value)
-        assert forks_of(custom_objects, source.executor_name, namespace) == []
-        # The source is untouched, and a fork fits once the quota has counted the others gone.
-        assert source.run_code_raise_errors("x + 1").output == "42"
-        deadline = time.monotonic() + WAIT
-        while core.read_namespaced_resource_quota("executors", namespace).status.used != {
-            "count/briqexecutors.briq.cloud": "1"
-        }:
-            assert time.monotonic() < deadline, "the quota never counted the forks gone"
-            time.sleep(0.1)
-        [fork] = source.fork(1)
-        with fork:
-            assert fork.run_code_raise_errors("x").output == "41"
+            executor.fork(3)
+    finally:
+        executor._api.create_namespaced_custom_object = create
+    assert raised.value.status == 403
+    assert "exceeded quota" in str(raised.value)
+    assert len(made) == 2
+    deadline = time.monotonic() + WAIT
+    while forks_of(custom_objects, executor.executor_name):
+        assert time.monotonic() < deadline, "the forks made were not deleted"
+        time.sleep(0.1)
+    # The source is untouched, and forks again.
+    assert executor.run_code_raise_errors("x + 1").output == "42"
+    [fork] = executor.fork(1)
+    with fork:
+        assert fork.run_code_raise_errors("x").output == "41"

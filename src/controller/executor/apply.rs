@@ -133,10 +133,16 @@ impl<S: SandboxApi> Actor<'_, S> {
             Step::SnapshotSuspended { sandbox } => {
                 Box::pin(self.snapshot_suspended(executor, &sandbox)).await
             }
-            Step::AwaitSnapshot { reason, message } => {
-                self.await_snapshot(executor, reason, message).await
-            }
-            Step::RecordFork { origin } => self.record_fork(executor, origin).await,
+            // A fork is admitted (its key, its class's limits) before its source is asked to
+            // pause for it: one that waits for a place costs its source nothing.
+            Step::AwaitSnapshot { reason, message } => match self.admit(executor, false).await? {
+                Ok(_) => self.await_snapshot(executor, reason, message).await,
+                Err(wait) => Ok(wait),
+            },
+            Step::RecordFork { origin } => match self.admit(executor, false).await? {
+                Ok(_) => self.record_fork(executor, origin).await,
+                Err(wait) => Ok(wait),
+            },
             Step::RefuseFork { reason, message } => {
                 let refused = state("False", true, reason, message.clone());
                 self.report(executor, refused, sandbox_fields(executor))

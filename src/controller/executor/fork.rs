@@ -53,15 +53,22 @@ use crate::{
 };
 
 /// The forks in `executors` that wait for `source` to save a snapshot for them: forks of it
-/// (same namespace, `spec.forkFrom`) that have recorded none, are not being deleted or
-/// stalled, and are not served by its last snapshot. Their uids, sorted.
+/// (same namespace, `spec.forkFrom`) that say so (`WaitingForSnapshot`, written once they are
+/// admitted: a fork that waits for its key or a place under its class costs its source
+/// nothing), are not being deleted or stalled, and are not served by its last snapshot. Their
+/// uids, sorted.
 pub(super) fn waiting(source: &BriqExecutor, executors: &[Arc<BriqExecutor>]) -> Vec<String> {
     let served = status_of(source)
         .snapshot
         .map(|s| s.forks)
         .unwrap_or_default();
     let mut uids: Vec<String> = forks_of(source, executors)
-        .filter(|fork| status_of(fork).fork.is_none())
+        .filter(|fork| {
+            let status = status_of(fork);
+            let asks = conditions::find(&status.conditions, READY)
+                .is_some_and(|ready| ready.reason == ExecutorReason::WaitingForSnapshot.as_str());
+            status.fork.is_none() && asks
+        })
         .filter_map(|fork| fork.uid())
         .filter(|uid| !served.contains(uid))
         .collect();

@@ -20,7 +20,7 @@ use crate::{
 
 const FORK_UID: &str = "f0f0f0f0-0000-4000-8000-000000000001";
 
-/// A fork of the ready executor, created a moment ago, waiting for a snapshot.
+/// A fork of the ready executor, admitted and waiting for a snapshot.
 fn waiting_fork() -> BriqExecutor {
     serde_json::from_value(json!({
         "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
@@ -29,6 +29,10 @@ fn waiting_fork() -> BriqExecutor {
             "resourceVersion": "9", "generation": 1,
         },
         "spec": { "forkFrom": { "name": "py" } },
+        "status": { "conditions": [
+            {"type": "Ready", "status": "False", "reason": "WaitingForSnapshot",
+             "message": "waiting for the source", "lastTransitionTime": "2026-12-07T07:00:03Z"},
+        ] },
     }))
     .expect("a fork")
 }

@@ -63,23 +63,51 @@ fn all(executors: &[BriqExecutor]) -> Vec<Arc<BriqExecutor>> {
     executors.iter().cloned().map(Arc::new).collect()
 }
 
-#[test]
-fn forks_wait_until_a_snapshot_names_them_and_only_forks_of_this_source_count() {
-    let a = executor("a", "uid-a", Some("src"));
-    let b = executor("b", "uid-b", Some("src"));
-    let other = executor("c", "uid-c", Some("elsewhere"));
-    let mut foreign = executor("d", "uid-d", Some("src"));
-    foreign.metadata.namespace = Some("team-b".into());
-    let mut deleting = executor("e", "uid-e", Some("src"));
-    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
-    let recorded = with_status(
-        executor("f", "uid-f", Some("src")),
-        BriqExecutorStatus {
-            fork: Some(ForkOrigin::default()),
-            ..Default::default()
-        },
+/// `fork` as it stands once admitted and asking its source for a snapshot.
+fn asking(fork: BriqExecutor) -> BriqExecutor {
+    let waiting = crate::controller::executor::status::state(
+        "False",
+        false,
+        ExecutorReason::WaitingForSnapshot,
+        "",
     );
-    let everyone = all(&[a.clone(), b.clone(), other, foreign, deleting, recorded]);
+    with_status(fork, status(&waiting, None))
+}
+
+#[test]
+fn forks_wait_until_a_snapshot_names_them_and_only_admitted_forks_of_this_source_count() {
+    let a = asking(executor("a", "uid-a", Some("src")));
+    let b = asking(executor("b", "uid-b", Some("src")));
+    let other = asking(executor("c", "uid-c", Some("elsewhere")));
+    let mut foreign = asking(executor("d", "uid-d", Some("src")));
+    foreign.metadata.namespace = Some("team-b".into());
+    let mut deleting = asking(executor("e", "uid-e", Some("src")));
+    deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    let mut recorded = asking(executor("f", "uid-f", Some("src")));
+    recorded.status.as_mut().unwrap().fork = Some(ForkOrigin::default());
+    let unadmitted = executor("g", "uid-g", Some("src"));
+    let waiting_for_a_place = with_status(
+        executor("h", "uid-h", Some("src")),
+        status(
+            &crate::controller::executor::status::state(
+                "False",
+                false,
+                ExecutorReason::WaitingForCapacity,
+                "",
+            ),
+            None,
+        ),
+    );
+    let everyone = all(&[
+        a,
+        b,
+        other,
+        foreign,
+        deleting,
+        recorded,
+        unadmitted,
+        waiting_for_a_place,
+    ]);
     assert_eq!(waiting(&source_with(None), &everyone), ["uid-a", "uid-b"]);
     let served_a = source_with(Some(snapshot("s1", &["uid-a"])));
     assert_eq!(waiting(&served_a, &everyone), ["uid-b"]);
