@@ -327,3 +327,60 @@ async fn three_forks_made_while_the_source_runs_share_one_save() {
     uids.sort();
     assert_eq!(served, uids, "one snapshot saved for all three");
 }
+
+/// A suspended source's sandbox is started for its forks; the operator dies right after, and the
+/// fork is gone by the time it is back: the sandbox is stopped again, never left running.
+#[tokio::test]
+async fn a_suspended_sources_sandbox_started_for_a_fork_that_went_is_stopped_after_a_crash() {
+    use briq_operator::briq::{BriqClient, ClientOptions, SandboxApi as _, SandboxState};
+
+    let env = TestEnv::new("fork-asleep-crash").await;
+    let mut operator = Operator::start(&env).await;
+    create_executor(&env, "src", json!({})).await;
+    let source_sandbox = support::sandbox_of(&wait_ready(&env, "src").await);
+    set_suspend(&env, "src", true).await;
+    let executors = env.api::<BriqExecutor>();
+    wait_for(&executors, "src", 60, |e| ready_reason(e) == "Suspended").await;
+    // briq starts the sandbox and every answer is lost: the operator cannot know it runs.
+    let admin = operator.admin();
+    admin
+        .add_fault(&FaultRule::on(Operation::Start, Fault::DropAfterEffect))
+        .await
+        .unwrap();
+    create_fork(&env, "twin", "src").await;
+    wait::poll(
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        "briq started the source's sandbox",
+        || async { Ok(admin.stats().await?.calls(Operation::Start) >= 1) },
+    )
+    .await
+    .unwrap();
+    executors
+        .delete("twin", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_deleted(&executors, "twin", 60).await;
+    operator.kill().await;
+    admin.clear_faults().await.unwrap();
+    operator.resume();
+
+    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        "the source's sandbox is stopped again",
+        || async {
+            let sandbox = client
+                .get_sandbox(operator.server.api_key(), &source_sandbox)
+                .await?;
+            Ok(sandbox.state == SandboxState::Stopped)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ready_reason(&executors.get("src").await.unwrap()),
+        "Suspended"
+    );
+}

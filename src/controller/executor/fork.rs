@@ -293,6 +293,24 @@ impl<S: SandboxApi> Actor<'_, S> {
         };
         let forks = waiting(executor, &self.executors.state());
         let status = status_of(executor);
+        let suspension = status.suspension.clone().unwrap_or_default();
+        // Still suspended, as it says: its kernel is never started.
+        let suspended = suspended_state(&suspension, Cause::of(executor));
+        let started = status.snapshot.as_ref().is_some_and(|s| s.sandbox_started);
+        if !forks.is_empty() && !started {
+            // Recorded before the start, so that an operator that dies after it knows to stop
+            // the sandbox again; its own write wakes the next step.
+            let marked = Snapshot {
+                sandbox_started: true,
+                ..status.snapshot.clone().unwrap_or_default()
+            };
+            let fields = SandboxFields {
+                snapshot: Some(marked),
+                ..sandbox_fields(executor)
+            };
+            self.report(executor, suspended, fields).await?;
+            return Ok(Action::await_change());
+        }
         let snapshot = if forks.is_empty() {
             self.shared.sandboxes.stop_sandbox(&key, id).await?;
             info!(sandbox = %id, "stopped the suspended sandbox again: its forks read their snapshot");
@@ -326,9 +344,6 @@ impl<S: SandboxApi> Actor<'_, S> {
             snapshot,
             ..sandbox_fields(executor)
         };
-        // Still suspended, as it says: its kernel was never started.
-        let suspension = status.suspension.clone().unwrap_or_default();
-        let suspended = suspended_state(&suspension, Cause::of(executor));
         self.report(executor, suspended, fields).await?;
         // Its forks' reads end in their own writes, which wake it (wake.rs).
         Ok(Action::requeue(recheck::SAFETY_NET))
