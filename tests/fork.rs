@@ -223,6 +223,24 @@ async fn a_fork_of_a_deleted_source_or_one_in_another_namespace_waits_and_create
     wait_ready(&env, "twin").await;
 }
 
+/// Waits until briq (the local server) has sandbox `id` stopped.
+async fn stopped_again(operator: &Operator, id: &str) {
+    use briq_operator::briq::{BriqClient, ClientOptions, SandboxApi as _, SandboxState};
+
+    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
+    wait::poll(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        "the source's sandbox is stopped again",
+        || async {
+            let sandbox = client.get_sandbox(operator.server.api_key(), id).await?;
+            Ok(sandbox.state == SandboxState::Stopped)
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// Sets `spec.suspend` of executor `name`.
 async fn set_suspend(env: &TestEnv, name: &str, suspend: bool) {
     let patch = Patch::Merge(json!({ "spec": { "suspend": suspend } }));
@@ -234,8 +252,6 @@ async fn set_suspend(env: &TestEnv, name: &str, suspend: bool) {
 
 #[tokio::test]
 async fn a_fork_of_a_suspended_source_takes_its_saved_state_and_the_source_stays_suspended() {
-    use briq_operator::briq::{BriqClient, ClientOptions, SandboxApi as _, SandboxState};
-
     let env = TestEnv::new("fork-asleep").await;
     let operator = Operator::start(&env).await;
     create_executor(&env, "src", json!({})).await;
@@ -261,20 +277,7 @@ async fn a_fork_of_a_suspended_source_takes_its_saved_state_and_the_source_stays
     assert_eq!(output(&probed), "'[42, \"kept\"]'", "{:?}", probed.status);
 
     // The source was never resumed, and its sandbox is stopped again once the fork has read.
-    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
-    wait::poll(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        "the source's sandbox is stopped again",
-        || async {
-            let sandbox = client
-                .get_sandbox(operator.server.api_key(), &source_sandbox)
-                .await?;
-            Ok(sandbox.state == SandboxState::Stopped)
-        },
-    )
-    .await
-    .unwrap();
+    stopped_again(&operator, &source_sandbox).await;
     let source = executors.get("src").await.unwrap();
     assert_eq!(ready_reason(&source), "Suspended");
     assert!(
@@ -332,8 +335,6 @@ async fn three_forks_made_while_the_source_runs_share_one_save() {
 /// fork is gone by the time it is back: the sandbox is stopped again, never left running.
 #[tokio::test]
 async fn a_suspended_sources_sandbox_started_for_a_fork_that_went_is_stopped_after_a_crash() {
-    use briq_operator::briq::{BriqClient, ClientOptions, SandboxApi as _, SandboxState};
-
     let env = TestEnv::new("fork-asleep-crash").await;
     let mut operator = Operator::start(&env).await;
     create_executor(&env, "src", json!({})).await;
@@ -365,20 +366,7 @@ async fn a_suspended_sources_sandbox_started_for_a_fork_that_went_is_stopped_aft
     admin.clear_faults().await.unwrap();
     operator.resume();
 
-    let client = BriqClient::new(ClientOptions::local(operator.server.url())).unwrap();
-    wait::poll(
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        "the source's sandbox is stopped again",
-        || async {
-            let sandbox = client
-                .get_sandbox(operator.server.api_key(), &source_sandbox)
-                .await?;
-            Ok(sandbox.state == SandboxState::Stopped)
-        },
-    )
-    .await
-    .unwrap();
+    stopped_again(&operator, &source_sandbox).await;
     assert_eq!(
         ready_reason(&executors.get("src").await.unwrap()),
         "Suspended"

@@ -7,12 +7,14 @@
 //! `briq_files_get`, `briq_stop`, `briq_start` and `briq_destroy`, the captured part of
 //! `briq_exec`'s (`briq`, `cmd`, `env`, `stdin`, `async`, `clearEnv`), `bq_` and `ex_` ids, the
 //! state names, sleep as a string, the 60 s synchronous exec, the last 64 KB of output, 1 MB per
-//! file with its SHA-256, a PNG/JPEG/GIF/WebP read answered as an image content item.
+//! file with its SHA-256, a PNG/JPEG/GIF/WebP read answered as an image content item, and the
+//! captured part of `briq_fork`'s (`briq`, `into`, `name`, `wait`, `sleep`): a fork keeps its
+//! source's config, credentials and boot files, not the disk of a briq without a volume.
 //!
 //! **Assumed** (the reference has a gap): `briq_run`'s arguments (`image`, `name`, `size`,
 //! `sleep`, `env`, `wait` are named in its description, its schema was not captured), and the
 //! shape of every answer: a tool's result is read from `structuredContent`, else from its first
-//! text item as JSON ([`Sandbox`], [`BriqList`], [`ExecAnswer`], [`FilesPutAnswer`],
+//! text item as JSON ([`Sandbox`], also for `briq_fork`'s answer, [`BriqList`], [`ExecAnswer`], [`FilesPutAnswer`],
 //! [`FilesGetAnswer`]), and a tool error's text as `{"error": {"code", "message"}}`
 //! ([`ToolErrorBody`]). The client and the local sandbox server both use these definitions, and
 //! the live conformance check ([`super::conformance`]) compares the argument names with what the
