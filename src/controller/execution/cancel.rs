@@ -13,9 +13,9 @@ use tracing::{info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Failure, Verdict, failure, judge},
-    run::{Judged, attempt_id},
-    sandbox::Access,
+    end::{Failure, Verdict, failure, judge},
+    send::Access,
+    send::{Judged, attempt_id},
 };
 use crate::{
     bridge::{

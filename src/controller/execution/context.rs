@@ -41,7 +41,7 @@ pub struct Context<S> {
     /// except while it only waits (for briq to run its code, for its executor's turn).
     pub(super) work: Arc<FairShare>,
     /// Whether the Execution cache is current: the head's turn is then decided from it, without
-    /// a LIST ([`super::queue::turn_from_cache`]).
+    /// a LIST ([`super::step::decide`]).
     pub freshness: Freshness,
 }
 

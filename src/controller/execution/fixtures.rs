@@ -3,7 +3,7 @@
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
-use super::observed::Attempt;
+use super::send::Attempt;
 use crate::{
     bridge::{CodeError, RunResult, RunStatus},
     briq::{self, api::ErrorCode},

@@ -1,32 +1,36 @@
 //! The `Execution` reconciler: runs each Execution at most once, one at a time per executor, in
-//! creation order. One file per step of an Execution's life, each with its pure decisions at the
-//! top (table-tested beside it) and its effects below. Where each reason of the `Succeeded`
-//! condition ([`ExecutionReason`](crate::crd::reasons::ExecutionReason)) is decided:
+//! creation order. One Execution's path reads in four files, in the order it runs: `step.rs`
+//! (observe the caches, `decide` the next [`Step`](step::Step), refuse), `turn.rs` (its queue,
+//! its turn, a place under its class), `send.rs` (its sandbox, the attempt, the code sent once),
+//! `end.rs` (what it reports: waiting, then its [`Ending`](end::Ending)). Off that path:
+//! `recover.rs` (an attempt whose outcome briq did not say), `cancel.rs`, `expire.rs` (time to
+//! live). Each file has its pure decisions at the top, table-tested beside it, and its effects
+//! below. Where each reason of the `Succeeded` condition
+//! ([`ExecutionReason`](crate::crd::reasons::ExecutionReason)) is decided:
 //!
-//! | reason | step | function (file) |
+//! | reason | where | function (file) |
 //! |---|---|---|
-//! | `ExecutorNotFound`, `ExecutorNeverAppeared` | admit: no executor (yet) | `admit` (admit.rs) |
-//! | `ExecutorDeleted` | admit: the executor gone or being deleted | `admit`, `unable` (admit.rs) |
-//! | `ExecutorUnusable` | admit: unusable, a pool member, stalled; again at the turn | `unable` (admit.rs), `Actor::take_turn` (queue.rs) |
-//! | `ExecutorNotReady` | admit: not Ready; its key Secret missing | `admit` (admit.rs), `Actor::sandbox` (sandbox.rs) |
-//! | `QueueFull` | admit: the executor's or the namespace's queue full | `queue_full`, `namespace_queue_full` (admit.rs) |
-//! | `Queued` | queue: behind others, a burst still arriving | `turn`, `turn_from_cache`, `Actor::queued` (queue.rs) |
-//! | `WaitingForCapacity` | capacity: no place under the class in the namespace | `Context::place` (capacity.rs) |
-//! | `SandboxNotOwned` | sandbox: briq says it is another's | `ownership_verdict` (sandbox.rs) |
-//! | `Running` | run: the attempt recorded, the code sent | `running_status`, `Actor::run` (run.rs) |
-//! | `WaitingForBriq` | recover: briq did not say whether the code ran | `waiting_for_briq_message`, `Actor::await_briq` (recover.rs) |
-//! | `Interrupted` | recover: nobody can tell how a running attempt ended | `recovered`, `Actor::interrupt` (recover.rs) |
-//! | `Completed`, `FinalAnswer`, `CodeError`, `FinalAnswerRejected`, `Timeout`, `MalformedResponse` | conclude: the bridge's answer judged | `judge` (conclude.rs) |
-//! | `KernelLost` | conclude: the kernel or the sandbox gone | `judge` (conclude.rs), `ownership_verdict` (sandbox.rs) |
-//! | `TransportError` | conclude: briq refused for good; recover: the outcome stayed unknown | `judge` (conclude.rs), `outcome_stayed_unknown` (recover.rs) |
-//! | `Cancelled` | cancel: never sent, claimed by the journal, or interrupted in its kernel | `never_ran`, `Actor::cancel`, `Actor::cancellable` (cancel.rs), `judge` (conclude.rs) |
+//! | `ExecutorNotFound`, `ExecutorNeverAppeared` | no executor (yet) | `admit` (step.rs) |
+//! | `ExecutorDeleted` | the executor gone or being deleted | `admit` (step.rs), `unable` (turn.rs) |
+//! | `ExecutorUnusable` | unusable, a pool member, stalled; again at the turn | `unable`, `Actor::take_turn` (turn.rs) |
+//! | `ExecutorNotReady` | not Ready; its key Secret missing | `admit` (step.rs), `Actor::sandbox` (send.rs) |
+//! | `QueueFull` | the executor's or the namespace's queue full | `queue_full`, `namespace_queue_full` (step.rs) |
+//! | `Queued` | behind others, a burst still arriving | `decide` (step.rs) on `turn` (turn.rs), `Actor::queued` (turn.rs) |
+//! | `WaitingForCapacity` | no place under the class in the namespace | `Context::place` (turn.rs) |
+//! | `SandboxNotOwned` | briq says the sandbox is another's | `ownership_verdict` (send.rs) |
+//! | `Running` | the attempt recorded, the code sent | `running_status`, `Actor::run` (send.rs) |
+//! | `WaitingForBriq` | briq did not say whether the code ran | `waiting_for_briq_message`, `Actor::await_briq` (recover.rs) |
+//! | `Interrupted` | nobody can tell how a running attempt ended | `recovered`, `Actor::interrupt` (recover.rs) |
+//! | `Completed`, `FinalAnswer`, `CodeError`, `FinalAnswerRejected`, `Timeout`, `MalformedResponse` | the bridge's answer judged | `judge` (end.rs) |
+//! | `KernelLost` | the kernel or the sandbox gone | `judge` (end.rs), `ownership_verdict` (send.rs) |
+//! | `TransportError` | briq refused for good; the outcome stayed unknown | `judge` (end.rs), `outcome_stayed_unknown` (recover.rs) |
+//! | `Cancelled` | never sent, claimed by the journal, or interrupted in its kernel | `never_ran`, `Actor::cancel`, `Actor::cancellable` (cancel.rs), `judge` (end.rs) |
 //!
-//! Waiting reasons are written by `Actor::wait` (wait.rs), final ones by `Actor::end`
-//! (conclude.rs), which applies an [`Ending`](conclude::Ending) decided by `ending`. Each
-//! reconcile observes (the caches first; the head of a queue reads afresh only while the cache
-//! cannot decide its turn, `turn_from_cache` in queue.rs; `Actor::observed`, step.rs), asks
-//! `decide` (step.rs) what comes next, and performs it. A finished Execution is deleted once its
-//! time to live is over (expire.rs).
+//! Waiting reasons are written by `Actor::wait`, final ones by `Actor::end`, which applies an
+//! [`Ending`](end::Ending) decided by `ending` (both end.rs). Each reconcile reads the caches
+//! only (the executor from the API server only when the cache has none, the turn only while
+//! the cache lags), asks `decide` what comes next, and performs it. A finished Execution is
+//! deleted once its time to live is over (expire.rs).
 //!
 //! kube-runtime never reconciles one object twice at once, but reconciles different
 //! Executions concurrently; the per-executor lock and the turn check serialize them.
@@ -36,24 +40,19 @@
 //! (recover.rs), never sent again.
 
 mod actor;
-mod admit;
 mod bookkeeping;
 mod budget;
 mod cancel;
-mod capacity;
-mod conclude;
 mod context;
+mod end;
 mod expire;
 #[cfg(test)]
 mod fixtures;
-mod observed;
-mod queue;
 mod recover;
-mod run;
-mod sandbox;
+mod send;
 mod step;
 mod trace;
-mod wait;
+mod turn;
 
 use std::sync::Arc;
 

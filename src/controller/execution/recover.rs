@@ -11,11 +11,11 @@ use tracing::{info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Failure, Verdict, failure, judge},
-    observed::Attempt,
-    run::{Judged, ran},
-    sandbox::Access,
-    wait::waiting_status,
+    end::waiting_status,
+    end::{Failure, Verdict, failure, judge},
+    send::Access,
+    send::Attempt,
+    send::{Judged, ran},
 };
 use crate::{
     bridge::{RunResult, session::CallError},

@@ -6,10 +6,11 @@ use serde_json::json;
 use super::*;
 use crate::{
     controller::execution::{
-        conclude::Verdict,
+        end::Verdict,
         fixtures::{at, attempt},
-        observed::NamespaceQueue,
+        turn::NamespaceQueue,
     },
+    controller::recheck::TURN,
     crd::{FINALIZER, reasons::ExecutionReason},
 };
 
@@ -61,7 +62,8 @@ fn observed(executor: Option<&BriqExecutor>) -> Observed<'_> {
         created: Some(at("00")),
         executor_wait: SignedDuration::from_secs(600),
         executor_known_unusable: false,
-        heads_queue: true,
+        turn: Some(Turn::Mine),
+        cache_current: true,
         placed: false,
         ahead: 0,
         namespace_queue: None,
@@ -181,7 +183,7 @@ fn decide_table() {
             "cancelled while queued behind another: its sandbox's journal claims the attempt",
             Observed {
                 cancel: true,
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ..observed(Some(&ready))
             },
             Step::Cancel,
@@ -315,25 +317,25 @@ fn decide_table() {
         (
             "behind others",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 1,
                 ..observed(Some(&ready))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "the last place in a full queue: one runs, 100 wait",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 100,
                 ..observed(Some(&ready))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "beyond a full queue",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 101,
                 ..observed(Some(&ready))
             },
@@ -346,7 +348,7 @@ fn decide_table() {
         (
             "beyond a full queue of an executor still provisioning",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 101,
                 ..observed(Some(&provisioning))
             },
@@ -364,11 +366,11 @@ fn decide_table() {
                     max: 3,
                     waiting_before: 2,
                 }),
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 1,
                 ..observed(Some(&ready))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "beyond its namespace's queue under its class",
@@ -378,7 +380,7 @@ fn decide_table() {
                     max: 3,
                     waiting_before: 3,
                 }),
-                heads_queue: true,
+                turn: Some(Turn::Mine),
                 ..observed(Some(&ready))
             },
             fail(
@@ -391,7 +393,7 @@ fn decide_table() {
         (
             "beyond a queue of one",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 2,
                 ..observed(Some(&queue_of_one))
             },
@@ -405,12 +407,12 @@ fn decide_table() {
             "queued already in a queue of one, behind one created later that sorts first: \
              keeps its place",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 placed: true,
                 ahead: 2,
                 ..observed(Some(&queue_of_one))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "queued already in its namespace's full queue under its class: keeps its place",
@@ -420,26 +422,26 @@ fn decide_table() {
                     max: 3,
                     waiting_before: 3,
                 }),
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 placed: true,
                 ahead: 1,
                 ..observed(Some(&ready))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "behind the running one in a queue of one",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 1,
                 ..observed(Some(&queue_of_one))
             },
-            Step::Queue,
+            Step::Queue(TURN),
         ),
         (
             "no executor to count against yet",
             Observed {
-                heads_queue: false,
+                turn: Some(Turn::Behind),
                 ahead: 500,
                 ..observed(None)
             },
@@ -452,10 +454,66 @@ fn decide_table() {
         (
             "head of the queue",
             observed(Some(&ready)),
-            Step::ConfirmTurn,
+            Step::TakeTurn { confirm: false },
         ),
     ];
     for (name, observed, expected) in cases {
+        assert_eq!(decide(&observed), expected, "{name}");
+    }
+}
+
+/// The turn as the cache shows it decides, except that the head of a lagging cache (listing,
+/// or its watch failed) confirms it with a LIST first: the cache never invents a sibling, so
+/// its "wait" always stands.
+#[test]
+fn the_turn_is_decided_from_the_cache_and_confirmed_only_while_it_lags() {
+    let ready = ready();
+    let arriving = Turn::BurstArriving(Duration::from_secs(1));
+    let cases = [
+        (
+            "its turn, the cache current: no LIST",
+            Some(Turn::Mine),
+            true,
+            Step::TakeTurn { confirm: false },
+        ),
+        (
+            "its turn, the cache listing or its watch failed: LIST",
+            Some(Turn::Mine),
+            false,
+            Step::TakeTurn { confirm: true },
+        ),
+        ("one before it", Some(Turn::Behind), true, Step::Queue(TURN)),
+        (
+            "one before it, even in a lagging cache",
+            Some(Turn::Behind),
+            false,
+            Step::Queue(TURN),
+        ),
+        (
+            "a burst still arriving",
+            Some(arriving.clone()),
+            true,
+            Step::Queue(Duration::from_secs(1)),
+        ),
+        (
+            "a burst still arriving, in a lagging cache",
+            Some(arriving),
+            false,
+            Step::Queue(Duration::from_secs(1)),
+        ),
+        (
+            "not in the cache yet: it waits for its own event",
+            None,
+            true,
+            Step::Queue(TURN),
+        ),
+    ];
+    for (name, turn, cache_current, expected) in cases {
+        let observed = Observed {
+            turn,
+            cache_current,
+            ..observed(Some(&ready))
+        };
         assert_eq!(decide(&observed), expected, "{name}");
     }
 }
@@ -466,19 +524,17 @@ fn decide_table() {
 #[test]
 fn one_executions_happy_path_is_one_send_and_one_status_write() {
     use crate::controller::execution::{
-        conclude::ending,
-        queue::{Turn, owners_with, turn_from_cache},
-        run::{Recording, recording, running_status},
+        end::ending,
+        send::{Recording, recording, running_status},
+        turn::owners_with,
     };
     let ready = ready();
-    // Judged from the caches: no read.
+    // Judged from the caches, its turn too while the cache is current: no read, no LIST.
     let observed = Observed {
         adopted: true,
         ..observed(Some(&ready))
     };
-    assert_eq!(decide(&observed), Step::ConfirmTurn);
-    // The turn from the cache while it is current: no LIST.
-    assert_eq!(turn_from_cache(Turn::Mine, true), Some(Turn::Mine));
+    assert_eq!(decide(&observed), Step::TakeTurn { confirm: false });
     // The owner its creator set: no owner write.
     let owned_by_its_creator = [crate::crd::history_owner(&ready).unwrap()];
     assert_eq!(owners_with(&owned_by_its_creator, &ready, "u-py"), None);

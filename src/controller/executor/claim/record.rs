@@ -3,7 +3,7 @@
 //! what to do with what it finds), so that a claim is two writes to its Ready: the member's and
 //! this one. Its finalizer, and the record's copy in its annotations (which survives a lost
 //! status), follow in one more write ([`Actor::settle_claim`]), off the claim's path: no
-//! Execution runs on an executor without its finalizer (execution/admit.rs), so every one that
+//! Execution runs on an executor without its finalizer (execution/step.rs, `admit`), so every one that
 //! runs is drained on deletion, and until then the member, which the claimer owns, keeps the
 //! sandbox from leaking (the garbage collector deletes it with the claimer, and its finalizer
 //! destroys the sandbox).

@@ -1,27 +1,39 @@
-//! Sending the code, at most once: the run's deadline, the attempt id the sandbox's journal runs
-//! once, `Running` recorded before or beside the exec, the answer read ([`ran`]: judged, or left
-//! to the journal when briq did not say whether the code ran), and the run's trace.
+//! Sending the code, at most once. First the executor's sandbox (for the run, the journal's
+//! recall and the cancel alike): its API key, and briq's word that the sandbox the executor's
+//! (tenant-writable) status names is its own. Then the run: its deadline, the attempt id the
+//! sandbox's journal runs once, `Running` recorded before or beside the exec, the answer read
+//! ([`ran`]: judged, or left to the journal when briq did not say whether the code ran), and
+//! the run's trace.
 
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
 use kube::{ResourceExt, runtime::controller::Action};
 use tracing::{info, warn};
 
 use super::{
     actor::Actor,
-    conclude::{Failure, Verdict, failure, judge},
-    sandbox::Access,
+    end::{Failure, Verdict, failure, judge},
     trace,
 };
 use crate::{
-    bridge::{RunResult, session::CallError},
+    bridge::{
+        RunResult,
+        session::{CallError, Session},
+    },
     briq::SandboxApi,
     controller::{
         class,
-        context::Result,
-        credentials::made_under,
-        recheck::{CONFLICT_RECHECK, RUNNING_WRITE_AFTER},
+        context::{Error, Result},
+        credentials::{api_key, made_under},
+        ownership::{
+            Ownership, claimed_member, expected_sandbox_name, not_owned_message, ownership,
+        },
+        recheck::{self, ATTEMPT_GRACE, CONFLICT_RECHECK, RUNNING_WRITE_AFTER, Wait},
+        requeue::waited,
         status::{apply_status_at, is_conflict},
     },
     crd::{
@@ -31,6 +43,124 @@ use crate::{
     },
     traces,
 };
+
+/// What to do when briq says whose the sandbox an executor's status names is: `None`, run.
+pub fn ownership_verdict(sandbox: &str, ownership: &Ownership) -> Option<Verdict> {
+    use ExecutionReason::*;
+    match ownership {
+        Ownership::Owned => None,
+        Ownership::Foreign => Some(Verdict::new(
+            SandboxNotOwned,
+            format!("{}; the code was not sent", not_owned_message(sandbox)),
+        )),
+        Ownership::Gone => Some(
+            Verdict::new(
+                KernelLost,
+                format!("sandbox {sandbox} no longer exists; the executor is now unusable"),
+            )
+            .poisons("its sandbox no longer exists"),
+        ),
+    }
+}
+
+/// Whether an Execution may use its executor's sandbox now.
+pub(super) enum Access {
+    Granted(crate::briq::ApiKey, String),
+    Denied(Action),
+}
+
+impl<'a, S: SandboxApi> Actor<'a, S> {
+    pub(super) fn session<'s>(
+        &'s self,
+        key: &'s crate::briq::ApiKey,
+        sandbox_id: &'s str,
+    ) -> Session<'s, S> {
+        Session {
+            api: &self.ctx.shared.sandboxes,
+            key,
+            sandbox_id,
+        }
+    }
+
+    /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own,
+    /// for a step that asks it (the run, the journal's recall, the cancel); or what was done
+    /// instead: waiting for a key; the Execution concluded, the executor poisoned when its
+    /// sandbox is not its own; or, with an attempt recorded in `base`, waiting for briq when it
+    /// could not be asked whose the sandbox is (nor could its journal be). Noted in the trace.
+    pub(super) async fn sandbox(
+        &self,
+        executor: &BriqExecutor,
+        base: &ExecutionStatus,
+    ) -> Result<Access> {
+        let (access, checked) = traces::noted(self.access(executor)).await;
+        self.note(|t| t.sandbox_check = checked);
+        match access {
+            Err(Error::Briq(error)) if base.attempt_id.is_some() => {
+                // Boxed: the wait (and the end it may reach) would otherwise sit inside every
+                // step's future that reaches the sandbox, and a debug build's poll frames copy it.
+                let waited = Box::pin(self.await_briq(executor, base.clone(), error.into()));
+                Ok(Access::Denied(waited.await?))
+            }
+            access => access,
+        }
+    }
+
+    async fn access(&self, executor: &BriqExecutor) -> Result<Access> {
+        let key = match api_key(&self.ctx.shared, executor).await {
+            Ok(key) => key,
+            Err(Error::ApiKey(message)) => {
+                self.wait(ExecutionReason::ExecutorNotReady, message)
+                    .await?;
+                let waited = waited(self.execution);
+                let recheck = recheck::recheck(Wait::KeySecret { waited });
+                return Ok(Access::Denied(Action::requeue(recheck)));
+            }
+            Err(error) => return Err(error),
+        };
+        let sandbox_id = executor
+            .status
+            .as_ref()
+            .and_then(|s| s.sandbox_id.clone())
+            .ok_or_else(|| {
+                Error::Invariant(format!(
+                    "BriqExecutor {} is ready without a sandbox",
+                    self.executor_name()
+                ))
+            })?;
+        if let Some(verdict) = self.verify_ownership(executor, &key, &sandbox_id).await? {
+            let action = self
+                .conclude(Some(executor), self.status(), &verdict)
+                .await?;
+            return Ok(Access::Denied(action));
+        }
+        Ok(Access::Granted(key, sandbox_id))
+    }
+
+    /// Why the code must not go to `sandbox`, if it must not: the executor's status names it, and
+    /// status is tenant-writable, so briq confirms it is the executor's own (once per executor
+    /// and sandbox; this process remembers the answer).
+    async fn verify_ownership(
+        &self,
+        executor: &BriqExecutor,
+        key: &crate::briq::ApiKey,
+        sandbox: &str,
+    ) -> Result<Option<Verdict>> {
+        let uid = executor.uid().unwrap_or_default();
+        if self.ctx.kept.owns(&uid, sandbox) {
+            return Ok(None);
+        }
+        let found = self.ctx.shared.sandboxes.get_sandbox(key, sandbox).await;
+        let member = claimed_member(executor, &self.ctx.executors, &self.ctx.shared.client).await?;
+        let expected = expected_sandbox_name(executor, member.as_ref());
+        let Some(ownership) = ownership(&expected, &found) else {
+            return Err(found.expect_err("briq did not say").into());
+        };
+        if ownership == Ownership::Owned {
+            self.ctx.kept.confirmed_owner(&uid, sandbox);
+        }
+        Ok(ownership_verdict(sandbox, &ownership))
+    }
+}
 
 /// How a run records its attempt around the send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +212,29 @@ pub fn attempt_id(uid: &str) -> String {
     use sha2::{Digest, Sha256};
     let hash = Sha256::digest(uid.as_bytes());
     hash[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An attempt recorded in an Execution's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    pub started: Option<Timestamp>,
+    /// The run's deadline in seconds ([`timeout_seconds`](super::send::timeout_seconds)).
+    pub timeout_seconds: u32,
+}
+
+impl Attempt {
+    /// How long its runner may still report a result; `None` once nobody can.
+    pub fn may_report_for(&self, now: Timestamp) -> Option<Duration> {
+        let timeout = SignedDuration::from_secs(self.timeout_seconds.into());
+        let until = self
+            .started?
+            .checked_add(timeout)
+            .ok()?
+            .checked_add(ATTEMPT_GRACE)
+            .ok()?;
+        let left = now.duration_until(until);
+        left.is_positive().then(|| left.unsigned_abs())
+    }
 }
 
 /// The status recorded before the code is sent: `attempt` identifies the one try.

@@ -1,7 +1,10 @@
-//! How an Execution ends: the bridge's answer judged to a [`Verdict`], the final status (cut to
-//! its byte budget), the executor made unusable when the verdict says so, the execution counted,
-//! the result written (or kept for the next reconcile when the write fails), the next one woken
-//! and the oldest history beyond the executor's limit pruned.
+//! What an Execution reports. While it cannot run yet (Succeeded=Unknown: queued, its executor
+//! missing or not ready, no place under its class), once per reason ([`Actor::wait`]). And how
+//! it ends: the bridge's answer judged to a [`Verdict`], the final status (cut to its byte
+//! budget), the executor made unusable when the verdict says so, the execution counted, the
+//! result written (or kept for the next reconcile when the write fails), the next one woken and
+//! the oldest history beyond the executor's limit pruned: an [`Ending`], decided by [`ending`]
+//! and applied by [`Actor::end`].
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{ResourceExt, api::DeleteParams, runtime::controller::Action};
@@ -19,6 +22,51 @@ use crate::{
     },
     traces,
 };
+
+/// The status of an Execution that waits (Succeeded=Unknown), or `None` when `current`
+/// already says so.
+pub fn waiting_status(
+    current: &ExecutionStatus,
+    generation: Option<i64>,
+    reason: ExecutionReason,
+    message: String,
+) -> Option<ExecutionStatus> {
+    let want = [desired(SUCCEEDED, "Unknown", reason.as_str(), message)];
+    if conditions::satisfied(&current.conditions, &want, generation)
+        && current.observed_generation == generation
+    {
+        return None;
+    }
+    Some(ExecutionStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(&current.conditions, &want, generation),
+        // A recovery may wait on an Execution recorded as running: its attempt stays recorded,
+        // or it would look never run and be sent again.
+        attempt_id: current.attempt_id.clone(),
+        start_time: current.start_time.clone(),
+        ..Default::default()
+    })
+}
+
+impl<'a, S: SandboxApi> Actor<'a, S> {
+    /// Reports a not-yet-runnable Execution (Succeeded=Unknown) unless it already says so, or
+    /// this process wrote so and its cache does not show it yet: an Execution waiting in a
+    /// burst is reconciled on each of its own changes, which arrive after the next decision.
+    pub(super) async fn wait(&self, reason: ExecutionReason, message: String) -> Result<()> {
+        let generation = self.execution.metadata.generation;
+        let uid = self.execution.uid().unwrap_or_default();
+        let current = self
+            .ctx
+            .kept
+            .waiting_written(&uid)
+            .unwrap_or_else(|| self.status());
+        if let Some(waiting) = waiting_status(&current, generation, reason, message) {
+            self.write(&waiting).await?;
+            self.ctx.kept.wrote_waiting(&uid, waiting);
+        }
+        Ok(())
+    }
+}
 
 /// How an Execution ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

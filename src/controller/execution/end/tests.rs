@@ -6,7 +6,7 @@ use crate::{
     briq::{self, api::ErrorCode},
     controller::execution::{
         fixtures::{briq_error, not_found, order, result, time, unavailable},
-        run::running_status,
+        send::running_status,
     },
 };
 
@@ -386,4 +386,55 @@ fn the_largest_results_the_bridge_can_send_fit_the_status_budget() {
         time("02"),
     );
     assert_eq!(done.final_answer, Some(answer));
+}
+
+#[test]
+fn a_waiting_status_is_written_once() {
+    let first = waiting_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        ExecutionReason::Queued,
+        "waiting".into(),
+    )
+    .expect("a first write");
+    assert_eq!(first.observed_generation, Some(1));
+    assert_eq!(first.conditions[0].reason, "Queued");
+    assert_eq!(first.conditions[0].status, "Unknown");
+    assert_eq!(
+        waiting_status(&first, Some(1), ExecutionReason::Queued, "waiting".into()),
+        None
+    );
+    assert!(
+        waiting_status(
+            &first,
+            Some(1),
+            ExecutionReason::ExecutorNotReady,
+            "waiting".into()
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn a_waiting_status_over_a_recorded_attempt_keeps_it_so_the_code_is_never_sent_again() {
+    // Recovery waits (e.g. the executor's key Secret is gone) on an Execution recorded as
+    // running: the status it writes must still name the attempt, or the next reconcile would
+    // see an Execution that never ran and send its code again.
+    let running = running_status(
+        &ExecutionStatus::default(),
+        Some(1),
+        "py",
+        "0123456789abcdef".into(),
+        time("20"),
+    );
+    let waiting = waiting_status(
+        &running,
+        Some(1),
+        ExecutionReason::ExecutorNotReady,
+        "no key".into(),
+    )
+    .expect("a new reason is written");
+    assert_eq!(waiting.attempt_id.as_deref(), Some("0123456789abcdef"));
+    assert_eq!(waiting.start_time, running.start_time);
+    assert_eq!(waiting.conditions[0].reason, "ExecutorNotReady");
 }

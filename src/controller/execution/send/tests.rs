@@ -97,3 +97,18 @@ fn a_run_briq_did_not_answer_is_left_to_the_journal() {
     assert_eq!(verdict.reason, ExecutionReason::Completed);
     assert!(kept.is_some());
 }
+
+#[test]
+fn code_is_sent_only_to_a_sandbox_briq_confirms_as_the_executors_own() {
+    assert_eq!(ownership_verdict("bq_1", &Ownership::Owned), None);
+    let foreign = ownership_verdict("bq_victim", &Ownership::Foreign).unwrap();
+    assert_eq!(foreign.reason, ExecutionReason::SandboxNotOwned);
+    assert_eq!(
+        foreign.unusable, None,
+        "the executor's own sandbox is untouched"
+    );
+    assert!(foreign.message.contains("bq_victim") && foreign.message.contains("not sent"));
+    let gone = ownership_verdict("bq_1", &Ownership::Gone).unwrap();
+    assert_eq!(gone.reason, ExecutionReason::KernelLost);
+    assert!(gone.unusable.is_some());
+}
