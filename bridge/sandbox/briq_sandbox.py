@@ -1730,13 +1730,17 @@ def restore(shell, path):
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a saved namespace this bridge knows")
     restored, failed = set(), {}
-    for name, module in state["modules"].items():
+
+    def put(name, make):
         try:
-            ns[name] = importlib.import_module(module)
+            ns[name] = make()
         except Exception as exc:
             failed[name] = exc
         else:
             restored.add(name)
+
+    for name, module in state["modules"].items():
+        put(name, lambda module=module: importlib.import_module(module))
 
     def define_all(items):
         left = []
@@ -1760,12 +1764,7 @@ def restore(shell, path):
             break
         pending = left
     for name, blob in state["values"].items():
-        try:
-            ns[name] = pickle.loads(blob)
-        except Exception as exc:
-            failed[name] = exc
-        else:
-            restored.add(name)
+        put(name, lambda blob=blob: pickle.loads(blob))
     define_all(pending)
     order = state["order"]
     saved = [name for name in order if name in restored]

@@ -96,6 +96,16 @@ pub struct Session<'a, S> {
     pub sandbox_id: &'a str,
 }
 
+impl<'a, S> Session<'a, S> {
+    pub fn new(api: &'a S, key: &'a ApiKey, sandbox_id: &'a str) -> Self {
+        Session {
+            api,
+            key,
+            sandbox_id,
+        }
+    }
+}
+
 impl<S: SandboxApi> Session<'_, S> {
     /// Uploads the bridge, installs its dependencies and `requirements` within `deadline`,
     /// starts the kernel and gives it `env` (a claimer's; none for others). Every step is
@@ -446,11 +456,7 @@ mod tests {
     }
 
     fn session<'a>(api: &'a FakeBriq, key: &'a ApiKey) -> Session<'a, FakeBriq> {
-        Session {
-            api,
-            key,
-            sandbox_id: ID,
-        }
+        Session::new(api, key, ID)
     }
 
     /// The staged bridge's upload: its path is random, its place in the sequence is not.

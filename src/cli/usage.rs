@@ -43,24 +43,19 @@ const HEADERS: &[&str] = &[
     "QUEUED",
 ];
 
+/// Every object `api` lists, as the operator's usage count takes them.
+async fn listed<K>(api: Api<K>) -> Result<Vec<Arc<K>>, Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list.items.into_iter().map(Arc::new).collect())
+}
+
 pub async fn run(args: Args) -> Result<Exit, Error> {
     let cluster = Cluster::connect(args.namespace).await?;
-    let executors: Vec<Arc<BriqExecutor>> = cluster
-        .api::<BriqExecutor>()
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
-    let executions: Vec<Arc<Execution>> = cluster
-        .api::<Execution>()
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let executors: Vec<Arc<BriqExecutor>> = listed(cluster.api()).await?;
+    let executions: Vec<Arc<Execution>> = listed(cluster.api()).await?;
     let usage = usage::usage(&executors, &executions);
     if usage.is_empty() {
         let note = format!(

@@ -296,11 +296,7 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
             Ok(target) => target,
             Err(response) => return response,
         };
-    let session = Session {
-        api: served.sandboxes.as_ref(),
-        key: &key,
-        sandbox_id: &sandbox,
-    };
+    let session = Session::new(served.sandboxes.as_ref(), &key, &sandbox);
     let first = match session.file_read(&path, 0, MAX_FILE_BYTES).await {
         Ok(report) if report.ok => report,
         Ok(report) => return refused(files::refusal_of(&report)),
@@ -319,11 +315,7 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
     let sandboxes = served.sandboxes.clone();
     let expected = digest.clone();
     tokio::spawn(async move {
-        let session = Session {
-            api: sandboxes.as_ref(),
-            key: &key,
-            sandbox_id: &sandbox,
-        };
+        let session = Session::new(sandboxes.as_ref(), &key, &sandbox);
         let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
         let mut sent = 0u64;
         let mut part = first_part;
@@ -442,11 +434,7 @@ async fn write_file<S: SandboxApi + Clone + 'static>(
     // The caller's digest, when sent, is the one the bridge checks: bytes changed on the way
     // are then found in the sandbox, and nothing is written.
     let expected = claimed.unwrap_or(digest);
-    let session = Session {
-        api,
-        key: &key,
-        sandbox_id: &sandbox,
-    };
+    let session = Session::new(api, &key, &sandbox);
     match session
         .file_write(&staged, parts, &path, size, &expected)
         .await

@@ -423,15 +423,7 @@ class KubernetesExecutor(RemotePythonExecutor):
                 else {"generateName": "agent-"},
                 "spec": dict(executor_spec or {}),
             }
-            created = self._call(
-                "creating a BriqExecutor",
-                self._api.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                EXECUTORS,
-                body,
-            )
+            created = self._create_executor("creating a BriqExecutor", namespace, body)
             executor_name = created["metadata"]["name"]
             self.logger.log(
                 f"Created BriqExecutor {namespace}/{executor_name}", level=LogLevel.INFO
@@ -700,16 +692,7 @@ class KubernetesExecutor(RemotePythonExecutor):
             forks: list[KubernetesExecutor] = []
             try:
                 for _ in range(n):
-                    created = self._call(
-                        f"creating a fork of {where}",
-                        self._api.create_namespaced_custom_object,
-                        GROUP,
-                        VERSION,
-                        namespace,
-                        EXECUTORS,
-                        body,
-                        _request_timeout=30,
-                    )
+                    created = self._create_executor(f"creating a fork of {where}", namespace, body)
                     forks.append(self._forked(created))
                     self.logger.log(
                         f"Created BriqExecutor {namespace}/{forks[-1].executor_name}, a fork of "
@@ -1105,6 +1088,18 @@ class KubernetesExecutor(RemotePythonExecutor):
         )
 
     # --- watching ---------------------------------------------------------------------------
+
+    def _create_executor(self, what: str, namespace: str, body: dict) -> dict:
+        return self._call(
+            what,
+            self._api.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            EXECUTORS,
+            body,
+            _request_timeout=30,
+        )
 
     def _call(self, what: str, function, *args, **kwargs):
         try:

@@ -75,11 +75,7 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
         key: &'s crate::briq::ApiKey,
         sandbox_id: &'s str,
     ) -> Session<'s, S> {
-        Session {
-            api: &self.ctx.shared.sandboxes,
-            key,
-            sandbox_id,
-        }
+        Session::new(&self.ctx.shared.sandboxes, key, sandbox_id)
     }
 
     /// The executor's key and sandbox, once briq confirms the sandbox is the executor's own,

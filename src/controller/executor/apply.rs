@@ -72,15 +72,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     Created::Sandbox(id) => id,
                     Created::Not(recheck) => return Ok(Action::requeue(recheck)),
                 };
-                let sandbox = SandboxFields {
-                    id: Some(id.clone()),
-                    created: Some(conditions::now()),
-                    ready: None,
-                    suspension: None,
-                    claimed_member: None,
-                    fork: sandbox_fields(executor).fork,
-                    snapshot: None,
-                };
+                let sandbox = SandboxFields::created(id, executor);
                 Box::pin(self.provision(executor, &key, sandbox, Some(create))).await
             }
             Step::Provision { sandbox } => {

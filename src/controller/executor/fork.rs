@@ -245,11 +245,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let Some(key) = self.credentials(executor).await? else {
             return Ok(key_recheck(executor));
         };
-        let session = Session {
-            api: &self.shared.sandboxes,
-            key: &key,
-            sandbox_id: id,
-        };
+        let session = Session::new(&self.shared.sandboxes, &key, id);
         let saving = self
             .slot
             .without(session.fork_save(&snapshot_id(), false, STATE_DEADLINE))
@@ -320,11 +316,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             })
         } else {
             self.shared.sandboxes.start_sandbox(&key, id).await?;
-            let session = Session {
-                api: &self.shared.sandboxes,
-                key: &key,
-                sandbox_id: id,
-            };
+            let session = Session::new(&self.shared.sandboxes, &key, id);
             let report = self
                 .slot
                 .without(session.fork_save(&snapshot_id(), true, STATE_DEADLINE))
@@ -417,11 +409,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                 .write_file(key, id, &to, &part)
                 .await?;
         }
-        let session = Session {
-            api: &self.shared.sandboxes,
-            key,
-            sandbox_id: id,
-        };
+        let session = Session::new(&self.shared.sandboxes, key, id);
         let loaded = self
             .slot
             .without(session.fork_load(

@@ -205,15 +205,7 @@ impl<S: SandboxApi> Actor<'_, S> {
                     Created::Sandbox(id) => id,
                     Created::Not(recheck) => return Ok(Action::requeue(recheck)),
                 };
-                let fields = SandboxFields {
-                    id: Some(id),
-                    created: Some(conditions::now()),
-                    ready: None,
-                    suspension: None,
-                    claimed_member: None,
-                    fork: sandbox_fields(executor).fork,
-                    snapshot: None,
-                };
+                let fields = SandboxFields::created(id, executor);
                 self.provision(executor, key, fields, None).await
             }
         }

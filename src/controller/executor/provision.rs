@@ -89,11 +89,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             "installing the bridge and starting the kernel",
         );
         self.report(executor, provisioning, sandbox.clone()).await?;
-        let session = Session {
-            api: &self.shared.sandboxes,
-            key,
-            sandbox_id: &id,
-        };
+        let session = Session::new(&self.shared.sandboxes, key, &id);
         let deadline = Duration::from_secs(executor.spec.setup_timeout_seconds.into());
         let packages = executor.spec.packages.clone().unwrap_or_default();
         let (outcome, setup) = self

@@ -100,6 +100,20 @@ impl SandboxFields {
             snapshot: status.snapshot.clone(),
         }
     }
+
+    /// The fields of the sandbox `id` just created for `executor`: everything that went with
+    /// its previous sandbox goes; a fork's origin stays with the executor.
+    pub(super) fn created(id: String, executor: &BriqExecutor) -> SandboxFields {
+        SandboxFields {
+            id: Some(id),
+            created: Some(conditions::now()),
+            ready: None,
+            suspension: None,
+            claimed_member: None,
+            fork: status_of(executor).fork,
+            snapshot: None,
+        }
+    }
 }
 
 /// The executor controller's part of the status, or `None` when `current` already says it.
@@ -129,6 +143,22 @@ fn status_update(
     })
 }
 
+/// The status to write so that `executor`'s says `state` and `sandbox`, as the server-side
+/// apply's body; `None` when it already says so.
+fn written_status(
+    executor: &BriqExecutor,
+    state: &[conditions::Desired],
+    sandbox: SandboxFields,
+) -> Option<serde_json::Value> {
+    let status = status_update(
+        &status_of(executor),
+        executor.metadata.generation,
+        state,
+        sandbox,
+    )?;
+    Some(serde_json::to_value(status).expect("status serializes"))
+}
+
 impl<S: SandboxApi> Actor<'_, S> {
     /// Applies the executor controller's part of the status, unless it already says that.
     pub(super) async fn report(
@@ -137,16 +167,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         state: impl AsRef<[conditions::Desired]>,
         sandbox: SandboxFields,
     ) -> Result<()> {
-        let current = status_of(executor);
-        let Some(status) = status_update(
-            &current,
-            executor.metadata.generation,
-            state.as_ref(),
-            sandbox,
-        ) else {
+        let Some(status) = written_status(executor, state.as_ref(), sandbox) else {
             return Ok(());
         };
-        let status = serde_json::to_value(status).expect("status serializes");
         apply_status(self.api, executor, EXECUTOR_MANAGER, status).await
     }
 
@@ -172,16 +195,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         state: impl AsRef<[conditions::Desired]>,
         sandbox: SandboxFields,
     ) -> Result<BriqExecutor> {
-        let current = status_of(executor);
-        let Some(status) = status_update(
-            &current,
-            executor.metadata.generation,
-            state.as_ref(),
-            sandbox,
-        ) else {
+        let Some(status) = written_status(executor, state.as_ref(), sandbox) else {
             return Ok(executor.clone());
         };
-        let status = serde_json::to_value(status).expect("status serializes");
         let version = executor.resource_version();
         apply_status_at(
             self.api,

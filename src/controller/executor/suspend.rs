@@ -223,11 +223,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             last.resumed_time = None;
             last
         } else {
-            let session = Session {
-                api: &self.shared.sandboxes,
-                key: &key,
-                sandbox_id: id,
-            };
+            let session = Session::new(&self.shared.sandboxes, &key, id);
             let saving = self
                 .slot
                 .without(session.save_state(STATE_DEADLINE))
@@ -327,11 +323,7 @@ impl<S: SandboxApi> Actor<'_, S> {
             return Ok(Action::await_change());
         }
         self.shared.sandboxes.start_sandbox(&key, id).await?;
-        let session = Session {
-            api: &self.shared.sandboxes,
-            key: &key,
-            sandbox_id: id,
-        };
+        let session = Session::new(&self.shared.sandboxes, &key, id);
         let kernel = self.slot.without(session.start_kernel()).await?;
         let restored = if kernel.started {
             Some(

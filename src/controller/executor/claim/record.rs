@@ -225,11 +225,7 @@ impl<S: SandboxApi> Actor<'_, S> {
         let Some(key) = self.credentials(claimer).await? else {
             return Ok(false);
         };
-        let session = Session {
-            api: &self.shared.sandboxes,
-            key: &key,
-            sandbox_id: sandbox,
-        };
+        let session = Session::new(&self.shared.sandboxes, &key, sandbox);
         match session.set_env(env).await {
             Ok(report) if report.ok => Ok(true),
             Ok(report) => {
