@@ -5,7 +5,10 @@
 //! ([`ran`]: judged, or left to the journal when briq did not say whether the code ran), and
 //! the run's trace.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
@@ -158,24 +161,54 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
     }
 }
 
-/// How a run records its attempt around the send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recording {
-    /// Before the send, conditionally: the write brings back the code the cache does not hold.
-    First,
-    /// Beside the send, once the action outlasts `after`: an action that ends sooner has it
-    /// folded into its result write.
-    Beside { after: Duration },
+/// One send of an Execution's code, as data: what [`Actor::run`] does with the sandbox, in
+/// this order and nothing else, before its answer is read ([`ran`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Send {
+    /// The attempt id ([`attempt_id`]): the sandbox's journal runs it once, whoever sends it.
+    pub attempt: String,
+    /// The status that records the attempt as running.
+    pub running: ExecutionStatus,
+    /// How `running` is recorded around the exec.
+    pub recording: Recording,
+    /// The run's deadline in seconds ([`timeout_seconds`]).
+    pub timeout: u32,
 }
 
-/// How the run of an Execution whose code is (or is not) at hand records its attempt.
-pub fn recording(code_at_hand: bool) -> Recording {
-    if code_at_hand {
-        Recording::Beside {
-            after: RUNNING_WRITE_AFTER,
-        }
-    } else {
-        Recording::First
+/// How a run records its attempt around the send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recording {
+    /// Before the send, conditionally (at the version decided on): the write brings back the
+    /// code the cache does not hold, and a conflict decides again.
+    First,
+    /// `code` (at hand) goes at once, and `running` is written beside the exec once the action
+    /// outlasts `after`: an action that ends sooner has it folded into its result write.
+    Beside { code: Arc<str>, after: Duration },
+}
+
+/// The send of Execution `uid` (status `current`, at `generation`) to `executor`, its code at
+/// hand or not, with a deadline of `timeout` seconds, at `now`.
+pub fn send(
+    uid: &str,
+    current: &ExecutionStatus,
+    generation: Option<i64>,
+    executor: &str,
+    code: Option<Arc<str>>,
+    timeout: u32,
+    now: Time,
+) -> Send {
+    let attempt = attempt_id(uid);
+    Send {
+        running: running_status(current, generation, executor, attempt.clone(), now),
+        attempt,
+        recording: match code {
+            Some(code) => Recording::Beside {
+                code,
+                after: RUNNING_WRITE_AFTER,
+            },
+            None => Recording::First,
+        },
+        timeout,
     }
 }
 
@@ -275,10 +308,10 @@ pub fn ran(outcome: Result<RunResult, CallError>, timeout: u32) -> Result<Judged
 }
 
 impl<'a, S: SandboxApi> Actor<'a, S> {
-    /// Sends the code, at most once: its attempt id derives from the Execution
-    /// ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever delivers it
-    /// and however often. How `Running` is recorded is [`recording`]'s: with its code at hand
-    /// (kept in the bookkeeping) the code goes at once, and `Running` is written beside the exec
+    /// Sends the code, at most once, as [`send`] says: its attempt id derives from the
+    /// Execution ([`attempt_id`]), and the sandbox's journal runs an attempt id once, whoever
+    /// delivers it and however often. With its code at hand (kept in the bookkeeping) the code
+    /// goes at once, and `Running` is written beside the exec
     /// once the action outlasts [`RUNNING_WRITE_AFTER`] (an action that ends first has it folded
     /// into its result: one write); otherwise the `Running` write comes first and brings the
     /// code back. `version` is the Execution's resourceVersion this run was decided on:
@@ -291,22 +324,24 @@ impl<'a, S: SandboxApi> Actor<'a, S> {
             Access::Denied(action) => return Ok(action),
         };
         let uid = self.execution.uid().unwrap_or_default();
-        let attempt = attempt_id(&uid);
-        let running = running_status(
+        let Send {
+            attempt,
+            running,
+            recording,
+            timeout,
+        } = send(
+            &uid,
             &self.status(),
             self.execution.metadata.generation,
             self.executor_name(),
-            attempt.clone(),
+            self.ctx.kept.code(&uid),
+            self.timeout_seconds(executor),
             conditions::now(),
         );
-        let timeout = self.timeout_seconds(executor);
         let deadline = Duration::from_secs(timeout.into());
         let session = self.session(&key, &sandbox_id);
-        let code = self.ctx.kept.code(&uid);
-        let recording = recording(code.is_some());
         let (outcome, sent) = match recording {
-            Recording::Beside { after } => {
-                let code = code.expect("a run records beside its send only with the code at hand");
+            Recording::Beside { code, after } => {
                 self.ctx.kept.forget_waiting(&uid);
                 let exec = self.cancellable(
                     traces::noted(session.run(&attempt, &code, deadline)),

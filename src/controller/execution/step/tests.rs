@@ -525,7 +525,7 @@ fn the_turn_is_decided_from_the_cache_and_confirmed_only_while_it_lags() {
 fn one_executions_happy_path_is_one_send_and_one_status_write() {
     use crate::controller::execution::{
         end::ending,
-        send::{Recording, recording, running_status},
+        send::{Recording, send},
         turn::owners_with,
     };
     let ready = ready();
@@ -539,24 +539,49 @@ fn one_executions_happy_path_is_one_send_and_one_status_write() {
     let owned_by_its_creator = [crate::crd::history_owner(&ready).unwrap()];
     assert_eq!(owners_with(&owned_by_its_creator, &ready, "u-py"), None);
     let completed = Verdict::new(ExecutionReason::Completed, "the code ran");
-    let with_code = recording(true);
+    // The send: the code at hand goes at once, under the attempt id derived from the uid;
+    // Running is written beside it only once the action outlasts 100 ms.
+    let now = crate::crd::conditions::now();
+    let uid = "0e1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8";
+    let code: std::sync::Arc<str> = "1 + 1".into();
+    let nothing_yet = crate::crd::ExecutionStatus::default();
+    let with_code = send(
+        uid,
+        &nothing_yet,
+        Some(1),
+        "py",
+        Some(code.clone()),
+        30,
+        now.clone(),
+    );
+    let attempt = "0e1a2b3c4d5e6f708192a3b4c5d6e7f8";
     assert_eq!(
-        with_code,
-        Recording::Beside {
-            after: Duration::from_millis(100)
-        }
+        (
+            with_code.attempt.as_str(),
+            &with_code.recording,
+            with_code.timeout
+        ),
+        (
+            attempt,
+            &Recording::Beside {
+                code,
+                after: Duration::from_millis(100)
+            },
+            30
+        )
+    );
+    let running = with_code.running;
+    assert_eq!(
+        (
+            running.attempt_id.as_deref(),
+            &running.start_time,
+            running.conditions[0].reason.as_str()
+        ),
+        (Some(attempt), &Some(now.clone()), "Running")
     );
     // After the send: one status write, the result, with the attempt Running recorded folded
     // into it (an action shorter than 100 ms has no Running write of its own); the execution
     // counted on the executor, nothing marked, no history to prune.
-    let now = crate::crd::conditions::now();
-    let running = running_status(
-        &crate::crd::ExecutionStatus::default(),
-        Some(1),
-        "py",
-        "a1".into(),
-        now.clone(),
-    );
     let ended =
         |verdict: &Verdict| ending(&running, Some(1), verdict, None, now.clone(), true, None);
     let done = ended(&completed);
@@ -566,10 +591,11 @@ fn one_executions_happy_path_is_one_send_and_one_status_write() {
     );
     assert_eq!(
         (done.status.attempt_id.as_deref(), &done.status.start_time),
-        (Some("a1"), &Some(now.clone()))
+        (Some(attempt), &Some(now.clone()))
     );
     // The code not at hand (the cache drops it past its budget): Running first brings it back.
-    assert_eq!(recording(false), Recording::First);
+    let without_code = send(uid, &nothing_yet, Some(1), "py", None, 30, now.clone());
+    assert_eq!(without_code.recording, Recording::First);
     // Off the happy path: a lost kernel marks the executor unusable before the result.
     let lost = Verdict::new(ExecutionReason::KernelLost, "the kernel died").poisons("lost");
     let lost = ended(&lost);
