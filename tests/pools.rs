@@ -899,8 +899,10 @@ async fn a_pool_sized_by_demand_grows_from_zero_with_its_claims_and_scales_back_
     let operator = Operator::start(&env).await;
     let pool: BriqExecutorPool = serde_json::from_value(json!({
         "metadata": { "name": "demand" },
-        // replicas is not used once maxReady sizes the pool by demand.
-        "spec": { "replicas": 5, "maxReady": 3, "demandWindowSeconds": 10, "template": {} },
+        // replicas is not used once maxReady sizes the pool by demand. The window outlasts a
+        // member's making on a loaded machine several times over: a member still being made when
+        // its claim leaves the window goes with the target, and the pool never shows it Ready.
+        "spec": { "replicas": 5, "maxReady": 3, "demandWindowSeconds": 30, "template": {} },
     }))
     .unwrap();
     let pools = env.api::<BriqExecutorPool>();
