@@ -39,19 +39,42 @@ async fn with_ready_pool(prefix: &str, replicas: i32) -> (TestEnv, Operator) {
 /// Waits until the pool has exactly `replicas` unclaimed members from its current template,
 /// all Ready, and says so in its status (which a claim alone does not change, hence the count
 /// from the API first).
+/// A failure names what the pool and its members showed last, so that a slow machine and a
+/// wrong target tell themselves apart.
 async fn pool_ready(env: &TestEnv, name: &str, replicas: i32) -> BriqExecutorPool {
-    eventually(
-        support::READY_SECONDS,
+    let members_ready = briq_dev::wait::poll(
+        Duration::from_secs(READY_SECONDS),
+        Duration::from_millis(100),
         "the pool's unclaimed members are Ready",
         || async {
             let members = unclaimed(env, name).await;
-            members.len() == replicas as usize
+            Ok(members.len() == replicas as usize
                 && members.iter().all(|m| {
                     condition(m, "Ready").0 == "True" && m.metadata.deletion_timestamp.is_none()
-                })
+                }))
         },
     )
     .await;
+    if let Err(error) = members_ready {
+        let members: Vec<String> = unclaimed(env, name)
+            .await
+            .iter()
+            .map(|m| {
+                let deleting = m.metadata.deletion_timestamp.is_some();
+                format!(
+                    "{} Ready={:?} deleting={deleting}",
+                    m.name_any(),
+                    condition(m, "Ready")
+                )
+            })
+            .collect();
+        let pool = env
+            .api::<BriqExecutorPool>()
+            .get(name)
+            .await
+            .map(|p| p.status);
+        panic!("{error}; its unclaimed members: {members:?}; its status: {pool:?}");
+    }
     wait_for(
         &env.api::<BriqExecutorPool>(),
         name,
