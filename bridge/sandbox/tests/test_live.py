@@ -64,6 +64,21 @@ def records(stdout: bytes) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines()]
 
 
+def joined(found: list[dict]) -> list[dict]:
+    """`found` with a stream's records joined up to their line's end. ipykernel may send one
+    printed line as several stream messages (its flush timer can fire between `print`'s two
+    writes on a loaded machine): where a line is cut is the kernel's, not the bridge's."""
+    lines: list[dict] = []
+    for record in found:
+        previous = lines[-1] if lines else {}
+        if "stream" in record and previous.get("stream") == record["stream"]:
+            if not previous["text"].endswith("\n"):
+                previous["text"] += record["text"]
+                continue
+        lines.append(dict(record))
+    return lines
+
+
 class Follower:
     """`follow` running in the background; its lines are read as they come."""
 
@@ -88,13 +103,22 @@ class Follower:
         assert line.endswith(b"\n"), f"not a complete line: {line!r}"
         return json.loads(line)
 
+    def next_line(self, wait: float = 30.0) -> dict:
+        """The next record, with the records after it that finish its line (see `joined`)."""
+        record = self.next_record(wait)
+        while "stream" in record and not record["text"].endswith("\n"):
+            more = self.next_record(wait)
+            assert more.get("stream") == record["stream"], (record, more)
+            record = {"stream": record["stream"], "text": record["text"] + more["text"]}
+        return record
+
     def rest(self, wait: float = 60.0) -> list[dict]:
-        """Every record until its stdout closes, and its exit code 0."""
+        """Every record until its stdout closes, joined into lines, and its exit code 0."""
         found = []
         while (line := self.lines.get(timeout=wait)) != b"":
             found.append(json.loads(line))
         assert self.process.wait(timeout=wait) == 0, self.process.stderr.read()
-        return found
+        return joined(found)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -150,7 +174,7 @@ def test_a_follower_sees_the_first_line_while_the_code_still_runs(shared_sandbox
         # Once accepted, the attempt is followed (a follower before that is told `unknown`).
         wait_for_file(shared_sandbox.root / ".briq" / "journal" / f"{attempt}.accepted")
         follower = Follower(shared_sandbox, attempt)
-        assert follower.next_record() == {"stream": "stdout", "text": "first\n"}
+        assert follower.next_line() == {"stream": "stdout", "text": "first\n"}
         # The code cannot end before the release exists: the line came while it ran.
         assert running.poll() is None
         release.touch()
@@ -181,7 +205,7 @@ def test_stdout_and_stderr_are_told_apart_in_the_kernels_order(shared_sandbox):
     assert call.envelope["status"] == "error"
     followed = follow(shared_sandbox, attempt)
     assert followed.returncode == 0, followed.stderr
-    assert records(followed.stdout) == [
+    assert joined(records(followed.stdout)) == [
         {"stream": "stdout", "text": "one\n"},
         {"stream": "stderr", "text": "two\n"},
         {"stream": "stdout", "text": "three\n"},
@@ -218,7 +242,14 @@ def test_follow_from_an_offset_resumes_without_gaps_or_repeats(shared_sandbox):
     )
     shared_sandbox.client(code, attempt=attempt)
     whole = follow(shared_sandbox, attempt).stdout
-    assert len(records(whole)) == 6
+    assert joined(records(whole)) == [
+        {"stream": "stdout", "text": "0\n"},
+        {"stream": "stderr", "text": "1\n"},
+        {"stream": "stdout", "text": "2\n"},
+        {"stream": "stderr", "text": "3\n"},
+        {"stream": "stdout", "text": "4\n"},
+        {"end": "done"},
+    ]
     ends = [i + 1 for i, byte in enumerate(whole) if byte == ord("\n")]
     for offset in [0, *ends]:
         resumed = follow(shared_sandbox, attempt, "--offset", str(offset))
@@ -285,9 +316,9 @@ def test_a_follower_waits_while_the_writer_holds_the_file_and_ends_with_its_end(
         writer.write(b'{"stream":"stdout","text":"one\\n"}\n{"stream":')
         follower = Follower(empty_sandbox, attempt)
         try:
-            assert follower.next_record() == {"stream": "stdout", "text": "one\n"}
+            assert follower.next_line() == {"stream": "stdout", "text": "one\n"}
             writer.write(b'"stderr","text":"two\\n"}\n')
-            assert follower.next_record() == {"stream": "stderr", "text": "two\n"}
+            assert follower.next_line() == {"stream": "stderr", "text": "two\n"}
             writer.write(b'{"end":"deadline"}\n')
             assert follower.rest() == [{"end": "deadline"}]
         finally:
@@ -313,7 +344,7 @@ def test_a_follower_of_a_runner_killed_mid_run_says_lost(fresh_sandbox):
     try:
         wait_for_file(fresh_sandbox.root / ".briq" / "journal" / f"{attempt}.accepted")
         follower = Follower(fresh_sandbox, attempt)
-        assert follower.next_record() == {"stream": "stdout", "text": "up\n"}
+        assert follower.next_line() == {"stream": "stdout", "text": "up\n"}
         runner = fresh_sandbox.runner_pid()
         os.kill(runner, signal.SIGKILL)
         assert process_gone(runner)
@@ -331,7 +362,7 @@ def test_a_timed_out_attempt_ends_deadline(fresh_sandbox):
     code = "print('slow', flush=True)\nimport time\ntime.sleep(30)"
     call = fresh_sandbox.client(code, 1, attempt=attempt)
     assert call.envelope["status"] == "timeout"
-    found = records(follow(fresh_sandbox, attempt).stdout)
+    found = joined(records(follow(fresh_sandbox, attempt).stdout))
     assert found[0] == {"stream": "stdout", "text": "slow\n"}
     assert found[-1] == {"end": "deadline"}
 
@@ -344,7 +375,7 @@ def test_a_cancelled_attempt_ends_cancelled(fresh_sandbox):
     try:
         wait_for_file(fresh_sandbox.root / ".briq" / "journal" / f"{attempt}.accepted")
         follower = Follower(fresh_sandbox, attempt)
-        assert follower.next_record() == {"stream": "stdout", "text": "up\n"}
+        assert follower.next_line() == {"stream": "stdout", "text": "up\n"}
         cancelled = fresh_sandbox.bridge("cancel", "--attempt", attempt)
         assert cancelled.envelope["status"] == "cancelled", cancelled.envelope
         assert follower.rest() == [{"end": "cancelled"}]
@@ -365,7 +396,7 @@ def test_a_second_delivery_leaves_the_first_runs_live_file_alone(shared_sandbox)
     second = shared_sandbox.client("print('twice')", attempt=attempt)
     assert second.envelope == first.envelope
     assert (path.read_bytes(), os.stat(path).st_ino) == before
-    assert records(before[0]) == [{"stream": "stdout", "text": "once\n"}, {"end": "done"}]
+    assert joined(records(before[0])) == [{"stream": "stdout", "text": "once\n"}, {"end": "done"}]
 
 
 def test_the_full_bridges_run_writes_the_live_file_with_a_runner_or_without(fresh_sandbox):
@@ -377,7 +408,7 @@ def test_the_full_bridges_run_writes_the_live_file_with_a_runner_or_without(fres
         (fresh_sandbox.root / name).write_text(f"print({attempt!r})", encoding="utf-8")
         call = fresh_sandbox.bridge("run", "--code", name, "--attempt", attempt)
         assert call.envelope["logs"] == f"{attempt}\n", call.stderr
-        assert records(follow(fresh_sandbox, attempt).stdout) == [
+        assert joined(records(follow(fresh_sandbox, attempt).stdout)) == [
             {"stream": "stdout", "text": f"{attempt}\n"},
             {"end": "done"},
         ]
