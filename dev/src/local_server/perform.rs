@@ -51,6 +51,16 @@ pub(crate) struct Call<'a> {
     pub(crate) request: &'a str,
 }
 
+impl<'a> Call<'a> {
+    pub(crate) fn new(operation: Operation, sandbox_id: Option<&'a str>, request: &'a str) -> Self {
+        Self {
+            operation,
+            sandbox_id,
+            request,
+        }
+    }
+}
+
 /// Counts `call`, applies a pending fault, and runs `effect` unless the fault answers first.
 pub(crate) async fn perform<S, F>(
     shared: &Shared,

@@ -184,6 +184,22 @@ async fn end_session(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> R
     }
 }
 
+/// Performs one MCP call under the fault rules: the effect is given the server and the reply
+/// to answer with.
+async fn performed<F, Fut>(
+    shared: &Arc<Shared>,
+    reply: Reply,
+    call: Call<'_>,
+    effect: F,
+) -> Response
+where
+    F: FnOnce(Arc<Shared>, Reply) -> Fut,
+    Fut: Future<Output = Result<Response, Refusal>> + Send + 'static,
+{
+    let effect = effect(Arc::clone(shared), reply.clone());
+    perform(shared, &Mcp(reply), call, effect).await
+}
+
 async fn initialize(shared: &Arc<Shared>, id: Value, params: &Value, request: &str) -> Response {
     let asked = params.get("protocolVersion").and_then(Value::as_str);
     let version = PROTOCOL_VERSIONS
@@ -194,14 +210,8 @@ async fn initialize(shared: &Arc<Shared>, id: Value, params: &Value, request: &s
         id,
         transport: Transport::Json,
     };
-    let answer = reply.clone();
-    let inner = Arc::clone(shared);
-    let call = Call {
-        operation: Operation::Initialize,
-        sandbox_id: None,
-        request,
-    };
-    perform(shared, &Mcp(reply), call, async move {
+    let call = Call::new(Operation::Initialize, None, request);
+    performed(shared, reply, call, async move |inner, answer| {
         let session = inner.sessions.open();
         let mut response = answer.result(json!({
             "protocolVersion": version,
@@ -217,14 +227,8 @@ async fn initialize(shared: &Arc<Shared>, id: Value, params: &Value, request: &s
 }
 
 async fn list_tools(shared: &Arc<Shared>, reply: Reply, request: &str) -> Response {
-    let answer = reply.clone();
-    let inner = Arc::clone(shared);
-    let call = Call {
-        operation: Operation::ListTools,
-        sandbox_id: None,
-        request,
-    };
-    perform(shared, &Mcp(reply), call, async move {
+    let call = Call::new(Operation::ListTools, None, request);
+    performed(shared, reply, call, async move |inner, answer| {
         let tools: Vec<Value> = inner.declared.tools().iter().map(|t| t.listed()).collect();
         Ok(answer.result(json!({"tools": tools})))
     })
@@ -262,14 +266,8 @@ async fn call_tool(
         .get("briq")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let answer = reply.clone();
-    let inner = Arc::clone(shared);
-    let call = Call {
-        operation,
-        sandbox_id: sandbox_id.as_deref(),
-        request,
-    };
-    perform(shared, &Mcp(reply), call, async move {
+    let call = Call::new(operation, sandbox_id.as_deref(), request);
+    performed(shared, reply, call, async move |inner, answer| {
         let result = tools::call(inner, tool, arguments).await?;
         Ok(answer.result(result))
     })

@@ -106,12 +106,30 @@ async fn performed<F>(
 where
     F: Future<Output = Result<Response, ApiError>> + Send + 'static,
 {
-    let call = Call {
-        operation,
-        sandbox_id,
-        request,
-    };
-    perform(shared, &Rest(rid), call, effect).await
+    perform(
+        shared,
+        &Rest(rid),
+        Call::new(operation, sandbox_id, request),
+        effect,
+    )
+    .await
+}
+
+/// [`performed`] for a call on sandbox `id` that sends no body: the effect is given the server
+/// and the id.
+async fn on_sandbox<F, Fut>(
+    (State(shared), Extension(rid)): Ctx,
+    operation: Operation,
+    id: String,
+    effect: F,
+) -> Response
+where
+    F: FnOnce(Arc<Shared>, String) -> Fut,
+    Fut: Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
+    let on = id.clone();
+    let effect = effect(Arc::clone(&shared), id);
+    performed(&shared, rid, operation, Some(&on), "", effect).await
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
@@ -149,38 +167,25 @@ async fn list(
     .await
 }
 
-async fn get_one((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(&shared, rid, Operation::Get, Some(&on), "", async move {
+async fn get_one(ctx: Ctx, Path(id): Path<String>) -> Response {
+    on_sandbox(ctx, Operation::Get, id, async move |inner, id| {
         let sandbox = inner.entry(&id)?.snapshot();
         Ok(Json(wire::Sandbox::from(sandbox)).into_response())
     })
     .await
 }
 
-async fn destroy((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(
-        &shared,
-        rid,
-        Operation::Destroy,
-        Some(&on),
-        "",
-        async move {
-            inner.destroy(&id).await?;
-            Ok(StatusCode::NO_CONTENT.into_response())
-        },
-    )
+async fn destroy(ctx: Ctx, Path(id): Path<String>) -> Response {
+    on_sandbox(ctx, Operation::Destroy, id, async move |inner, id| {
+        inner.destroy(&id).await?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
     .await
 }
 
 /// Stop: processes end, files stay; idempotent.
-async fn stop((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(&shared, rid, Operation::Stop, Some(&on), "", async move {
+async fn stop(ctx: Ctx, Path(id): Path<String>) -> Response {
+    on_sandbox(ctx, Operation::Stop, id, async move |inner, id| {
         let stopped = inner.kill_processes(&id, SandboxState::Stopped).await?;
         Ok(Json(wire::Sandbox::from(stopped)).into_response())
     })
@@ -188,10 +193,8 @@ async fn stop((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> R
 }
 
 /// Start: runs again with its files; idempotent.
-async fn start((State(shared), Extension(rid)): Ctx, Path(id): Path<String>) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(&shared, rid, Operation::Start, Some(&on), "", async move {
+async fn start(ctx: Ctx, Path(id): Path<String>) -> Response {
+    on_sandbox(ctx, Operation::Start, id, async move |inner, id| {
         Ok(Json(wire::Sandbox::from(inner.start(&id)?)).into_response())
     })
     .await
@@ -202,12 +205,12 @@ async fn exec(
     Path(id): Path<String>,
     body: Result<Json<ExecBody>, JsonRejection>,
 ) -> Response {
-    let inner = Arc::clone(&shared);
     let request = body
         .as_ref()
         .ok()
         .and_then(|Json(body)| serde_json::to_string(body).ok())
         .unwrap_or_default();
+    let inner = Arc::clone(&shared);
     let on = id.clone();
     performed(
         &shared,
@@ -240,73 +243,50 @@ async fn exec(
 }
 
 async fn write_file(
-    (State(shared), Extension(rid)): Ctx,
+    ctx: Ctx,
     Path(id): Path<String>,
     body: Result<Json<FileContent>, JsonRejection>,
 ) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(
-        &shared,
-        rid,
-        Operation::WriteFile,
-        Some(&on),
-        "",
-        async move {
-            let body = json_body(body)?;
-            let content = BASE64
-                .decode(&body.content_base64)
-                .map_err(|e| ApiError::invalid(format!("content_base64: {e}")))?;
-            let written = sandbox_io::write_file(&inner, &id, &body.path, &content).await?;
-            Ok(Json(WriteFileAnswer {
-                path: body.path,
-                size: written.size,
-                sha256: written.sha256,
-            })
-            .into_response())
-        },
-    )
+    on_sandbox(ctx, Operation::WriteFile, id, async move |inner, id| {
+        let body = json_body(body)?;
+        let content = BASE64
+            .decode(&body.content_base64)
+            .map_err(|e| ApiError::invalid(format!("content_base64: {e}")))?;
+        let written = sandbox_io::write_file(&inner, &id, &body.path, &content).await?;
+        Ok(Json(WriteFileAnswer {
+            path: body.path,
+            size: written.size,
+            sha256: written.sha256,
+        })
+        .into_response())
+    })
     .await
 }
 
 async fn read_file(
-    (State(shared), Extension(rid)): Ctx,
+    ctx: Ctx,
     Path(id): Path<String>,
     query: Result<Query<FileQuery>, QueryRejection>,
 ) -> Response {
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(
-        &shared,
-        rid,
-        Operation::ReadFile,
-        Some(&on),
-        "",
-        async move {
-            let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-            let content = sandbox_io::read_file(&inner, &id, &query.path).await?;
-            Ok(Json(FileContent {
-                content_base64: BASE64.encode(&content),
-                path: query.path,
-            })
-            .into_response())
-        },
-    )
+    on_sandbox(ctx, Operation::ReadFile, id, async move |inner, id| {
+        let Query(query) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+        let content = sandbox_io::read_file(&inner, &id, &query.path).await?;
+        Ok(Json(FileContent {
+            content_base64: BASE64.encode(&content),
+            path: query.path,
+        })
+        .into_response())
+    })
     .await
 }
 
 /// Counted as a get: the tools have no preview, and a preview only reads the sandbox.
-async fn preview(
-    (State(shared), Extension(rid)): Ctx,
-    path: Result<Path<(String, u16)>, PathRejection>,
-) -> Response {
+async fn preview(ctx: Ctx, path: Result<Path<(String, u16)>, PathRejection>) -> Response {
     let (id, port) = match path {
         Ok(Path(values)) => values,
-        Err(e) => return error_response(ApiError::invalid(e.body_text()), Some(&rid)),
+        Err(e) => return error_response(ApiError::invalid(e.body_text()), Some(&ctx.1.0)),
     };
-    let inner = Arc::clone(&shared);
-    let on = id.clone();
-    performed(&shared, rid, Operation::Get, Some(&on), "", async move {
+    on_sandbox(ctx, Operation::Get, id, async move |inner, id| {
         let entry = inner.entry(&id)?;
         entry.wake()?;
         // Sandbox processes are host processes: their ports are the host's.
