@@ -150,7 +150,7 @@ async fn next_action(
     expected: &str,
 ) -> anyhow::Result<Duration> {
     match sequential_of(api, executor, prefix, 1, code, expected).await {
-        Ok(times) => Ok(times[0]),
+        Ok(runs) => Ok(runs[0].elapsed),
         Err(error) => {
             let name = format!("{prefix}-0000");
             let status = api

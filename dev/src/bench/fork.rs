@@ -379,7 +379,7 @@ impl Bench {
             )
             .await
             .context("an action on the source")?;
-            actions.extend(action);
+            actions.extend(action.iter().map(|run| run.elapsed));
             progress.step(format!(
                 "15: fork → first result {:.2}s (source paused {}), fresh executor {:.2}s, an \
                  action on the source {:.1} ms",

@@ -91,12 +91,12 @@ pub struct PathParts {
     pub written_to_seen_ms: Option<Summary>,
 }
 
-/// An Execution run by [`sequential_timed`]: when its create was sent and its end seen.
-struct Run {
+/// An Execution run by [`sequential_of`]: when its create was sent and its end seen.
+pub(super) struct Run {
     name: String,
     sent: SystemTime,
     seen: SystemTime,
-    elapsed: Duration,
+    pub(super) elapsed: Duration,
 }
 
 /// [`PathParts`] of `runs`, from the audit log's `timed` requests (an Execution missing any of
@@ -190,7 +190,7 @@ pub async fn run(
         .to_owned();
     let counter = WatchCounter::start(stack.admin(), NAMESPACE).await?;
     let from = audit::offset(&audit_log)?;
-    let runs = sequential_timed(&executions, &executor, "lat", actions, CODE, "2").await?;
+    let runs = sequential_of(&executions, &executor, "lat", actions, CODE, "2").await?;
     let operator_times: Vec<Duration> = runs.iter().map(|run| run.elapsed).collect();
     // Anything the last Execution still triggers (executor reconcile after the counters).
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -344,20 +344,6 @@ async fn api_round_trips(
 /// does, each timed from the create call to its `Succeeded` condition seen through a watch;
 /// each output must be `expected`.
 pub(super) async fn sequential_of(
-    api: &Api<Execution>,
-    executor: &BriqExecutor,
-    prefix: &str,
-    count: usize,
-    code: &str,
-    expected: &str,
-) -> anyhow::Result<Vec<Duration>> {
-    let runs = sequential_timed(api, executor, prefix, count, code, expected).await?;
-    Ok(runs.into_iter().map(|run| run.elapsed).collect())
-}
-
-/// [`sequential_of`], each Execution with its name and the wall-clock instants its create was
-/// sent and its end seen.
-async fn sequential_timed(
     api: &Api<Execution>,
     executor: &BriqExecutor,
     prefix: &str,

@@ -148,11 +148,11 @@ async fn point(
         )
         .await
         .context("the state did not come back after the resume")?;
-        resumes.push(took[0]);
+        resumes.push(took[0].elapsed);
         progress.step(format!(
             "12: {size_mb} MB: suspended in {:.2}s, resumed to a result in {:.2}s",
             suspends[i].as_secs_f64(),
-            took[0].as_secs_f64()
+            took[0].elapsed.as_secs_f64()
         ));
         // Awake again for the next run: spec.suspend, still true, suspends it after the action
         // first.

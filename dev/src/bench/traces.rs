@@ -122,7 +122,7 @@ pub async fn run(stack: &Stack, progress: &Progress, per_round: usize) -> anyhow
             ROUNDS * 2,
             if traced { "exported" } else { "off" }
         ));
-        if traced { &mut on } else { &mut off }.extend(measured);
+        if traced { &mut on } else { &mut off }.extend(measured.iter().map(|run| run.elapsed));
         executor = Some(ready);
     }
     server.abort();
