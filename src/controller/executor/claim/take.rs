@@ -38,51 +38,37 @@ use crate::{
 /// (a field left at its default takes the template's value): with any, it claims nothing.
 fn pool_mismatch(claimer: &BriqExecutorSpec, template: &BriqExecutorSpec) -> Vec<&'static str> {
     let unset = BriqExecutorSpec::default_for_comparison();
-    // (field, equal to the template's, left at its default)
+    // (its name, the field, its default). The member's sandbox was made with the template's
+    // key and class: no default stands in for them.
+    macro_rules! field {
+        ($name:literal, $field:ident, $default:expr) => {
+            ($name, differs(&claimer.$field, &template.$field, $default))
+        };
+    }
     let fields = [
-        (
-            "image",
-            claimer.image == template.image,
-            claimer.image == unset.image,
-        ),
-        (
-            "size",
-            claimer.size == template.size,
-            claimer.size.is_none(),
-        ),
-        (
-            "sleep",
-            claimer.sleep == template.sleep,
-            claimer.sleep == unset.sleep,
-        ),
-        (
+        field!("image", image, Some(&unset.image)),
+        field!("size", size, Some(&None)),
+        field!("sleep", sleep, Some(&unset.sleep)),
+        field!(
             "setupTimeoutSeconds",
-            claimer.setup_timeout_seconds == template.setup_timeout_seconds,
-            claimer.setup_timeout_seconds == unset.setup_timeout_seconds,
+            setup_timeout_seconds,
+            Some(&unset.setup_timeout_seconds)
         ),
-        (
-            "packages",
-            claimer.packages == template.packages,
-            claimer.packages.is_none(),
-        ),
-        ("env", claimer.env == template.env, claimer.env.is_none()),
-        // The member's sandbox was made with the template's key: no default stands in for it.
-        (
-            "apiKeySecretRef",
-            claimer.api_key_secret_ref == template.api_key_secret_ref,
-            false,
-        ),
-        (
-            "className",
-            claimer.class_name == template.class_name,
-            false,
-        ),
+        field!("packages", packages, Some(&None)),
+        field!("env", env, Some(&None)),
+        field!("apiKeySecretRef", api_key_secret_ref, None),
+        field!("className", class_name, None),
     ];
     fields
         .into_iter()
-        .filter(|(_, same, left_default)| !same && !left_default)
-        .map(|(name, _, _)| name)
+        .filter_map(|(name, differs)| differs.then_some(name))
         .collect()
+}
+
+/// Whether a claimer's field keeps it from the template's sandbox: it is not the template's,
+/// nor left at `default` (a field with no default must be the template's).
+fn differs<T: PartialEq>(claimer: &T, template: &T, default: Option<&T>) -> bool {
+    claimer != template && default.is_none_or(|default| claimer != default)
 }
 
 /// What a claimer does now.
