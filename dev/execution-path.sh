@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Counts the files and functions of src/controller/ (tests left out) that one Execution's happy
 # path runs through: source-based coverage of the fast-tier scenario in which an Execution with
-# its code at hand is sent once and concluded. Closures and async bodies count as their function.
+# its code at hand is sent once and concluded, from the watch hearing it to its result (built with
+# `--cfg execution_path`, the scenario drops what its set-up counted: `world::path_begins`).
+# Closures and async bodies count as their function.
 # Needs the llvm-tools rustup component and rustfilt (`cargo install rustfilt`).
 #   bash dev/execution-path.sh            the counts, file by file
 set -euo pipefail
@@ -12,7 +14,7 @@ command -v rustfilt >/dev/null || { echo "rustfilt is missing: cargo install rus
 [ -x "$tools/llvm-cov" ] || { echo "llvm-cov is missing: rustup component add llvm-tools" >&2; exit 2; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-binary=$(cargo rustc --quiet --lib --profile test --message-format=json -- -C instrument-coverage \
+binary=$(cargo rustc --quiet --lib --profile test --message-format=json -- -C instrument-coverage --cfg execution_path \
   | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::world::{
     ATTEMPT, CODE, EXECUTION as NAME, EXECUTION_UID as UID, SANDBOX, World, assert_concluded,
-    briq_with_sandbox, execution_status_path, new_execution, ready_executor, to_json,
+    briq_with_sandbox, execution_status_path, new_execution, path_begins, ready_executor, to_json,
 };
 use crate::{
     bridge::fake::{Call, Reply},
@@ -24,6 +24,7 @@ async fn an_execution_with_its_code_at_hand_sends_it_once_and_writes_only_its_re
     let (mut world, mut server) = World::new(briq_with_sandbox());
     world.cache_executor(&ready_executor());
     let execution = new_execution(NAME, UID, CODE);
+    path_begins();
     world.watch_execution(&execution);
     let verifier = tokio::spawn(async move {
         // No Running write: the run answered within 100 ms (always: the fake answers on the

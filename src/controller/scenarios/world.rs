@@ -275,6 +275,20 @@ pub(super) fn briq_with_sandbox() -> FakeBriq {
 }
 
 /// A new executor, as `kubectl apply` makes it (no finalizer yet), at resourceVersion `version`.
+/// Where the path `dev/execution-path.sh` counts begins: the coverage counted so far (the
+/// world's making) is dropped. Does nothing unless built with `--cfg execution_path`.
+pub(super) fn path_begins() {
+    #[cfg(execution_path)]
+    {
+        unsafe extern "C" {
+            fn __llvm_profile_reset_counters();
+        }
+        // SAFETY: compiler-rt's profile runtime, linked by `-C instrument-coverage`, resets this
+        // process's counters; the scenario runs alone, on one thread.
+        unsafe { __llvm_profile_reset_counters() }
+    }
+}
+
 pub(super) fn new_executor(version: &str) -> BriqExecutor {
     serde_json::from_value(json!({
         "apiVersion": "briq.cloud/v1alpha1", "kind": "BriqExecutor",
