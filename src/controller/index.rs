@@ -3,11 +3,11 @@
 //! stores only, no writes, no API calls: a controller that needs another's objects asks here,
 //! never that controller.
 
-use std::sync::Arc;
+use std::{hash::Hash, sync::Arc};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{
-    ResourceExt,
+    Resource, ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
 
@@ -15,6 +15,21 @@ use crate::crd::{
     BriqExecutor, BriqExecutorPool, Execution, POOL_LABEL, POOL_MEMBER_ANNOTATION,
     TEMPLATE_HASH_LABEL, conditions, template_hash,
 };
+
+/// The other objects of `of`'s namespace in `store` that are not being deleted: what a limit
+/// per namespace counts.
+pub fn live_neighbours<K>(store: &Store<K>, of: &K) -> impl Iterator<Item = Arc<K>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    let (namespace, uid) = (of.namespace(), of.uid());
+    store.state().into_iter().filter(move |other| {
+        other.namespace() == namespace
+            && other.uid() != uid
+            && other.meta().deletion_timestamp.is_none()
+    })
+}
 
 // An executor's Executions.
 

@@ -27,7 +27,7 @@ use crate::{
     controller::{
         context::Result,
         credentials::made_under,
-        index::of_executor,
+        index::{live_neighbours, of_executor},
         recheck::{self, BURST_WINDOW, Wait},
     },
     crd::{
@@ -372,15 +372,9 @@ impl<S> Context<S> {
         let namespace = execution.namespace().unwrap_or_default();
         let class_name = class.name_any();
         let order = execution.run_order();
-        let waiting_before = self
-            .store
-            .state()
-            .iter()
+        let waiting_before = live_neighbours(&self.store, execution)
             .filter(|e| {
-                e.namespace().as_deref() == Some(namespace.as_str())
-                    && e.uid() != execution.uid()
-                    && e.metadata.deletion_timestamp.is_none()
-                    && e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
+                e.status.as_ref().is_none_or(|s| s.attempt_id.is_none())
                     && !self.is_finished(e)
                     && (e.run_order() < order || e.holds_a_place())
                     && self

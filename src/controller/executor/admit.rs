@@ -20,6 +20,7 @@ use crate::{
         class,
         context::{Error, Result},
         credentials::{class_of, key_and_secret},
+        index::live_neighbours,
         key_guard,
         recheck::{self, Wait},
         requeue::waited,
@@ -157,17 +158,9 @@ impl<S: SandboxApi> Actor<'_, S> {
         let name = made_under.name_any();
         let namespace = executor.namespace().unwrap_or_default();
         let classes = self.shared.classes.state();
-        let others: Vec<class::Holder> = self
-            .executors
-            .state()
-            .iter()
-            .filter(|other| {
-                other.namespace().as_deref() == Some(namespace.as_str())
-                    && other.uid() != executor.uid()
-                    && other.metadata.deletion_timestamp.is_none()
-                    && other.claimed_by().is_none()
-            })
-            .map(|other| holder(other, &name, &classes, labels))
+        let others: Vec<class::Holder> = live_neighbours(self.executors, executor)
+            .filter(|other| other.claimed_by().is_none())
+            .map(|other| holder(&other, &name, &classes, labels))
             .collect();
         let created = creation(executor);
         let ahead = class::executors_ahead(&others, &created, &executor.name_any());
