@@ -106,17 +106,12 @@ async fn performed<F>(
 where
     F: Future<Output = Result<Response, ApiError>> + Send + 'static,
 {
-    perform(
-        shared,
-        &Rest(rid),
-        Call::new(operation, sandbox_id, request),
-        effect,
-    )
-    .await
+    let call = Call::new(operation, sandbox_id, request);
+    perform(shared, &Rest(rid), call, effect).await
 }
 
-/// [`performed`] for a call on sandbox `id` that sends no body: the effect is given the server
-/// and the id.
+/// [`performed`] for a call on sandbox `id` whose body no error page echoes (only exec's is):
+/// the effect is given the server and the id.
 async fn on_sandbox<F, Fut>(
     (State(shared), Extension(rid)): Ctx,
     operation: Operation,
