@@ -662,7 +662,8 @@ fn without_subresources_nothing_of_the_aggregated_api_renders() {
                 && !name.ends_with("-authentication-reader")
                 && !name.ends_with("-auth-delegator")
                 && !name.ends_with("-execution-log")
-                && !name.ends_with("-executor-files"),
+                && !name.ends_with("-executor-files")
+                && !name.ends_with("-mcp"),
             "{} {name}",
             document["kind"]
         );

@@ -217,6 +217,7 @@ async fn rendered_manifests_apply_to_the_api_server() {
         format!("clusterrolebinding/{fullname}-auth-delegator"),
         format!("clusterrole/{fullname}-execution-log"),
         format!("clusterrole/{fullname}-executor-files"),
+        format!("clusterrole/{fullname}-mcp"),
         format!("apiservice/{API_SERVICE}"),
     ] {
         let (ok, _, stderr) = env.kubectl(&["get", &object]);
@@ -512,6 +513,7 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         ("briq.cloud", "briqexecutors/status", "patch", ""),
         ("briq.cloud", "executions/status", "patch", ""),
         ("briq.cloud", "briqexecutors/finalizers", "update", ""),
+        ("briq.cloud", "executions", "create", ""),
         ("briq.cloud", "executions", "delete", ""),
         ("briq.cloud", "briqexecutorpools", "get", ""),
         ("briq.cloud", "briqexecutorpools", "list", ""),
@@ -629,12 +631,23 @@ fn the_roles_grant_exactly_what_the_controllers_use() {
         "true"
     );
     assert!(labels["rbac.authorization.k8s.io/aggregate-to-view"].is_null());
+    // View, edit and admin reach the MCP endpoint; its tools then ask for the right each uses.
+    let mcp = named("ClusterRole", "rbac-briq-operator-mcp");
+    assert_eq!(
+        grants(&mcp["rules"]),
+        set(&[
+            ("subresources.briq.cloud", "mcp", "create", ""),
+            ("subresources.briq.cloud", "mcp", "deletecollection", ""),
+        ])
+    );
     for aggregate in ["view", "edit", "admin"] {
-        assert_eq!(
-            log["metadata"]["labels"]
-                [format!("rbac.authorization.k8s.io/aggregate-to-{aggregate}")],
-            "true"
-        );
+        for role in [&log, &mcp] {
+            assert_eq!(
+                role["metadata"]["labels"]
+                    [format!("rbac.authorization.k8s.io/aggregate-to-{aggregate}")],
+                "true"
+            );
+        }
     }
     assert!(
         ops::find(
@@ -715,7 +728,6 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("create", "briq.cloud", "briqexecutorpools", ""),
         ("delete", "briq.cloud", "briqexecutorpools", "fast"),
         ("patch", "briq.cloud", "briqexecutorpools", "fast"),
-        ("create", "briq.cloud", "executions", ""),
         ("update", "briq.cloud", "executions", "x"),
         ("deletecollection", "briq.cloud", "executions", ""),
         ("update", "briq.cloud", "briqexecutors/status", "py"),
@@ -778,6 +790,8 @@ async fn the_controllers_work_as_the_charts_service_account_and_nothing_more_is_
         ("watch", "briq.cloud", "briqexecutorpools", ""),
         ("patch", "briq.cloud", "briqexecutorpools/status", "fast"),
         ("delete", "briq.cloud", "executions", "x"),
+        // MCP's run_python, for a caller a SubjectAccessReview found may do it themselves.
+        ("create", "briq.cloud", "executions", ""),
         ("get", "", "secrets", "briq-key"),
         ("patch", "", "secrets", "briq-key"),
         ("create", "events.k8s.io", "events", ""),

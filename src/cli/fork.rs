@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 
 use super::{
     cluster::{Cluster, NamespaceArg},
@@ -13,13 +13,10 @@ use super::{
     exec::await_ready,
     exit::Exit,
 };
-use crate::crd::{BriqExecutor, BriqExecutorSpec, ForkFrom};
+use crate::crd::BriqExecutor;
 
 /// The most forks one command makes (E2B's fork allows 100).
 const MAX_COUNT: u32 = 100;
-
-/// The label every fork carries: its source's name, so that `get -l` lists a source's forks.
-pub const FORKED_FROM_LABEL: &str = "briq.cloud/forked-from";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,19 +35,6 @@ pub struct Args {
     pub namespace: NamespaceArg,
 }
 
-/// The spec of a fork of `source`: its own, minus what a fork never takes (a pool to claim
-/// from, a suspension), with `forkFrom`.
-pub fn fork_spec(source: &BriqExecutor) -> BriqExecutorSpec {
-    BriqExecutorSpec {
-        pool_ref: None,
-        suspend: false,
-        fork_from: Some(ForkFrom {
-            name: source.metadata.name.clone().unwrap_or_default(),
-        }),
-        ..source.spec.clone()
-    }
-}
-
 pub async fn run(args: Args) -> Result<Exit, Error> {
     let cluster = Cluster::connect(args.namespace).await?;
     let executors = cluster.api::<BriqExecutor>();
@@ -61,15 +45,7 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
             name: args.source.clone(),
             namespace: cluster.namespace.clone(),
         })?;
-    let fork = BriqExecutor {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}-fork-", args.source)),
-            labels: Some([(FORKED_FROM_LABEL.to_owned(), args.source.clone())].into()),
-            ..Default::default()
-        },
-        spec: fork_spec(&source),
-        status: None,
-    };
+    let fork = source.fork();
     let mut names = Vec::new();
     for _ in 0..args.count {
         match executors.create(&PostParams::default(), &fork).await {
@@ -97,28 +73,4 @@ pub async fn run(args: Args) -> Result<Exit, Error> {
         eprintln!("{} fork(s) of {} Ready", names.len(), args.source);
     }
     Ok(Exit::Ok)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fork_takes_its_sources_spec_but_never_its_pool_or_suspension() {
-        let source: BriqExecutor = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "py"},
-            "spec": {
-                "className": "gold", "image": "python:3.13-slim", "packages": ["numpy"],
-                "poolRef": {"name": "warm"}, "suspend": true, "idleTimeoutSeconds": 600
-            }
-        }))
-        .unwrap();
-        let spec = fork_spec(&source);
-        assert_eq!(spec.fork_from, Some(ForkFrom { name: "py".into() }));
-        assert_eq!(spec.class_name.as_deref(), Some("gold"));
-        assert_eq!(spec.image, "python:3.13-slim");
-        assert_eq!(spec.packages, Some(vec!["numpy".to_owned()]));
-        assert_eq!(spec.idle_timeout_seconds, Some(600));
-        assert_eq!((spec.pool_ref, spec.suspend), (None, false));
-    }
 }

@@ -1,6 +1,6 @@
 //! `BriqExecutor`: one briq sandbox with a live Jupyter kernel, owned by one custom resource.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -422,6 +422,31 @@ pub struct UnsavedName {
 }
 
 impl BriqExecutor {
+    /// A new fork of this executor: its spec, minus what a fork never takes (a pool to claim
+    /// from, a suspension), with `forkFrom`; named after it (`<name>-fork-…`) and labelled
+    /// with it.
+    pub fn fork(&self) -> BriqExecutor {
+        let source = self.metadata.name.clone().unwrap_or_default();
+        let spec = BriqExecutorSpec {
+            pool_ref: None,
+            suspend: false,
+            fork_from: Some(ForkFrom {
+                name: source.clone(),
+            }),
+            ..self.spec.clone()
+        };
+        let metadata = ObjectMeta {
+            generate_name: Some(format!("{source}-fork-")),
+            labels: Some([(super::keys::FORKED_FROM_LABEL.to_owned(), source)].into()),
+            ..ObjectMeta::default()
+        };
+        BriqExecutor {
+            metadata,
+            spec,
+            status: None,
+        }
+    }
+
     /// Whether it holds the operator's finalizer: its deletion then waits for its Executions and
     /// destroys its sandbox. Code runs only on an executor that does.
     pub fn holds_finalizer(&self) -> bool {
@@ -596,4 +621,34 @@ pub struct ClaimSecretKeyRef {
 
 fn default_cold_create_after() -> u32 {
     30
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fork_takes_its_sources_spec_but_never_its_pool_or_suspension() {
+        let source: BriqExecutor = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "py"},
+            "spec": {
+                "className": "gold", "image": "python:3.13-slim", "packages": ["numpy"],
+                "poolRef": {"name": "warm"}, "suspend": true, "idleTimeoutSeconds": 600
+            }
+        }))
+        .unwrap();
+        let fork = source.fork();
+        let spec = fork.spec;
+        assert_eq!(spec.fork_from, Some(ForkFrom { name: "py".into() }));
+        assert_eq!(spec.class_name.as_deref(), Some("gold"));
+        assert_eq!(spec.image, "python:3.13-slim");
+        assert_eq!(spec.packages, Some(vec!["numpy".to_owned()]));
+        assert_eq!(spec.idle_timeout_seconds, Some(600));
+        assert_eq!((spec.pool_ref, spec.suspend), (None, false));
+        assert_eq!(fork.metadata.generate_name.as_deref(), Some("py-fork-"));
+        assert_eq!(
+            fork.metadata.labels.unwrap()[super::super::keys::FORKED_FROM_LABEL],
+            "py"
+        );
+    }
 }

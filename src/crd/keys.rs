@@ -58,3 +58,14 @@ pub const DEFAULT_CLASS_ANNOTATION: &str = "briq.cloud/is-default-class";
 pub const EXECUTOR_MANAGER: &str = "briq-operator";
 pub const UNUSABLE_MANAGER: &str = "briq-operator-unusable";
 pub const EXECUTIONS_MANAGER: &str = "briq-operator-executions";
+
+/// The label every fork made by `kubectl briq fork` or MCP carries: its source's name, so that
+/// `get -l` lists a source's forks.
+pub const FORKED_FROM_LABEL: &str = "briq.cloud/forked-from";
+
+/// Who asked for an object the operator created on their behalf (through its MCP endpoint):
+/// the user kube-apiserver authenticated. Only the operator sets `briq.cloud/` annotations.
+pub const REQUESTED_BY_ANNOTATION: &str = "briq.cloud/requested-by";
+
+/// On an Execution made by MCP's `run_python`: the caller's `request_id`, which named it.
+pub const MCP_REQUEST_ID_ANNOTATION: &str = "briq.cloud/mcp-request-id";

@@ -7,11 +7,15 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::{Api, Client, api::PostParams};
 
-use super::{discovery::GROUP, front_proxy::User};
+use super::front_proxy::User;
 
-/// A request on a subresource, as RBAC names it.
+/// A request, as RBAC names it: on a subresource of this group (`executions/log`), or, for the
+/// MCP endpoint's tools, the underlying right in `briq.cloud` (`create executions`). An empty
+/// `subresource` or `name` is not sent (a `create` or a `list` names no object).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request<'a> {
+    /// `subresources.briq.cloud` or `briq.cloud`.
+    pub group: &'a str,
     pub verb: &'a str,
     pub namespace: &'a str,
     /// `executions`.
@@ -28,18 +32,22 @@ pub fn review(user: &User, request: &Request) -> SubjectAccessReview {
             groups: Some(user.groups.clone()),
             extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
             resource_attributes: Some(ResourceAttributes {
-                group: Some(GROUP.to_owned()),
+                group: Some(request.group.to_owned()),
                 verb: Some(request.verb.to_owned()),
                 namespace: Some(request.namespace.to_owned()),
                 resource: Some(request.resource.to_owned()),
-                subresource: Some(request.subresource.to_owned()),
-                name: Some(request.name.to_owned()),
+                subresource: given(request.subresource),
+                name: given(request.name),
                 ..ResourceAttributes::default()
             }),
             ..SubjectAccessReviewSpec::default()
         },
         ..SubjectAccessReview::default()
     }
+}
+
+fn given(value: &str) -> Option<String> {
+    (!value.is_empty()).then(|| value.to_owned())
 }
 
 /// `Ok(None)` when allowed, `Ok(Some(why))` when not.
@@ -57,9 +65,17 @@ pub async fn denied(
         return Ok(None);
     }
     let why = status.reason.filter(|r| !r.is_empty()).unwrap_or_else(|| {
+        let resource = match request.subresource {
+            "" => request.resource.to_owned(),
+            subresource => format!("{}/{subresource}", request.resource),
+        };
+        let name = match request.name {
+            "" => String::new(),
+            name => format!(" {name:?}"),
+        };
         format!(
-            "user {:?} cannot {} {}/{} in the API group {GROUP} in namespace {}",
-            user.name, request.verb, request.resource, request.subresource, request.namespace
+            "user {:?} cannot {} {resource}{name} in the API group {} in namespace {}",
+            user.name, request.verb, request.group, request.namespace
         )
     });
     Ok(Some(why))
@@ -68,6 +84,7 @@ pub async fn denied(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subresources::discovery::GROUP;
 
     #[test]
     fn the_review_asks_for_the_subresource_of_the_named_object_in_its_namespace() {
@@ -77,6 +94,7 @@ mod tests {
             extra: Default::default(),
         };
         let request = Request {
+            group: GROUP,
             verb: "get",
             namespace: "team-a",
             resource: "executions",

@@ -45,6 +45,22 @@ impl Refusal {
     pub fn bad_request(message: String) -> Refusal {
         Refusal::new(StatusCode::BAD_REQUEST, "BadRequest", message)
     }
+
+    pub fn forbidden(message: String) -> Refusal {
+        Refusal::new(StatusCode::FORBIDDEN, "Forbidden", message)
+    }
+
+    pub fn not_found(message: String) -> Refusal {
+        Refusal::new(StatusCode::NOT_FOUND, "NotFound", message)
+    }
+
+    pub fn unavailable(message: String) -> Refusal {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        )
+    }
 }
 
 /// The `path` of a query string, strictly decoded: a name that is not UTF-8 is refused rather

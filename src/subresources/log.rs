@@ -7,7 +7,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
 use kube::{Api, runtime::wait::await_condition};
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -124,30 +123,27 @@ pub fn render(piece: &Piece, query: &Query) -> Option<String> {
     }
 }
 
-/// Writes the log of `name` to `out` as asked, until it ends, the caller leaves (`out` closes)
-/// or a wait runs out.
+/// Sends the output of `execution` to `out`, batch by batch, until it ends (the last batch
+/// carries its `End`), the caller leaves (`out` closes) or a wait runs out. Without `follow`,
+/// only what it printed so far.
 pub async fn produce<S: SandboxApi + 'static>(
     keys: Arc<ExecutorKeys<S>>,
     sandboxes: Arc<S>,
     readers: Arc<Readers>,
     execution: Execution,
-    query: Query,
-    out: mpsc::Sender<Bytes>,
+    follow: bool,
+    out: mpsc::Sender<Vec<Piece>>,
 ) {
     let namespace = execution.metadata.namespace.clone().unwrap_or_default();
     let name = execution.metadata.name.clone().unwrap_or_default();
     let api: Api<Execution> = Api::namespaced(keys.client().clone(), &namespace);
     let send = |pieces: Vec<Piece>| {
         let out = out.clone();
-        let query = query.clone();
-        async move {
-            let text: String = pieces.iter().filter_map(|p| render(p, &query)).collect();
-            text.is_empty() || out.send(Bytes::from(text)).await.is_ok()
-        }
+        async move { pieces.is_empty() || out.send(pieces).await.is_ok() }
     };
     let mut execution = execution;
     if source(&execution) == Source::NotStarted {
-        if !query.follow {
+        if !follow {
             return;
         }
         match wait_for(&api, &name, START_WAIT, |e| source(e) != Source::NotStarted).await {
@@ -166,7 +162,7 @@ pub async fn produce<S: SandboxApi + 'static>(
         Source::Running { attempt } => attempt,
         Source::NotStarted => unreachable!("waited for its start"),
     };
-    let mut follower = match follow(&keys, sandboxes, &readers, &execution, attempt).await {
+    let mut follower = match follower_of(&keys, sandboxes, &readers, &execution, attempt).await {
         Ok(follower) => follower,
         Err(why) => {
             send(vec![Piece::End { end: why }]).await;
@@ -175,7 +171,7 @@ pub async fn produce<S: SandboxApi + 'static>(
     };
     let mut cut = false;
     loop {
-        let next = if query.follow {
+        let next = if follow {
             follower.next().await
         } else {
             tokio::time::timeout(SNAPSHOT_WAIT, follower.next())
@@ -184,7 +180,7 @@ pub async fn produce<S: SandboxApi + 'static>(
                 .flatten()
         };
         let Some(mut pieces) = next else {
-            if !query.follow {
+            if !follow {
                 return;
             }
             break;
@@ -199,7 +195,7 @@ pub async fn produce<S: SandboxApi + 'static>(
         if ended {
             break;
         }
-        if !query.follow {
+        if !follow {
             return;
         }
     }
@@ -232,7 +228,7 @@ pub async fn produce<S: SandboxApi + 'static>(
 
 /// A follower of `execution`'s running `attempt`, read from its executor's sandbox; or why
 /// there is none.
-async fn follow<S: SandboxApi + 'static>(
+async fn follower_of<S: SandboxApi + 'static>(
     keys: &ExecutorKeys<S>,
     sandboxes: Arc<S>,
     readers: &Readers,

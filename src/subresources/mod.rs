@@ -1,7 +1,8 @@
 //! The operator's aggregated API (`subresources.briq.cloud`), which kube-apiserver proxies to
 //! under an `APIService`, as metrics-server's and KubeVirt's are: a running action's output as
-//! it comes (`executions/{name}/log`) and the files of an executor's sandbox
-//! (`briqexecutors/{name}/files`). kube-apiserver authenticates the caller and names them
+//! it comes (`executions/{name}/log`), the files of an executor's sandbox
+//! (`briqexecutors/{name}/files`) and an MCP server for agents (`namespaces/{namespace}/mcp`).
+//! kube-apiserver authenticates the caller and names them
 //! in headers; this server trusts those headers only over a connection whose client
 //! certificate the front-proxy CA signed, and asks a SubjectAccessReview before it answers.
 //!
@@ -13,7 +14,10 @@
 //! | `live` | one shared reader of a running action's output per action, however many follow it |
 //! | `log` | `executions/{name}/log`: what to answer for an Execution, pending, running or finished |
 //! | `files` | `briqexecutors/{name}/files`: which paths and executors may move files, uploads in parts |
-//! | `server` | TLS with a required client certificate, the routes, errors as `Status` objects |
+//! | `transfer` | a file moved: its executor found, read part by part or uploaded, the digest checked |
+//! | `mcp` | `namespaces/{namespace}/mcp`: an MCP server whose tools act as the caller may |
+//! | `served` | what the routes share; errors as `Status` objects; the caller's authorization |
+//! | `server` | TLS with a required client certificate, the routes |
 
 mod authorize;
 mod discovery;
@@ -21,7 +25,10 @@ mod files;
 mod front_proxy;
 mod live;
 mod log;
+mod mcp;
+mod served;
 mod server;
+mod transfer;
 
 pub use self::{
     discovery::{GROUP, VERSION},

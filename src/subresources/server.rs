@@ -26,19 +26,17 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
-    authorize::{self, Request},
+    authorize::Request,
     discovery::{self, GROUP, VERSION},
-    files::{self, MAX_FILE_BYTES, Refusal, SHA256_HEADER, Upload},
+    files::{self, MAX_FILE_BYTES, SHA256_HEADER},
     front_proxy::{FrontProxy, User},
-    live::Readers,
-    log,
+    live::Piece,
+    log, mcp,
+    mcp::sessions::Sessions,
+    served::{Served, authorized, refused, status},
+    transfer::{self, Reader, Target},
 };
-use crate::{
-    bridge::{files::WRITE_PART_BYTES, session::Session},
-    briq::{ApiKey, SandboxApi},
-    controller::ExecutorKeys,
-    crd::{BriqExecutor, Execution},
-};
+use crate::{briq::SandboxApi, controller::ExecutorKeys, crd::Execution};
 
 /// How long a client may take over the TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -62,13 +60,6 @@ pub enum Error {
     FrontProxyCa(String),
     #[error("TLS: {0}")]
     Tls(#[from] rustls::Error),
-}
-
-struct Served<S> {
-    keys: Arc<ExecutorKeys<S>>,
-    sandboxes: Arc<S>,
-    proxy: FrontProxy,
-    readers: Arc<Readers>,
 }
 
 /// The common name of the connection's (verified) client certificate.
@@ -128,6 +119,7 @@ pub async fn serve<S: SandboxApi + Clone + 'static>(
         keys: Arc::new(keys),
         proxy,
         readers: Arc::default(),
+        sessions: Sessions::default(),
     });
     let router = router(served);
     loop {
@@ -180,6 +172,12 @@ fn router<S: SandboxApi + Clone + 'static>(served: Arc<Served<S>>) -> Router {
             &format!("{version}/namespaces/{{namespace}}/briqexecutors/{{name}}/files"),
             get(read_file::<S>).put(write_file::<S>),
         )
+        .route(
+            &format!("{version}/namespaces/{{namespace}}/mcp"),
+            axum::routing::post(mcp::post::<S>)
+                .get(mcp::get)
+                .delete(mcp::delete::<S>),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { status(StatusCode::NOT_FOUND, "NotFound", "no such path".into()) })
         .layer(axum::middleware::from_fn_with_state(
@@ -187,15 +185,6 @@ fn router<S: SandboxApi + Clone + 'static>(served: Arc<Served<S>>) -> Router {
             front_proxy_only::<S>,
         ))
         .with_state(served)
-}
-
-/// A `Status` object, as the API server answers errors.
-fn status(code: StatusCode, reason: &str, message: String) -> Response {
-    let body = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason, "code": code.as_u16(),
-    });
-    (code, Json(body)).into_response()
 }
 
 /// Every request: its connection's certificate must have a name the front proxy may have, and
@@ -215,37 +204,7 @@ async fn front_proxy_only<S>(
     }
 }
 
-/// `Ok` when `user` may do `request`, else the error to answer.
-async fn authorized<S: SandboxApi + 'static>(
-    served: &Served<S>,
-    user: &User,
-    request: &Request<'_>,
-) -> Result<(), Response> {
-    match authorize::denied(served.keys.client(), user, request).await {
-        Ok(None) => Ok(()),
-        Ok(Some(why)) => Err(status(StatusCode::FORBIDDEN, "Forbidden", why)),
-        Err(error) => Err(status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            format!("the authorization could not be asked: {error}"),
-        )),
-    }
-}
-
-fn refused(refusal: Refusal) -> Response {
-    status(refusal.code, refusal.reason, refusal.message)
-}
-
-fn unavailable(what: &str, error: impl std::fmt::Display) -> Response {
-    status(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "ServiceUnavailable",
-        format!("{what}: {error}"),
-    )
-}
-
-/// The executor, its sandbox and its key, once the caller may do `verb` on its files at
-/// `path`.
+/// The file the query names, once the caller may do `verb` on the executor's files.
 async fn file_target<S: SandboxApi + Clone + 'static>(
     served: &Served<S>,
     user: &User,
@@ -253,36 +212,20 @@ async fn file_target<S: SandboxApi + Clone + 'static>(
     namespace: &str,
     name: &str,
     query: Option<&str>,
-) -> Result<(String, String, ApiKey), Response> {
+) -> Result<Target, Response> {
     let request = Request {
+        group: GROUP,
         verb,
         namespace,
         resource: "briqexecutors",
         subresource: "files",
         name,
     };
-    authorized(served, user, &request).await?;
+    authorized(served, user, &request).await.map_err(refused)?;
     let path = files::query_path(query).map_err(refused)?;
-    let path = files::checked_path(&path).map_err(refused)?.to_owned();
-    let executors: Api<BriqExecutor> = Api::namespaced(served.keys.client().clone(), namespace);
-    let executor = match executors.get_opt(name).await {
-        Ok(Some(executor)) => executor,
-        Ok(None) => {
-            return Err(status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("briqexecutors.briq.cloud \"{name}\" not found"),
-            ));
-        }
-        Err(error) => return Err(unavailable("reading the BriqExecutor", error)),
-    };
-    let sandbox = files::movable(&executor).map_err(refused)?.to_owned();
-    let key = served
-        .keys
-        .key(&executor)
+    transfer::target(&served.keys, namespace, name, &path)
         .await
-        .map_err(|error| unavailable("the executor's briq key", error))?;
-    Ok((path, sandbox, key))
+        .map_err(refused)
 }
 
 async fn read_file<S: SandboxApi + Clone + 'static>(
@@ -291,67 +234,25 @@ async fn read_file<S: SandboxApi + Clone + 'static>(
     Path((namespace, name)): Path<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let (path, sandbox, key) =
-        match file_target(&served, &user, "get", &namespace, &name, query.as_deref()).await {
-            Ok(target) => target,
-            Err(response) => return response,
-        };
-    let session = Session::new(served.sandboxes.as_ref(), &key, &sandbox);
-    let first = match session.file_read(&path, 0, MAX_FILE_BYTES).await {
-        Ok(report) if report.ok => report,
-        Ok(report) => return refused(files::refusal_of(&report)),
-        Err(error) => return unavailable("reading the file in the sandbox", error),
+    let target = match file_target(&served, &user, "get", &namespace, &name, query.as_deref()).await
+    {
+        Ok(target) => target,
+        Err(response) => return response,
     };
-    let first_part = match files::part_bytes(&first) {
-        Ok(bytes) => bytes,
+    let mut reader = match Reader::open(served.sandboxes.clone(), target, MAX_FILE_BYTES).await {
+        Ok(reader) => reader,
         Err(refusal) => return refused(refusal),
     };
-    let (size, digest) = (
-        first.size.unwrap_or(0),
-        first.sha256.clone().unwrap_or_default(),
-    );
+    let (size, digest) = (reader.size, reader.sha256.clone());
     // One part in flight: a caller that reads slowly holds the reading, never a buffer.
     let (out, body) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-    let sandboxes = served.sandboxes.clone();
-    let expected = digest.clone();
     tokio::spawn(async move {
-        let session = Session::new(sandboxes.as_ref(), &key, &sandbox);
-        let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
-        let mut sent = 0u64;
-        let mut part = first_part;
-        loop {
-            sha2::Digest::update(&mut hasher, &part);
-            sent += part.len() as u64;
-            let empty = part.is_empty();
-            if out.send(Ok(part)).await.is_err() {
+        while let Some(part) = reader.next().await {
+            // Breaking the body off tells the caller the bytes are not the file it was promised.
+            let part = part.map_err(|refusal| std::io::Error::other(refusal.message));
+            if out.send(part).await.is_err() {
                 return;
             }
-            if sent >= size || empty {
-                break;
-            }
-            let next = match session.file_read(&path, sent, MAX_FILE_BYTES).await {
-                Ok(report) if report.ok && report.size == Some(size) => files::part_bytes(&report),
-                Ok(report) if report.ok => Err(Refusal::bad_request(
-                    "the file changed size while it was read".into(),
-                )),
-                Ok(report) => Err(files::refusal_of(&report)),
-                Err(error) => Err(Refusal::bad_request(format!("reading a part: {error}"))),
-            };
-            match next {
-                Ok(bytes) => part = bytes,
-                Err(refusal) => {
-                    let _ = out.send(Err(std::io::Error::other(refusal.message))).await;
-                    return;
-                }
-            }
-        }
-        if format!("{:x}", sha2::Digest::finalize(hasher)) != expected || sent != size {
-            // Breaking the body off tells the caller the bytes are not the file it was promised.
-            let _ = out
-                .send(Err(std::io::Error::other(
-                    "the file changed while it was read: its bytes do not match its SHA-256",
-                )))
-                .await;
         }
     });
     (
@@ -373,7 +274,7 @@ async fn write_file<S: SandboxApi + Clone + 'static>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (path, sandbox, key) = match file_target(
+    let target = match file_target(
         &served,
         &user,
         "update",
@@ -404,48 +305,20 @@ async fn write_file<S: SandboxApi + Clone + 'static>(
         .get(SHA256_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_ascii_lowercase);
-    let id = format!("{:032x}", rand::random::<u128>());
-    let mut upload = Upload::new(&id, WRITE_PART_BYTES);
-    let api = served.sandboxes.as_ref();
-    let mut frames = body.into_data_stream();
-    while let Some(frame) = futures::StreamExt::next(&mut frames).await {
-        let chunk = match frame {
-            Ok(chunk) => chunk,
-            Err(error) => {
-                return refused(Refusal::bad_request(format!("reading the body: {error}")));
-            }
-        };
-        for (index, part) in upload.take(&chunk) {
-            if let Err(error) = api
-                .write_file(&key, &sandbox, &upload.part_path(index), &part)
-                .await
-            {
-                return unavailable("uploading a part to the sandbox", error);
-            }
-        }
-    }
-    let (staged, last_path) = (upload.staged.clone(), upload.part_path(upload.parts));
-    let (last, parts, size, digest) = upload.finish();
-    if let Some((_, part)) = last
-        && let Err(error) = api.write_file(&key, &sandbox, &last_path, &part).await
+    match transfer::write(
+        served.sandboxes.as_ref(),
+        &target,
+        body.into_data_stream(),
+        claimed,
+    )
+    .await
     {
-        return unavailable("uploading a part to the sandbox", error);
-    }
-    // The caller's digest, when sent, is the one the bridge checks: bytes changed on the way
-    // are then found in the sandbox, and nothing is written.
-    let expected = claimed.unwrap_or(digest);
-    let session = Session::new(api, &key, &sandbox);
-    match session
-        .file_write(&staged, parts, &path, size, &expected)
-        .await
-    {
-        Ok(report) if report.ok => (
+        Ok(written) => (
             StatusCode::CREATED,
-            Json(json!({"path": report.path, "size": report.size, "sha256": report.sha256})),
+            Json(json!({"path": written.path, "size": written.size, "sha256": written.sha256})),
         )
             .into_response(),
-        Ok(report) => refused(files::refusal_of(&report)),
-        Err(error) => unavailable("installing the file in the sandbox", error),
+        Err(refusal) => refused(refusal),
     }
 }
 
@@ -463,14 +336,15 @@ async fn execution_log<S: SandboxApi + Clone + 'static>(
         );
     };
     let request = Request {
+        group: GROUP,
         verb: "get",
         namespace: &namespace,
         resource: "executions",
         subresource: "log",
         name: &name,
     };
-    if let Err(response) = authorized(&served, &user, &request).await {
-        return response;
+    if let Err(refusal) = authorized(&served, &user, &request).await {
+        return refused(refusal);
     }
     let executions: Api<Execution> = Api::namespaced(served.keys.client().clone(), &namespace);
     let execution = match executions.get_opt(&name).await {
@@ -494,20 +368,26 @@ async fn execution_log<S: SandboxApi + Clone + 'static>(
         log::Format::Json => "application/x-ndjson",
         log::Format::Text => "text/plain; charset=utf-8",
     };
-    // A few pieces in flight at most: a caller that reads slowly holds the writer, never a
+    // A few batches in flight at most: a caller that reads slowly holds the writer, never a
     // buffer that grows.
-    let (out, body) = mpsc::channel::<Bytes>(8);
+    let (out, batches) = mpsc::channel::<Vec<Piece>>(8);
     tokio::spawn(log::produce(
         served.keys.clone(),
         served.sandboxes.clone(),
         served.readers.clone(),
         execution,
-        query,
+        query.follow,
         out,
     ));
-    let body = Body::from_stream(tokio_stream::StreamExt::map(
-        ReceiverStream::new(body),
-        Ok::<_, std::convert::Infallible>,
+    let body = Body::from_stream(tokio_stream::StreamExt::filter_map(
+        ReceiverStream::new(batches),
+        move |batch| {
+            let text: String = batch
+                .iter()
+                .filter_map(|p| log::render(p, &query))
+                .collect();
+            (!text.is_empty()).then(|| Ok::<_, std::convert::Infallible>(Bytes::from(text)))
+        },
     ));
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
