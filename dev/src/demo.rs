@@ -2,7 +2,10 @@
 //! starts a local control plane, the local sandbox server and the operator, applies
 //! `examples/executor.yaml` and `examples/execution.yaml`, prints the result, runs a smolagents
 //! `CodeAgent` whose code runs as Executions on an executor claimed from the warm pool of
-//! `examples/pool.yaml` (`dev/python/briq_dev/demo_agent.py`), prints its answer, and tears everything down, destroying the sandbox through the operator's finalizer.
+//! `examples/pool.yaml` (`dev/python/briq_dev/demo_agent.py`), prints its answer, connects an
+//! MCP client (the official SDK, `dev/python/briq_dev/demo_mcp.py`) to the namespace's endpoint
+//! with a ServiceAccount token and prints what it got, and tears everything down, destroying
+//! the sandboxes through the operator's finalizer.
 //! `briq-dev local-stack` runs the same stack until interrupted.
 
 use std::{path::Path, time::Duration};
@@ -168,21 +171,33 @@ async fn exercise(client: &Client, kubeconfig: &Path, progress: &Progress) -> an
         .await
         .context("the pool did not get a Ready member")?;
     progress.step("pool warm has a Ready member");
-    let answer = run_agent(kubeconfig, progress).await?;
+    progress.step("running a smolagents CodeAgent whose code runs as Executions");
+    let args = ["-m", "briq_dev.demo_agent", "--pool", "warm"];
+    let answer = run_python(kubeconfig, progress, &args, "agent").await?;
     println!("--- the agent's answer ---\n{answer}");
+    progress.step("connecting an MCP client (the official SDK) with a ServiceAccount token");
+    let args = ["-m", "briq_dev.demo_mcp", "--executor", "demo"];
+    let answer = run_python(kubeconfig, progress, &args, "mcp").await?;
+    println!("--- the MCP client's answer ---\n{answer}");
     Ok(())
 }
 
-/// Runs `python -m briq_dev.demo_agent` (the venv of the local sandboxes has smolagents and
-/// the bridge package) on an executor it claims from the `warm` pool, relaying its lines as progress. Its model is
-/// scripted unless `BRIQ_DEMO_MODEL` configures a real one. Returns the answer it printed.
-async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<String> {
+/// Runs `python <args>` in the venv of the local sandboxes (it has smolagents, the MCP SDK and
+/// the bridge package): `briq_dev.demo_agent`, a CodeAgent on an executor it claims from the
+/// `warm` pool (its model scripted unless `BRIQ_DEMO_MODEL` configures a real one), or
+/// `briq_dev.demo_mcp`, an MCP client. Relays its lines as progress (`who: …`); returns the
+/// answer it printed.
+async fn run_python(
+    kubeconfig: &Path,
+    progress: &Progress,
+    args: &[&str],
+    who: &str,
+) -> anyhow::Result<String> {
     use tokio::io::{AsyncBufReadExt as _, BufReader};
 
     let venv = tokio::task::spawn_blocking(sandbox_venv).await??;
-    progress.step("running a smolagents CodeAgent whose code runs as Executions");
     let mut child = tokio::process::Command::new(venv.join("bin").join("python"))
-        .args(["-m", "briq_dev.demo_agent", "--pool", "warm"])
+        .args(args)
         .args(["--namespace", NAMESPACE])
         .env("KUBECONFIG", kubeconfig)
         .current_dir(repo_root())
@@ -191,7 +206,7 @@ async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<Str
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .context("starting the demo agent (python -m briq_dev.demo_agent)")?;
+        .with_context(|| format!("starting python {}", args.join(" ")))?;
     let stdout = child.stdout.take().context("the agent's stdout")?;
     let relay = async {
         let mut answer = None;
@@ -199,7 +214,7 @@ async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<Str
         while let Some(line) = lines.next_line().await? {
             match line.strip_prefix("answer: ") {
                 Some(value) => answer = Some(value.to_owned()),
-                None => progress.step(format!("agent: {line}")),
+                None => progress.step(format!("{who}: {line}")),
             }
         }
         let status = child.wait().await?;
@@ -207,9 +222,9 @@ async fn run_agent(kubeconfig: &Path, progress: &Progress) -> anyhow::Result<Str
     };
     let (status, answer) = tokio::time::timeout(AGENT_TIMEOUT, relay)
         .await
-        .context("the demo agent did not finish")??;
+        .with_context(|| format!("the demo's {who} did not finish"))??;
     if !status.success() {
-        bail!("the demo agent failed ({status})");
+        bail!("the demo's {who} failed ({status})");
     }
-    answer.context("the demo agent printed no answer")
+    answer.with_context(|| format!("the demo's {who} printed no answer"))
 }
