@@ -18,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod subresources;
+pub mod task;
 pub mod telemetry;
 pub mod traces;
 pub mod usage;

@@ -12,7 +12,11 @@ use crate::{
     http::{self, Role},
     leader::{self, LeaseConfig},
     subresources,
+    task::AbortOnDrop,
 };
+
+/// How often the aggregated API looks at its serving certificate's files for a renewal.
+const CERTIFICATE_LOOK_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -293,6 +297,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", cert.display()))?,
             key_pem: std::fs::read_to_string(key)
                 .with_context(|| format!("reading {}", key.display()))?,
+            files: Some(subresources::CertificateFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                every: CERTIFICATE_LOOK_EVERY,
+            }),
         }),
         _ => None,
     };
@@ -417,14 +426,6 @@ fn serve_subresources<S: SandboxApi + Clone + 'static>(
             tracing::error!(%error, "the aggregated API stopped");
         }
     }))
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 async fn shutdown_signal() {

@@ -303,6 +303,42 @@ async fn a_direct_call_without_the_front_proxy_certificate_is_refused() {
     let admin = as_admin(&proxy).send().await.unwrap();
     assert_eq!(admin.status(), 200);
     assert_eq!(admin.text().await.unwrap(), "kept\n");
+
+    // The MCP endpoint, with a forged user, straight to the operator's port: no TLS without
+    // the front proxy's certificate, 401 with another name's; no session is opened.
+    let mcp = format!(
+        "https://{}/apis/{}/{}/namespaces/{}/mcp",
+        aggregated.address,
+        subresources::GROUP,
+        subresources::VERSION,
+        env.namespace
+    );
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "forger"}}});
+    let forged = |client: reqwest::Client| {
+        client
+            .post(&mcp)
+            .header("X-Remote-User", "admin")
+            .header("X-Remote-Group", "system:masters")
+            .header("Accept", "application/json, text/event-stream")
+            .json(&initialize)
+            .send()
+    };
+    assert!(forged(direct(aggregated, None)).await.is_err());
+    let cluster_signed = plane
+        .client_certificate(briq_dev::control_plane::FRONT_PROXY_CLIENT, Signer::Cluster)
+        .unwrap();
+    assert!(
+        forged(direct(aggregated, Some(cluster_signed)))
+            .await
+            .is_err()
+    );
+    let other_name = plane
+        .client_certificate("mallory", Signer::FrontProxy)
+        .unwrap();
+    let refused = forged(direct(aggregated, Some(other_name))).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert!(refused.headers().get("mcp-session-id").is_none());
 }
 
 #[tokio::test]
@@ -535,4 +571,116 @@ async fn a_flood_of_output_is_cut_live_and_ends_with_the_tail_the_status_keeps()
     assert!(cut < pieces.len() - 2);
     // The live head (16,384) and the status's tail (under half the 65,536 budget): bounded.
     assert!(text <= 16_384 + 32_768, "{text} characters streamed");
+}
+
+/// The leaf certificate the aggregated API at `address` presents to kube-apiserver's front
+/// proxy (DER).
+async fn presented(address: std::net::SocketAddr, ca_pem: &str) -> Vec<u8> {
+    let plane = plane().unwrap();
+    let proxy = plane
+        .client_certificate(
+            briq_dev::control_plane::FRONT_PROXY_CLIENT,
+            Signer::FrontProxy,
+        )
+        .unwrap();
+    let identity = reqwest::Identity::from_pem(format!("{}{}", proxy.0, proxy.1).as_bytes());
+    let client = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
+        .identity(identity.unwrap())
+        .tls_info(true)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let answer = client
+        .get(format!("https://{address}/healthz"))
+        .header("X-Remote-User", "admin")
+        .send()
+        .await
+        .unwrap();
+    let info = answer.extensions().get::<reqwest::tls::TlsInfo>().unwrap();
+    info.peer_certificate().unwrap().to_vec()
+}
+
+fn leaf_der(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn a_renewed_serving_certificate_is_served_without_a_restart() {
+    let plane = plane().unwrap();
+    let admin = briq_dev::stack::client_for(plane.kubeconfig())
+        .await
+        .unwrap();
+    let server = sandbox_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = subresources::CertificateFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        every: Duration::from_millis(100),
+    };
+    let (cert, key, ca) = plane.serving_certificate("renewed.example").unwrap();
+    std::fs::write(&files.cert, &cert).unwrap();
+    std::fs::write(&files.key, &key).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let sandboxes = briq_operator::briq::BriqClient::new(
+        briq_operator::briq::ClientOptions::local(server.url()),
+    )
+    .unwrap();
+    let keys = briq_operator::controller::ExecutorKeys::start(
+        admin.clone(),
+        sandboxes,
+        briq_dev::stack::settings(None, &server),
+    );
+    let proxy = subresources::FrontProxy::from_cluster(admin).await.unwrap();
+    let serving = subresources::Serving {
+        listener,
+        cert_pem: cert.clone(),
+        key_pem: key,
+        files: Some(files.clone()),
+    };
+    let serve = tokio::spawn(subresources::serve(serving, keys, proxy));
+    assert_eq!(presented(address, &ca).await, leaf_der(&cert));
+
+    // cert-manager renews it: the Secret's files change under the running server.
+    let (renewed, renewed_key, _) = plane.serving_certificate("renewed.example").unwrap();
+    std::fs::write(&files.key, &renewed_key).unwrap();
+    std::fs::write(&files.cert, &renewed).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while presented(address, &ca).await != leaf_der(&renewed) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the renewed certificate was not served within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serve.abort();
+}
+
+#[test]
+fn a_half_written_or_mismatched_certificate_pair_keeps_the_one_served() {
+    let plane = plane().unwrap();
+    let (cert, key, _) = plane.serving_certificate("kept.example").unwrap();
+    let (other, other_key, _) = plane.serving_certificate("kept.example").unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let pem = |cert: &str, key: &str| subresources::Pem {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+    };
+    let serving = subresources::ServingCertificate::new(pem(&cert, &key), provider).unwrap();
+    // The new certificate beside the old key (the key not rewritten yet), a truncated file.
+    assert!(serving.offer(pem(&other, &key)).is_err());
+    assert!(serving.offer(pem(&cert[..cert.len() / 2], &key)).is_err());
+    assert!(serving.offer(pem("", &key)).is_err());
+    assert_eq!(
+        serving.offer(pem(&cert, &key)),
+        Ok(false),
+        "still the first"
+    );
+    assert_eq!(serving.offer(pem(&other, &other_key)), Ok(true));
 }

@@ -67,6 +67,7 @@ impl AggregatedApi {
             listener,
             cert_pem,
             key_pem,
+            files: None,
         };
         let task = tokio::spawn(async move {
             if let Err(error) = subresources::serve(serving, keys, proxy).await {

@@ -17,6 +17,7 @@ mod fork;
 mod get;
 mod live;
 mod logs;
+mod mcp;
 mod output;
 mod progress;
 mod status;
@@ -77,6 +78,12 @@ pub enum Command {
     ///
     /// Prints each fork's name. With --wait, waits until every fork is Ready.
     Fork(fork::Args),
+    /// Serve MCP on stdin/stdout for a desktop agent, relayed to the namespace's MCP endpoint
+    /// with the kubeconfig's credentials (`claude mcp add briq -- kubectl briq mcp -n team-a`).
+    ///
+    /// One JSON-RPC message a line each way; what the endpoint streams (an action's prints)
+    /// comes out as it arrives. Ends when stdin closes, ending the session.
+    Mcp(mcp::Args),
 }
 
 /// `kubectl briq ...`: the same commands, at the top level.
@@ -118,6 +125,7 @@ pub async fn run(command: Command) -> Exit {
         Command::Usage(args) => usage::run(args).await,
         Command::Cancel(args) => cancel::run(args).await,
         Command::Fork(args) => fork::run(args).await,
+        Command::Mcp(args) => mcp::run(args).await,
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {}", printable(&error.to_string()));

@@ -17,9 +17,11 @@
 //! | `transfer` | a file moved: its executor found, read part by part or uploaded, the digest checked |
 //! | `mcp` | `namespaces/{namespace}/mcp`: an MCP server whose tools act as the caller may |
 //! | `served` | what the routes share; errors as `Status` objects; the caller's authorization |
+//! | `certificate` | the serving certificate, read again when its files change (a renewal) |
 //! | `server` | TLS with a required client certificate, the routes |
 
 mod authorize;
+mod certificate;
 mod discovery;
 mod files;
 mod front_proxy;
@@ -31,6 +33,7 @@ mod server;
 mod transfer;
 
 pub use self::{
+    certificate::{CertificateFiles, Pem, ServingCertificate},
     discovery::{GROUP, VERSION},
     files::{MAX_FILE_BYTES, SHA256_HEADER},
     front_proxy::FrontProxy,

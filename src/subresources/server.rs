@@ -17,7 +17,7 @@ use bytes::Bytes;
 use kube::Api;
 use rustls::{
     RootCertStore, ServerConfig,
-    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    pki_types::{CertificateDer, pem::PemObject},
     server::WebPkiClientVerifier,
 };
 use serde_json::json;
@@ -27,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
     authorize::Request,
+    certificate::{CertificateFiles, Pem, ServingCertificate},
     discovery::{self, GROUP, VERSION},
     files::{self, MAX_FILE_BYTES, SHA256_HEADER},
     front_proxy::{FrontProxy, User},
@@ -36,7 +37,7 @@ use super::{
     served::{Served, authorized, refused, status},
     transfer::{self, Reader, Target},
 };
-use crate::{briq::SandboxApi, controller::ExecutorKeys, crd::Execution};
+use crate::{briq::SandboxApi, controller::ExecutorKeys, crd::Execution, task::AbortOnDrop};
 
 /// How long a client may take over the TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -50,6 +51,8 @@ pub struct Serving {
     /// (`<service>.<namespace>.svc`), which the `APIService` names.
     pub cert_pem: String,
     pub key_pem: String,
+    /// The files they were read from, read again when they change (a renewal).
+    pub files: Option<CertificateFiles>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,15 +69,18 @@ pub enum Error {
 #[derive(Clone)]
 struct Peer(String);
 
-/// The TLS configuration: the serving certificate, and a client certificate of `proxy`'s CA
-/// required.
-fn tls(serving: &Serving, proxy: &FrontProxy) -> Result<ServerConfig, Error> {
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| Error::Pem(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes())
-        .map_err(|e| Error::Pem(e.to_string()))?;
+/// The TLS configuration: the serving certificate (replaceable), and a client certificate of
+/// `proxy`'s CA required.
+fn tls(
+    serving: &Serving,
+    proxy: &FrontProxy,
+) -> Result<(ServerConfig, Arc<ServingCertificate>), Error> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let pem = Pem {
+        cert: serving.cert_pem.clone(),
+        key: serving.key_pem.clone(),
+    };
+    let certificate = Arc::new(ServingCertificate::new(pem, provider.clone()).map_err(Error::Pem)?);
     let mut roots = RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(proxy.ca_pem.as_bytes()) {
         let ca = ca.map_err(|e| Error::FrontProxyCa(e.to_string()))?;
@@ -82,16 +88,15 @@ fn tls(serving: &Serving, proxy: &FrontProxy) -> Result<ServerConfig, Error> {
             .add(ca)
             .map_err(|e| Error::FrontProxyCa(e.to_string()))?;
     }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| Error::FrontProxyCa(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(certificate.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, certificate))
 }
 
 /// The common name of a DER certificate's subject.
@@ -113,7 +118,12 @@ pub async fn serve<S: SandboxApi + Clone + 'static>(
     keys: ExecutorKeys<S>,
     proxy: FrontProxy,
 ) -> Result<(), Error> {
-    let acceptor = TlsAcceptor::from(Arc::new(tls(&serving, &proxy)?));
+    let (config, certificate) = tls(&serving, &proxy)?;
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let _renewals = serving
+        .files
+        .clone()
+        .map(|files| AbortOnDrop(tokio::spawn(certificate.follow(files))));
     let served = Arc::new(Served {
         sandboxes: Arc::new(keys.sandboxes().clone()),
         keys: Arc::new(keys),

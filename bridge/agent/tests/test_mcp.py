@@ -11,15 +11,18 @@ import base64
 import contextlib
 import hashlib
 import json
+import os
 import ssl
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx2
 import mcp_types
 import pytest
 from kubernetes import client, config
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -638,3 +641,48 @@ def test_an_openai_agents_sdk_agent_runs_its_code_through_the_endpoint(cluster, 
     result = run(scenario())
     assert "[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]" in result.final_output, result.final_output
     model.assert_complete()
+
+
+def operator_binary() -> Path:
+    """The operator's binary, whose CLI is `kubectl briq` (built beside `$BRIQ_DEV_BIN`)."""
+    dev = os.environ.get("BRIQ_DEV_BIN")
+    target = Path(dev).parent if dev else Path(__file__).resolve().parents[3] / "target" / "debug"
+    binary = target / "briq-operator"
+    assert binary.exists(), f"{binary} is not built (cargo build)"
+    return binary
+
+
+def test_a_desktop_agent_reaches_the_endpoint_through_kubectl_briq_mcp(
+    cluster, executor, kubeconfig
+):
+    """The SDK's stdio client starts `kubectl briq mcp -n NS` as a desktop agent starts its
+    servers; the relay reaches the endpoint with the kubeconfig's credentials, prints included."""
+    params = StdioServerParameters(
+        command=str(operator_binary()),
+        args=["mcp", "-n", TENANT],
+        env={**os.environ, "KUBECONFIG": kubeconfig},
+    )
+    logs: list[object] = []
+
+    async def logged(params: mcp_types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
+    async def scenario():
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(read, write, logging_callback=logged) as mcp,
+        ):
+            await mcp.initialize()
+            tools = {tool.name for tool in (await mcp.list_tools()).tools}
+            result = await mcp.call_tool(
+                "run_python", {"executor": executor, "code": "print('over stdio')\n6 * 7"}
+            )
+            unknown = await mcp.call_tool("run_python", {"executor": "nope", "code": "1"})
+            return tools, result, unknown
+
+    tools, result, unknown = run(scenario())
+    assert "run_python" in tools
+    assert not result.is_error, text(result)
+    assert result.structured_content["output"] == "42"
+    assert "over stdio\n" in logs
+    assert unknown.is_error and "not found" in text(unknown)

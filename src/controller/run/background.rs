@@ -8,16 +8,14 @@ use std::sync::Arc;
 use kube::{ResourceExt, runtime::reflector::Store};
 use tracing::info;
 
-use super::{
-    controllers::Contexts,
-    watches::{AbortOnDrop, Caches},
-};
+use super::{controllers::Contexts, watches::Caches};
 use crate::{
     briq::SandboxApi,
     controller::{cache, execution, recheck::BOOKKEEPING_SWEEP},
     crd::{BriqExecutor, CLAIMED_BY_ANNOTATION, Execution, conditions},
     http::Health,
     metrics::{Live, Metrics},
+    task::AbortOnDrop,
 };
 
 /// Unfinished Executions (queued, running) and executors holding a sandbox, from the caches;

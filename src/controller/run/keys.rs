@@ -10,7 +10,7 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use super::watches::AbortOnDrop;
+use crate::task::AbortOnDrop;
 use crate::{
     briq::{ApiKey, SandboxApi},
     controller::{

@@ -24,6 +24,7 @@ use crate::{
     briq::SandboxApi,
     controller::{cache, execution, executor, orphans, wake},
     crd::{BriqExecutor, BriqExecutorClass, BriqExecutorPool, Execution},
+    task::AbortOnDrop,
 };
 
 /// The caches the watches fill and the controllers read, and the senders of the wake-ups each
@@ -70,16 +71,6 @@ pub struct Feeds<E, X, P> {
 pub struct Started<E, X, P> {
     pub feeds: Feeds<E, X, P>,
     pub class_watch: AbortOnDrop,
-}
-
-/// A task that ends with its owner: the run's tasks (this class watch, the background ones) end
-/// when the run ends or is dropped, as when the lease is lost.
-pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// The caches, empty, and the watches that will fill them: of `namespace` (every namespace when

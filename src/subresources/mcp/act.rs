@@ -34,6 +34,7 @@ use crate::{
         served::{Served, authorized},
         transfer::{self, Reader},
     },
+    task::AbortOnDrop,
 };
 
 /// How long a tool waits for what it started (an action's result, an executor Ready) before it
@@ -748,14 +749,6 @@ async fn relay_output<S: SandboxApi + 'static>(
                 }
             }
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
