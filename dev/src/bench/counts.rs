@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{demand, fork, live, pools, scaling};
+use super::{demand, fork, live, mcp, pools, scaling};
 
 /// How much each scenario does.
 #[derive(Debug, Clone, Serialize)]
@@ -71,6 +71,8 @@ pub struct Counts {
     /// source), and forks created at once.
     pub fork_runs: usize,
     pub fork_burst: usize,
+    /// Scenario 16: the MCP endpoint.
+    pub mcp: mcp::McpCounts,
 }
 
 impl Counts {
@@ -116,6 +118,13 @@ impl Counts {
                 file_runs: 1,
                 fork_runs: 3,
                 fork_burst: 3,
+                mcp: mcp::McpCounts {
+                    actions: 20,
+                    sessions: 20,
+                    session_actions: 3,
+                    executors: 2,
+                    prints: 10,
+                },
             }
         } else {
             Counts {
@@ -158,6 +167,13 @@ impl Counts {
                 file_runs: 3,
                 fork_runs: 10,
                 fork_burst: 10,
+                mcp: mcp::McpCounts {
+                    actions: 100,
+                    sessions: 100,
+                    session_actions: 10,
+                    executors: 10,
+                    prints: 30,
+                },
             }
         }
     }
@@ -206,6 +222,10 @@ impl Counts {
             file_sizes_mb: self.file_sizes_mb.clone(),
             file_runs: self.file_runs,
         }
+    }
+
+    pub(super) fn mcp(&self) -> mcp::McpCounts {
+        self.mcp.clone()
     }
 
     pub(super) fn fork(&self) -> fork::Sizes {

@@ -425,12 +425,12 @@ async fn lag(
 }
 
 /// utime + stime of this process, in ms.
-fn cpu_ms() -> f64 {
+pub(super) fn cpu_ms() -> f64 {
     let ticks = super::memory::cpu_ticks(std::process::id()) as f64;
     ticks * 1000.0 / super::memory::ticks_per_second()
 }
 
-fn rss_kib() -> u64 {
+pub(super) fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()

@@ -28,6 +28,7 @@ mod fairness;
 mod fork;
 mod latency;
 mod live;
+mod mcp;
 mod memory;
 mod objects;
 mod pools;
@@ -69,7 +70,7 @@ pub struct Args {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub point_bound: u64,
 
-    /// Only these scenarios (1-15, comma separated; 4 is measured within 1) [default: all].
+    /// Only these scenarios (1-16, comma separated; 4 is measured within 1) [default: all].
     #[arg(long, value_delimiter = ',', value_name = "N,…")]
     pub only: Vec<u8>,
 }
@@ -97,6 +98,7 @@ enum Outcome {
     Live(Box<live::LiveFiles>, Vec<(String, String)>),
     /// Scenario 15's figures, and the labelled errors of its parts that failed.
     Fork(Box<fork::Forks>, Vec<(String, String)>),
+    Mcp(Box<mcp::Mcp>),
     Traces(traces::Traces),
     Fairness(fairness::Fairness),
 }
@@ -105,7 +107,7 @@ enum Outcome {
 /// scenario's objects exist, and deletes what it made. Simulated scale and memory leave
 /// thousands of objects behind and scaling can leave the API server saturated: they come last.
 /// Warm pools, demand-sized pools, cancel, live output and forks delete what they made.
-const ORDER: [u8; 14] = [10, 1, 2, 6, 11, 12, 8, 13, 14, 15, 9, 7, 5, 3];
+const ORDER: [u8; 15] = [10, 1, 2, 16, 6, 11, 12, 8, 13, 14, 15, 9, 7, 5, 3];
 
 /// Measures scenario `n` at each number of executors in turn; a failed point does not stop the
 /// next. The points measured, and the others' errors labelled for [`Report::errors`].
@@ -203,6 +205,7 @@ async fn scenario(
             let (forks, failures) = fork::run(stack, progress, &counts.fork()).await;
             Outcome::Fork(Box::new(forks), failures)
         }
+        16 => Outcome::Mcp(Box::new(mcp::run(stack, progress, &counts.mcp()).await?)),
         9 => Outcome::Traces(traces::run(stack, progress, counts.traces_per_round).await?),
         10 => Outcome::Fairness(
             fairness::run(
@@ -258,6 +261,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         suspend: None,
         live: None,
         fork: None,
+        mcp: None,
         simulated: None,
         api_ceiling: None,
         pools: None,
@@ -295,6 +299,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 report.api_cost = Some(cost);
             }
             Ok(Outcome::Agent(agent)) => report.agent_step = Some(agent),
+            Ok(Outcome::Mcp(mcp)) => report.mcp = Some(*mcp),
             Ok(Outcome::Scaling(points, failures)) => {
                 report.scaling = Some(points);
                 report.errors.extend(failures);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    agent, cancel, cold_start, counts::Counts, demand, fairness, fork, latency, live, memory,
+    agent, cancel, cold_start, counts::Counts, demand, fairness, fork, latency, live, mcp, memory,
     pools, scaling, simulated, suspend, traces,
 };
 
@@ -31,6 +31,8 @@ pub struct Report {
     pub live: Option<live::LiveFiles>,
     /// Scenario 15: forks of an executor holding 10 MB of state, beside their floors.
     pub fork: Option<fork::Forks>,
+    /// Scenario 16: the MCP endpoint beside the Python client and the log subresource.
+    pub mcp: Option<mcp::Mcp>,
     pub simulated: Option<Vec<simulated::Point>>,
     pub api_ceiling: Option<simulated::ApiCeiling>,
     pub pools: Option<pools::Pools>,

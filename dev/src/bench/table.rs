@@ -310,6 +310,9 @@ pub fn table(report: &Report) -> String {
     if let Some(f) = &report.fork {
         fork_rows(&mut rows, f);
     }
+    if let Some(m) = &report.mcp {
+        mcp_rows(&mut rows, m);
+    }
     if let Some(t) = &report.traces {
         rows.push(timing(
             "9",
@@ -625,4 +628,62 @@ fn live_rows(rows: &mut Vec<Row>, l: &super::live::LiveFiles) {
             });
         }
     }
+}
+
+fn mcp_rows(rows: &mut Vec<Row>, m: &super::mcp::Mcp) {
+    rows.push(timing(
+        "16",
+        "MCP `run_python(\"1 + 1\")` (official SDK, kube-apiserver, ServiceAccount token)",
+        m.run_python_ms.as_ref(),
+        String::new(),
+    ));
+    rows.push(timing(
+        "16",
+        "floor: the same action through `KubernetesExecutor`",
+        m.client_ms.as_ref(),
+        String::new(),
+    ));
+    rows.push(Row {
+        scenario: "16",
+        figure: "ratio MCP / Python client (target p50 ≤ 1.3×)".into(),
+        median: times(m.ratio_median),
+        p95: times(m.ratio_p95),
+        notes: String::new(),
+    });
+    rows.push(timing(
+        "16",
+        &format!(
+            "{} MCP sessions at once × {} actions on {} executors: one action",
+            m.sessions, m.session_actions, m.executors
+        ),
+        m.session_action_ms.as_ref(),
+        format!(
+            "{} completed, {} failed in {:.1} s; this process {:.1} s CPU, RSS {} → {}",
+            m.completed,
+            m.failed,
+            m.sessions_wall_ms / 1000.0,
+            m.sessions_cpu_ms / 1000.0,
+            mib(m.rss_before_kib),
+            mib(m.rss_after_kib)
+        ),
+    ));
+    rows.push(timing(
+        "16",
+        "a print → its MCP notification at the client",
+        m.notification_lag_ms.as_ref(),
+        String::new(),
+    ));
+    rows.push(timing(
+        "16",
+        "floor: a print → a follower of the log subresource",
+        m.log_lag_ms.as_ref(),
+        String::new(),
+    ));
+    rows.push(Row {
+        scenario: "16",
+        figure: "ratio notification / log lag (target p50 ≤ 1.5×)".into(),
+        median: times(m.lag_ratio_median),
+        p95: String::new(),
+        notes: String::new(),
+    });
 }
