@@ -23,7 +23,8 @@ use super::{
 use crate::{
     briq::{SandboxApi, Stream},
     crd::{
-        BriqExecutor, Execution, MCP_REQUEST_ID_ANNOTATION, REQUESTED_BY_ANNOTATION,
+        BriqExecutor, Execution, MCP_REQUEST_ID_ANNOTATION, POOL_MEMBER_ANNOTATION,
+        REQUESTED_BY_ANNOTATION,
         conditions::{self, READY, STALLED, SUCCEEDED},
     },
     subresources::{
@@ -277,6 +278,16 @@ pub fn executor_state(executor: &BriqExecutor) -> Value {
     state
 }
 
+/// Whether `list_executors` shows `executor`: a pool's member is the pool's (claimed or not,
+/// code runs in its claimer), so only the executors a caller can run code in are offered.
+pub fn offered(executor: &BriqExecutor) -> bool {
+    executor
+        .metadata
+        .annotations
+        .as_ref()
+        .is_none_or(|a| !a.contains_key(POOL_MEMBER_ANNOTATION))
+}
+
 fn state_line(state: &Value) -> String {
     let mark = if state["ready"] == true {
         "Ready"
@@ -414,7 +425,12 @@ pub async fn perform<S: SandboxApi + 'static>(
         }
         Call::ListExecutors => match executors.list(&ListParams::default()).await {
             Ok(list) => {
-                let states: Vec<Value> = list.items.iter().map(executor_state).collect();
+                let states: Vec<Value> = list
+                    .items
+                    .iter()
+                    .filter(|e| offered(e))
+                    .map(executor_state)
+                    .collect();
                 let text = if states.is_empty() {
                     format!("no executors in namespace {namespace}; create_executor makes one")
                 } else {
@@ -892,6 +908,23 @@ mod tests {
                 .notifications(&Piece::End { end: "done".into() })
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_pools_members_are_not_offered_their_claimers_are() {
+        let executor = |annotations: Value| -> BriqExecutor {
+            serde_json::from_value(json!({
+                "metadata": { "name": "x", "annotations": annotations }, "spec": {},
+            }))
+            .unwrap()
+        };
+        assert!(offered(&executor(json!({}))));
+        assert!(offered(&executor(
+            json!({ "briq.cloud/claimed-member": "warm-1" })
+        )));
+        assert!(!offered(&executor(
+            json!({ POOL_MEMBER_ANNOTATION: "warm" })
+        )));
     }
 
     #[test]

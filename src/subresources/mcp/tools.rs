@@ -384,7 +384,8 @@ pub fn definitions() -> Vec<Value> {
         json!({
             "name": "list_executors",
             "title": "List Python executors",
-            "description": "The namespace's BriqExecutors with their state: Ready ones take \
+            "description": "The namespace's BriqExecutors with their state (a warm pool's \
+                members are left out: create_executor with pool claims one): Ready ones take \
                 run_python; the reason says why another is not (Provisioning, Suspended, …).",
             "inputSchema": object(json!({}), &[]),
             "outputSchema": { "type": "object", "properties": {
