@@ -537,21 +537,18 @@ pub async fn perform<S: SandboxApi + 'static>(
         }
         Call::CancelExecutor { executor } => {
             let params = ListParams::default().fields(&format!("spec.executorRef.name={executor}"));
-            let pending: Vec<String> = match executions.list_metadata(&params).await {
+            // One LIST: which are still queued or running is in their status.
+            let pending: Vec<String> = match executions.list(&params).await {
                 Ok(list) => list
                     .items
                     .into_iter()
+                    .filter(|e| !e.finished() && !e.spec.cancel)
                     .filter_map(|e| e.metadata.name)
                     .collect(),
                 Err(error) => return api_error("listing the executor's Executions", error),
             };
             let mut cancelled = Vec::new();
             for name in pending {
-                match executions.get_opt(&name).await {
-                    Ok(Some(found)) if !found.finished() && !found.spec.cancel => {}
-                    Ok(_) => continue,
-                    Err(error) => return api_error("reading an Execution", error),
-                }
                 if let Err(error) = cancel(&executions, &name).await {
                     return api_error(&format!("cancelling Execution {name}"), error);
                 }
