@@ -13,7 +13,7 @@ use super::{
     objects,
     stats::{Summary, ratio},
 };
-use crate::{progress::Progress, repo::repo_root, stack::Stack};
+use crate::{progress::Progress, stack::Stack};
 use briq_operator::{bridge::RunStatus, bridge::session::Session, crd::BriqExecutor};
 
 const NAMESPACE: &str = "bench-agent";
@@ -53,36 +53,14 @@ pub async fn run(stack: &Stack, progress: &Progress, steps: usize) -> anyhow::Re
         .and_then(|s| s.sandbox_id)
         .context("the ready executor has no sandbox id")?;
 
-    let script = repo_root().join("tests/bench/agent_step.py");
-    let output = tokio::process::Command::new(stack.venv().join("bin/python"))
-        .arg(&script)
-        .arg("--kubeconfig")
-        .arg(stack.kubeconfig())
-        .args(["--namespace", NAMESPACE, "--executor", EXECUTOR])
-        .args(["--steps", &steps.to_string()])
-        .env("KUBECONFIG", stack.kubeconfig())
-        .output()
-        .await
-        .with_context(|| format!("running {}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let parsed: Option<ScriptOutput> = stdout
-        .lines()
-        .rev()
-        .find_map(|line| serde_json::from_str(line).ok());
+    let args = ["--namespace", NAMESPACE, "--executor", EXECUTOR, "--steps"].map(str::to_owned);
+    let mut args: Vec<String> = args.into();
+    args.push(steps.to_string());
+    let parsed: ScriptOutput =
+        super::setup::python_script(stack, "tests/bench/agent_step.py", &args).await?;
     let (executor_ms, unavailable) = match parsed {
-        Some(out) if out.available => (Summary::of_millis(&out.steps_ms), None),
-        Some(out) => (None, Some(out.reason.unwrap_or_default())),
-        None => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "{} failed ({}):\n{}",
-                script.display(),
-                output.status,
-                tail.join("\n")
-            );
-        }
+        out if out.available => (Summary::of_millis(&out.steps_ms), None),
+        out => (None, Some(out.reason.unwrap_or_default())),
     };
 
     let session = Session {

@@ -5,9 +5,8 @@
 //! log subresource; and many sessions at once, with this process's CPU and RSS (the operator's
 //! controllers and aggregated API, and the local sandbox server, all run here).
 
-use std::{path::Path, time::Instant};
+use std::time::Instant;
 
-use anyhow::{Context as _, bail};
 use kube::Api;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::json;
@@ -17,7 +16,7 @@ use super::{
     objects,
     stats::{Summary, ratio},
 };
-use crate::{progress::Progress, repo::repo_root, stack::Stack};
+use crate::{progress::Progress, stack::Stack};
 use briq_operator::crd::BriqExecutor;
 
 const NAMESPACE: &str = "bench-mcp";
@@ -86,37 +85,12 @@ async fn phase<T: DeserializeOwned>(
     phase: &str,
     args: &[String],
 ) -> anyhow::Result<T> {
-    let script = repo_root().join("tests/bench/mcp_endpoint.py");
-    let kubeconfig: &Path = stack.kubeconfig();
-    let output = tokio::process::Command::new(stack.venv().join("bin/python"))
-        .arg(&script)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--namespace", NAMESPACE, "--phase", phase])
-        .args(["--executors", &executors.join(",")])
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("running {}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    match stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-    {
-        Some(parsed) => Ok(parsed),
-        None => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!(
-                "{} --phase {phase} failed ({}):\n{}",
-                script.display(),
-                output.status,
-                tail.join("\n")
-            )
-        }
-    }
+    let mut all: Vec<String> = ["--namespace", NAMESPACE, "--phase", phase, "--executors"]
+        .map(str::to_owned)
+        .into();
+    all.push(executors.join(","));
+    all.extend_from_slice(args);
+    super::setup::python_script(stack, "tests/bench/mcp_endpoint.py", &all).await
 }
 
 pub async fn run(stack: &Stack, progress: &Progress, counts: &McpCounts) -> anyhow::Result<Mcp> {

@@ -35,3 +35,42 @@ pub(super) fn controllers(
     let client = stack.user_client(OPERATOR_USER).clone();
     Controllers::start(client, server, stack::settings(Some(namespace), server))
 }
+
+/// Runs the client-side script `script` (relative to the repo) with the sandboxes' venv, the
+/// stack's kubeconfig (`--kubeconfig` and `KUBECONFIG`) and `args`; the last line of its stdout
+/// that parses as `T`, else its failure with the tail of its stderr.
+pub(super) async fn python_script<T: serde::de::DeserializeOwned>(
+    stack: &Stack,
+    script: &str,
+    args: &[String],
+) -> anyhow::Result<T> {
+    use anyhow::Context as _;
+    let script = crate::repo::repo_root().join(script);
+    let output = tokio::process::Command::new(stack.venv().join("bin/python"))
+        .arg(&script)
+        .arg("--kubeconfig")
+        .arg(stack.kubeconfig())
+        .args(args)
+        .env("KUBECONFIG", stack.kubeconfig())
+        .output()
+        .await
+        .with_context(|| format!("running {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if let Some(parsed) = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+    {
+        return Ok(parsed);
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(12).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    anyhow::bail!(
+        "{} {} failed ({}):\n{}",
+        script.display(),
+        args.join(" "),
+        output.status,
+        tail.join("\n")
+    )
+}
